@@ -1,0 +1,128 @@
+# Finds every dependency Ekka builds with and exposes each as a target:
+#   Ekka::LLVM         LLVM support libraries (shared libLLVM)
+#   Ekka::ClangTooling Clang libTooling (shared libclang-cpp)
+#   Ekka::TreeSitter   the tree-sitter runtime and the Python grammar
+#   SQLite::SQLite3    SQLite
+#   Ekka::Torch        LibTorch from the torch wheel of EKKA_PYTHON (one ABI
+#                      with the Python side)
+#   Ekka::CUPTIHeaders CUPTI headers (the library is loaded at run time)
+# utils/install-deps installs all of them from Debian's packages and PyPI.
+
+set(EKKA_LLVM_ROOT "/usr/lib/llvm-19" CACHE PATH
+    "Root of the LLVM/Clang installation (Debian: /usr/lib/llvm-19)")
+
+# Debian's ClangConfigVersion refuses find_package(Clang 19) because it calls
+# itself 19.1, so both are found by path, without a version.
+find_package(LLVM REQUIRED CONFIG
+  PATHS ${EKKA_LLVM_ROOT}/lib/cmake/llvm NO_DEFAULT_PATH)
+find_package(Clang REQUIRED CONFIG
+  PATHS ${EKKA_LLVM_ROOT}/lib/cmake/clang NO_DEFAULT_PATH)
+message(STATUS "Ekka: LLVM ${LLVM_PACKAGE_VERSION} in ${LLVM_INSTALL_PREFIX}")
+
+add_library(Ekka::LLVM INTERFACE IMPORTED)
+target_include_directories(Ekka::LLVM SYSTEM INTERFACE ${LLVM_INCLUDE_DIRS})
+target_compile_definitions(Ekka::LLVM INTERFACE ${LLVM_DEFINITIONS_LIST})
+if(TARGET LLVM)
+  target_link_libraries(Ekka::LLVM INTERFACE LLVM)
+else()
+  llvm_map_components_to_libnames(ekka_llvm_libs support demangle option)
+  target_link_libraries(Ekka::LLVM INTERFACE ${ekka_llvm_libs})
+endif()
+
+add_library(Ekka::ClangTooling INTERFACE IMPORTED)
+target_include_directories(Ekka::ClangTooling SYSTEM INTERFACE ${CLANG_INCLUDE_DIRS})
+if(TARGET clang-cpp)
+  target_link_libraries(Ekka::ClangTooling INTERFACE clang-cpp Ekka::LLVM)
+else()
+  target_link_libraries(Ekka::ClangTooling INTERFACE
+    clangTooling clangFrontend clangIndex clangAST clangBasic Ekka::LLVM)
+endif()
+# Clang's own headers (stddef.h, CUDA builtins) that a parse needs.
+set(EKKA_CLANG_RESOURCE_DIR "${LLVM_LIBRARY_DIR}/clang/${LLVM_VERSION_MAJOR}")
+if(NOT EXISTS "${EKKA_CLANG_RESOURCE_DIR}/include/stddef.h")
+  message(FATAL_ERROR "Clang resource directory not found at ${EKKA_CLANG_RESOURCE_DIR}")
+endif()
+
+# --- tree-sitter ---------------------------------------------------------------
+find_path(TREE_SITTER_INCLUDE_DIR tree_sitter/api.h REQUIRED)
+find_library(TREE_SITTER_LIBRARY tree-sitter REQUIRED)
+set(EKKA_TREE_SITTER_PYTHON_SRC "" CACHE PATH
+    "tree-sitter-python source tree (with src/parser.c); utils/install-deps fetches it")
+if(NOT EXISTS "${EKKA_TREE_SITTER_PYTHON_SRC}/src/parser.c")
+  message(FATAL_ERROR "EKKA_TREE_SITTER_PYTHON_SRC does not hold src/parser.c; "
+                      "run utils/install-deps and pass what it prints")
+endif()
+add_library(ekka_tree_sitter_python STATIC
+  ${EKKA_TREE_SITTER_PYTHON_SRC}/src/parser.c
+  ${EKKA_TREE_SITTER_PYTHON_SRC}/src/scanner.c)
+target_include_directories(ekka_tree_sitter_python PRIVATE ${EKKA_TREE_SITTER_PYTHON_SRC}/src)
+set_target_properties(ekka_tree_sitter_python PROPERTIES
+  POSITION_INDEPENDENT_CODE ON C_STANDARD 11)
+target_compile_options(ekka_tree_sitter_python PRIVATE -w)
+add_library(Ekka::TreeSitter INTERFACE IMPORTED)
+target_include_directories(Ekka::TreeSitter SYSTEM INTERFACE ${TREE_SITTER_INCLUDE_DIR})
+target_link_libraries(Ekka::TreeSitter INTERFACE ekka_tree_sitter_python ${TREE_SITTER_LIBRARY})
+
+# --- SQLite ----------------------------------------------------------------------
+find_package(SQLite3 REQUIRED)
+find_package(Threads REQUIRED)
+
+# --- GoogleTest --------------------------------------------------------------------
+find_package(GTest REQUIRED)
+include(GoogleTest)
+
+# --- Python, LibTorch ------------------------------------------------------------
+set(EKKA_PYTHON "python3" CACHE FILEPATH
+    "Python interpreter whose torch wheel provides LibTorch")
+execute_process(
+  COMMAND ${EKKA_PYTHON} -c "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch.compiled_with_cxx11_abi())); print(torch.__version__)"
+  OUTPUT_VARIABLE ekka_torch_out RESULT_VARIABLE ekka_torch_rc ERROR_QUIET
+  OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT ekka_torch_rc EQUAL 0)
+  message(FATAL_ERROR "EKKA_PYTHON=${EKKA_PYTHON} cannot import torch; run utils/install-deps")
+endif()
+string(REPLACE "\n" ";" ekka_torch_out "${ekka_torch_out}")
+list(GET ekka_torch_out 0 EKKA_TORCH_DIR)
+list(GET ekka_torch_out 1 EKKA_TORCH_CXX11_ABI)
+list(GET ekka_torch_out 2 EKKA_TORCH_VERSION)
+message(STATUS "Ekka: LibTorch ${EKKA_TORCH_VERSION} from ${EKKA_TORCH_DIR}")
+# An imported target of our own rather than TorchConfig.cmake: the latter
+# insists on finding the CUDA toolkit that the wheel was built with, which need
+# not be the one installed here. Ekka only needs the CPU libraries to link; the
+# CUDA parts of torch load themselves at run time.
+add_library(Ekka::Torch INTERFACE IMPORTED)
+target_include_directories(Ekka::Torch SYSTEM INTERFACE
+  ${EKKA_TORCH_DIR}/include ${EKKA_TORCH_DIR}/include/torch/csrc/api/include)
+target_compile_definitions(Ekka::Torch INTERFACE
+  _GLIBCXX_USE_CXX11_ABI=${EKKA_TORCH_CXX11_ABI})
+target_link_libraries(Ekka::Torch INTERFACE
+  ${EKKA_TORCH_DIR}/lib/libtorch.so ${EKKA_TORCH_DIR}/lib/libtorch_cpu.so
+  ${EKKA_TORCH_DIR}/lib/libc10.so)
+set_property(TARGET Ekka::Torch APPEND PROPERTY
+  INTERFACE_LINK_OPTIONS "-Wl,-rpath,${EKKA_TORCH_DIR}/lib")
+
+# --- CUPTI (headers only; libcupti is dlopen'ed at run time) -------------------
+# Prefer the headers of the CUPTI wheel torch depends on, so that the runtime
+# speaks the same CUPTI version as the libcupti it will load.
+execute_process(
+  COMMAND ${EKKA_PYTHON} -c "import glob, os, torch; d = os.path.dirname(os.path.dirname(torch.__file__)); print(';'.join(glob.glob(d + '/nvidia/*/include') + glob.glob(d + '/nvidia/cuda_cupti/include')))"
+  OUTPUT_VARIABLE ekka_cupti_hints ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
+find_path(CUPTI_INCLUDE_DIR cupti.h
+  HINTS ${ekka_cupti_hints} /usr/local/cuda/include /usr/local/cuda/extras/CUPTI/include)
+add_library(Ekka::CUPTIHeaders INTERFACE IMPORTED)
+if(CUPTI_INCLUDE_DIR)
+  set(EKKA_HAVE_CUPTI 1)
+  message(STATUS "Ekka: CUPTI headers in ${CUPTI_INCLUDE_DIR}")
+  target_include_directories(Ekka::CUPTIHeaders SYSTEM INTERFACE ${CUPTI_INCLUDE_DIR})
+  target_compile_definitions(Ekka::CUPTIHeaders INTERFACE EKKA_HAVE_CUPTI=1)
+else()
+  set(EKKA_HAVE_CUPTI 0)
+  message(STATUS "Ekka: CUPTI headers not found; GPU kernel tracing is compiled out")
+  target_compile_definitions(Ekka::CUPTIHeaders INTERFACE EKKA_HAVE_CUPTI=0)
+endif()
+
+# --- Test tools ------------------------------------------------------------------
+find_program(EKKA_FILECHECK FileCheck HINTS ${LLVM_TOOLS_BINARY_DIR} NO_DEFAULT_PATH REQUIRED)
+get_filename_component(ekka_python_bin ${EKKA_PYTHON} DIRECTORY)
+find_program(EKKA_LIT lit HINTS ${ekka_python_bin} REQUIRED)
+find_program(EKKA_CTAGS NAMES ctags-universal universal-ctags ctags)

@@ -1,0 +1,122 @@
+//===- CodeIndex.h - The SQLite code index and its queries -----*- C++ -*-===//
+//
+// The static view of Ekka (DESIGN.md): every Python class and function and
+// every C++/CUDA record, function and kernel of the indexed repositories, in
+// one SQLite file that ekka-diagnose (and a user with `sqlite3`) can query.
+// The index stores each file's text, so the source it returns is exactly what
+// was indexed even after the repository moved on. docs/CodeIndex.md
+// documents the schema.
+//
+//===----------------------------------------------------------------------===//
+#ifndef EKKA_INDEX_CODEINDEX_H
+#define EKKA_INDEX_CODEINDEX_H
+
+#include "ekka/Index/Definition.h"
+#include "ekka/Support/SQLite.h"
+#include "ekka/Support/SourceFiles.h"
+
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/Error.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ekka {
+
+/// A definition as a query returns it.
+struct IndexedDefinition {
+  int64_t Id = 0;
+  Definition Def;
+  std::string File;     ///< Absolute path as indexed.
+  std::string Language; ///< python | c | c++ | cuda
+  std::string Source;   ///< The exact source text of the definition.
+  std::string Relation; ///< For subclasses: "Base" it derives from; for
+                        ///< find_kernel: how the symbol was matched.
+};
+
+/// What the index remembers of a file, to decide whether to re-parse it.
+struct IndexedFileState {
+  uint64_t Size = 0;
+  int64_t MTimeNs = 0;
+  std::string Hash;
+  std::string Status; ///< indexed | binary | not-utf8 | too-large | unreadable
+};
+
+/// A file about to be stored.
+struct IndexedFile {
+  std::string Path;
+  SourceLanguage Language = SourceLanguage::Python;
+  std::string Module; ///< Python module name; empty otherwise.
+  uint64_t Size = 0;
+  int64_t MTimeNs = 0;
+  std::string Hash;
+  std::string Status = "indexed";
+};
+
+struct IndexCounts {
+  uint64_t Files = 0, Skipped = 0, Definitions = 0, Classes = 0, Functions = 0,
+           Kernels = 0, SubclassLinks = 0;
+};
+
+class CodeIndex {
+public:
+  /// Version of the schema; a reader refuses an index of another major.
+  static constexpr int FormatVersion = 1;
+
+  /// Opens \p Path for building, creating it if needed. An existing file
+  /// that is not an Ekka index is an error, never overwritten.
+  static llvm::Expected<std::unique_ptr<CodeIndex>> openForWriting(llvm::StringRef Path);
+  /// Opens an existing index for queries.
+  static llvm::Expected<std::unique_ptr<CodeIndex>> openForReading(llvm::StringRef Path);
+
+  // --- Building -------------------------------------------------------------
+  llvm::Expected<llvm::StringMap<IndexedFileState>> fileStates();
+  llvm::Error beginBatch();
+  llvm::Error commitBatch();
+  /// Replaces whatever the index held for F.Path.
+  llvm::Error storeFile(const IndexedFile &F, llvm::StringRef Text,
+                        const FileDefinitions &Defs);
+  /// Records a file that was skipped; F.Status says why.
+  llvm::Error storeSkippedFile(const IndexedFile &F);
+  /// Content unchanged, only the time stamp moved.
+  llvm::Error updateFileTime(llvm::StringRef Path, int64_t MTimeNs);
+  llvm::Error removeFile(llvm::StringRef Path);
+  /// Recomputes every subclass link from the stored bases and imports.
+  llvm::Error rebuildSubclassLinks();
+  llvm::Error setMeta(llvm::StringRef Key, llvm::StringRef Value);
+
+  // --- Queries ----------------------------------------------------------------
+  /// Every class/struct/union named \p Name (simple or qualified, or a dotted
+  /// / `::` suffix of the qualified name), with its source.
+  llvm::Expected<std::vector<IndexedDefinition>> classDefinitions(llvm::StringRef Name);
+  /// Classes deriving from the classes named \p Name: direct ones, or all
+  /// descendants with \p Transitive.
+  llvm::Expected<std::vector<IndexedDefinition>> subclasses(llvm::StringRef Name,
+                                                            bool Transitive);
+  /// The definition of a kernel from its runtime symbol (see KernelSymbol.h).
+  /// Falls back to functions of that name (Triton kernels are Python
+  /// functions); Relation says which rule matched.
+  llvm::Expected<std::vector<IndexedDefinition>> findKernel(llvm::StringRef Symbol);
+  /// Definitions whose name or qualified name contains \p Text
+  /// (case-insensitive), exact names first.
+  llvm::Expected<std::vector<IndexedDefinition>> search(llvm::StringRef Text,
+                                                        unsigned Limit);
+  llvm::Expected<IndexCounts> counts();
+
+private:
+  explicit CodeIndex(std::unique_ptr<SQLiteDatabase> Db) : Db(std::move(Db)) {}
+  llvm::Error createSchema();
+  llvm::Error checkFormat();
+  llvm::Expected<std::vector<IndexedDefinition>> selectDefinitions(
+      llvm::StringRef Where, llvm::ArrayRef<std::string> Params,
+      llvm::StringRef OrderBy = "f.path, d.line_start");
+  llvm::Expected<int64_t> fileId(llvm::StringRef Path);
+  llvm::Error deleteFileContents(int64_t FileId);
+
+  std::unique_ptr<SQLiteDatabase> Db;
+};
+
+} // namespace ekka
+
+#endif

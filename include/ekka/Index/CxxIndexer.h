@@ -1,0 +1,72 @@
+//===- CxxIndexer.h - C++/CUDA definitions via Clang libTooling -*- C++ -*-===//
+#ifndef EKKA_INDEX_CXXINDEXER_H
+#define EKKA_INDEX_CXXINDEXER_H
+
+#include "ekka/Index/Definition.h"
+#include "ekka/Support/SourceFiles.h"
+
+#include "llvm/ADT/STLFunctionalExtras.h"
+#include "llvm/ADT/StringRef.h"
+
+#include <string>
+#include <vector>
+
+namespace ekka {
+
+struct CxxIndexerOptions {
+  /// -I directories for every translation unit (guessed by the builder:
+  /// include/, csrc/, 3rdparty/*/include of each root, plus the user's).
+  std::vector<std::string> IncludeDirs;
+  /// Extra compiler arguments, appended last (`-DFOO`, `-std=c++20`).
+  std::vector<std::string> ExtraArgs;
+  /// Clang's builtin headers; the default is the one found at build time.
+  std::string ResourceDir;
+};
+
+/// The definitions one translation unit contributed to one file.
+struct CxxFileDefinitions {
+  std::string RealPath;
+  FileDefinitions Definitions;
+};
+
+/// Indexes C, C++ and CUDA with Clang, without a compilation database.
+///
+/// Every translation unit is parsed leniently: function bodies are skipped
+/// (a definition's span still covers its body), missing headers do not stop
+/// the parse, and CUDA is read in host mode with a small prelude that declares
+/// the CUDA qualifiers and types (`__global__`, `dim3`, `half`, bf16, fp8)
+/// instead of the toolkit's own headers, which Clang 19 cannot read for
+/// CUDA 13. What is recorded: classes/structs/unions with their bases (as
+/// Clang resolves them) and methods, functions, methods, namespaces, and
+/// every `__global__` kernel, templates and macro-made ones included, at the
+/// place the macro was used.
+///
+/// A translation unit records only the files that \p Claim accepts, so each
+/// header is indexed once no matter how many files include it; the caller
+/// decides (thread-safely) who gets a file first. One CxxIndexer may be used
+/// from many threads at once.
+class CxxIndexer {
+public:
+  explicit CxxIndexer(CxxIndexerOptions Options);
+
+  /// Parses \p MainFile (read as \p Language) and returns the definitions of
+  /// each claimed file. ParseErrors of the main file's entry counts the
+  /// errors Clang recovered from in the whole translation unit.
+  std::vector<CxxFileDefinitions>
+  indexTranslationUnit(llvm::StringRef MainFile, SourceLanguage Language,
+                       llvm::function_ref<bool(llvm::StringRef RealPath)> Claim);
+
+  /// The compiler command line used for \p MainFile (for --verbose output).
+  std::vector<std::string> commandLine(llvm::StringRef MainFile,
+                                       SourceLanguage Language) const;
+
+private:
+  CxxIndexerOptions Options;
+};
+
+/// Text of the CUDA prelude force-included in lenient CUDA mode.
+llvm::StringRef cudaPrelude();
+
+} // namespace ekka
+
+#endif

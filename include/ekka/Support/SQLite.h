@@ -1,0 +1,84 @@
+//===- SQLite.h - A thin, error-checked SQLite wrapper ---------*- C++ -*-===//
+//
+// Every Ekka artifact that users open themselves (code index, trace) is an
+// SQLite file. This wrapper turns SQLite's result codes into llvm::Error
+// values that name the database file, and owns handles with RAII.
+//
+//===----------------------------------------------------------------------===//
+#ifndef EKKA_SUPPORT_SQLITE_H
+#define EKKA_SUPPORT_SQLITE_H
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace ekka {
+
+class SQLiteDatabase;
+
+/// A prepared statement. Bind with 1-based indices, step, read columns with
+/// 0-based indices.
+class SQLiteStatement {
+public:
+  SQLiteStatement() = default;
+  SQLiteStatement(SQLiteStatement &&Other) noexcept;
+  SQLiteStatement &operator=(SQLiteStatement &&Other) noexcept;
+  ~SQLiteStatement();
+
+  SQLiteStatement &bind(int Index, int64_t Value);
+  SQLiteStatement &bind(int Index, llvm::StringRef Text);
+  SQLiteStatement &bindBlob(int Index, llvm::StringRef Bytes);
+  SQLiteStatement &bindNull(int Index);
+
+  /// Advances; true while a row is available, false when done.
+  llvm::Expected<bool> step();
+  /// Runs to completion, ignoring rows, and resets for reuse.
+  llvm::Error run();
+  void reset();
+
+  int64_t columnInt(int Index) const;
+  llvm::StringRef columnText(int Index) const;
+  bool columnIsNull(int Index) const;
+
+private:
+  friend class SQLiteDatabase;
+  SQLiteStatement(sqlite3_stmt *S, const SQLiteDatabase *Db) : Stmt(S), Db(Db) {}
+  sqlite3_stmt *Stmt = nullptr;
+  const SQLiteDatabase *Db = nullptr;
+};
+
+class SQLiteDatabase {
+public:
+  enum class Mode { ReadOnly, ReadWriteCreate };
+
+  /// Opens \p Path. ReadOnly requires the file to exist.
+  static llvm::Expected<std::unique_ptr<SQLiteDatabase>> open(llvm::StringRef Path,
+                                                               Mode M);
+  ~SQLiteDatabase();
+
+  llvm::Error exec(llvm::StringRef SQL);
+  llvm::Expected<SQLiteStatement> prepare(llvm::StringRef SQL);
+
+  /// An error naming this database and SQLite's message for the last call.
+  llvm::Error lastError(llvm::StringRef What) const;
+  /// SQLite's message for the last failed call.
+  std::string lastMessage() const;
+  llvm::StringRef path() const { return Path; }
+  int64_t lastInsertId() const;
+
+private:
+  SQLiteDatabase(sqlite3 *Handle, std::string Path)
+      : Handle(Handle), Path(std::move(Path)) {}
+  sqlite3 *Handle;
+  std::string Path;
+};
+
+} // namespace ekka
+
+#endif

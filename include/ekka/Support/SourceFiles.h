@@ -1,0 +1,64 @@
+//===- SourceFiles.h - Find and vet the source files of a tree -*- C++ -*-===//
+//
+// What ekka-index walks: every Python, C, C++ and CUDA file under a set of
+// roots, without following a symlink into a directory it has already seen
+// (symlink loops are counted, not followed). Content checks (binary, UTF-8,
+// size) are separate so the walk itself only stats.
+//
+//===----------------------------------------------------------------------===//
+#ifndef EKKA_SUPPORT_SOURCEFILES_H
+#define EKKA_SUPPORT_SOURCEFILES_H
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ekka {
+
+enum class SourceLanguage { Python, C, Cxx, Cuda };
+
+/// "python", "c", "c++" or "cuda".
+llvm::StringRef languageName(SourceLanguage L);
+
+/// The language a file is indexed as, by its extension; none for other files.
+/// .cu/.cuh are CUDA; .h is C++ (headers of mixed projects are read as C++).
+std::optional<SourceLanguage> languageForPath(llvm::StringRef Path);
+
+/// Whether a C-family path is a header (parsed on its own only when no
+/// translation unit that includes it was indexed).
+bool isHeaderPath(llvm::StringRef Path);
+
+struct SourceFile {
+  std::string Path;     ///< Absolute, as walked (symlinks not resolved).
+  std::string RealPath; ///< Symlinks resolved: how a compiler names it.
+  uint64_t Size = 0;
+  int64_t MTimeNs = 0;
+  SourceLanguage Language = SourceLanguage::Python;
+};
+
+struct WalkStats {
+  unsigned SymlinkLoops = 0;   ///< Directories reached again through a link.
+  unsigned Unreadable = 0;     ///< Entries that could not be listed or stat'ed.
+  unsigned OtherFiles = 0;     ///< Files that are not source code.
+};
+
+/// Lists the source files under \p Roots (each a directory or a file), sorted
+/// by path, duplicates removed. Hidden directories (.git, .venv, ...) and
+/// __pycache__ are not entered. A root that does not exist is an error.
+llvm::Expected<std::vector<SourceFile>>
+collectSourceFiles(llvm::ArrayRef<std::string> Roots, WalkStats &Stats);
+
+/// Why a file's content cannot be indexed as source text.
+enum class ContentProblem { None, Binary, NotUTF8 };
+
+/// NUL bytes mean binary; otherwise the text must be valid UTF-8.
+ContentProblem classifyContent(llvm::StringRef Content);
+
+} // namespace ekka
+
+#endif

@@ -1,0 +1,554 @@
+//===- CodeIndex.cpp - The SQLite code index and its queries -------------===//
+#include "ekka/Index/CodeIndex.h"
+#include "ekka/Config.h"
+#include "ekka/Index/KernelSymbol.h"
+#include "ekka/Index/SubclassResolver.h"
+#include "ekka/Support/Error.h"
+
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/JSON.h"
+
+#include <deque>
+
+using namespace llvm;
+
+namespace ekka {
+
+namespace {
+
+constexpr const char *Schema = R"sql(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS files(
+  id INTEGER PRIMARY KEY,
+  path TEXT NOT NULL UNIQUE,
+  language TEXT NOT NULL,
+  module TEXT,
+  size INTEGER NOT NULL,
+  mtime_ns INTEGER NOT NULL,
+  hash TEXT,
+  status TEXT NOT NULL,
+  parse_errors INTEGER NOT NULL DEFAULT 0,
+  text BLOB);
+CREATE TABLE IF NOT EXISTS definitions(
+  id INTEGER PRIMARY KEY,
+  file_id INTEGER NOT NULL REFERENCES files(id),
+  name TEXT NOT NULL,
+  qualified_name TEXT NOT NULL,
+  language TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  line_start INTEGER NOT NULL,
+  line_end INTEGER NOT NULL,
+  byte_start INTEGER NOT NULL,
+  byte_end INTEGER NOT NULL,
+  bases TEXT NOT NULL DEFAULT '[]',
+  methods TEXT NOT NULL DEFAULT '[]',
+  decorators TEXT NOT NULL DEFAULT '[]',
+  is_async INTEGER NOT NULL DEFAULT 0,
+  is_template INTEGER NOT NULL DEFAULT 0,
+  usr TEXT,
+  mangled_name TEXT);
+CREATE INDEX IF NOT EXISTS definitions_name ON definitions(name);
+CREATE INDEX IF NOT EXISTS definitions_qualified_name ON definitions(qualified_name);
+CREATE INDEX IF NOT EXISTS definitions_mangled_name ON definitions(mangled_name);
+CREATE INDEX IF NOT EXISTS definitions_file ON definitions(file_id);
+-- The same declaration seen twice (through two includes) is stored once.
+CREATE UNIQUE INDEX IF NOT EXISTS definitions_usr
+  ON definitions(file_id, usr, line_start) WHERE usr IS NOT NULL;
+CREATE TABLE IF NOT EXISTS imports(
+  file_id INTEGER NOT NULL REFERENCES files(id),
+  alias TEXT NOT NULL,
+  target TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS imports_file ON imports(file_id);
+CREATE TABLE IF NOT EXISTS subclass_links(
+  base_id INTEGER NOT NULL REFERENCES definitions(id),
+  sub_id INTEGER NOT NULL REFERENCES definitions(id),
+  base_text TEXT NOT NULL,
+  how TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS subclass_links_base ON subclass_links(base_id);
+)sql";
+
+constexpr const char *DefinitionColumns =
+    "d.id, d.name, d.qualified_name, d.kind, d.line_start, d.line_end, "
+    "d.byte_start, d.byte_end, d.bases, d.methods, d.decorators, d.is_async, "
+    "d.is_template, d.usr, d.mangled_name, f.path, d.language, "
+    "substr(f.text, d.byte_start + 1, d.byte_end - d.byte_start)";
+
+std::string toJSONList(const std::vector<std::string> &Items) {
+  json::Array A;
+  for (const std::string &S : Items)
+    A.push_back(S);
+  std::string Out;
+  raw_string_ostream OS(Out);
+  OS << json::Value(std::move(A));
+  return Out;
+}
+
+std::vector<std::string> fromJSONList(StringRef Text) {
+  std::vector<std::string> Out;
+  Expected<json::Value> V = json::parse(Text);
+  if (!V) {
+    consumeError(V.takeError());
+    return Out;
+  }
+  if (const json::Array *A = V->getAsArray())
+    for (const json::Value &E : *A)
+      if (auto S = E.getAsString())
+        Out.push_back(S->str());
+  return Out;
+}
+
+DefinitionKind parseKind(StringRef K) {
+  return StringSwitch<DefinitionKind>(K)
+      .Case("namespace", DefinitionKind::Namespace)
+      .Case("class", DefinitionKind::Class)
+      .Case("struct", DefinitionKind::Struct)
+      .Case("union", DefinitionKind::Union)
+      .Case("method", DefinitionKind::Method)
+      .Case("kernel", DefinitionKind::Kernel)
+      .Default(DefinitionKind::Function);
+}
+
+std::string likePattern(StringRef Text) {
+  std::string P = "%";
+  for (char C : Text) {
+    if (C == '%' || C == '_' || C == '\\')
+      P += '\\';
+    P += C;
+  }
+  return P + "%";
+}
+
+} // namespace
+
+Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForWriting(StringRef Path) {
+  auto Db = SQLiteDatabase::open(Path, SQLiteDatabase::Mode::ReadWriteCreate);
+  if (!Db)
+    return Db.takeError();
+  std::unique_ptr<CodeIndex> Index(new CodeIndex(std::move(*Db)));
+  // A fresh file has no tables; anything else must be an index of ours.
+  auto NotAnIndex = [&](Error E) {
+    consumeError(std::move(E));
+    return makeError("'" + Path + "' is not an Ekka code index (" +
+                     Index->Db->lastMessage() + ")");
+  };
+  auto Tables = Index->Db->prepare("SELECT count(*) FROM sqlite_master");
+  if (!Tables)
+    return NotAnIndex(Tables.takeError());
+  Expected<bool> Row = Tables->step();
+  if (!Row)
+    return NotAnIndex(Row.takeError());
+  bool Empty = Tables->columnInt(0) == 0;
+  *Tables = SQLiteStatement();
+  if (!Empty)
+    if (Error E = Index->checkFormat())
+      return std::move(E);
+  if (Error E = Index->Db->exec("PRAGMA synchronous=NORMAL"))
+    return std::move(E);
+  if (Error E = Index->createSchema())
+    return std::move(E);
+  return std::move(Index);
+}
+
+Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForReading(StringRef Path) {
+  auto Db = SQLiteDatabase::open(Path, SQLiteDatabase::Mode::ReadOnly);
+  if (!Db)
+    return Db.takeError();
+  std::unique_ptr<CodeIndex> Index(new CodeIndex(std::move(*Db)));
+  if (Error E = Index->checkFormat())
+    return std::move(E);
+  return std::move(Index);
+}
+
+Error CodeIndex::checkFormat() {
+  auto Fail = [&](const Twine &Why) {
+    return makeError("'" + Db->path() + "' is not an Ekka code index (" + Why + ")");
+  };
+  auto S = Db->prepare("SELECT value FROM meta WHERE key = 'format'");
+  if (!S) {
+    consumeError(S.takeError());
+    return Fail(Db->lastMessage());
+  }
+  Expected<bool> Row = S->step();
+  if (!Row) {
+    consumeError(Row.takeError());
+    return Fail(Db->lastMessage());
+  }
+  if (!*Row)
+    return Fail("no format version");
+  StringRef Value = S->columnText(0);
+  StringRef Kind = Value.split(' ').first;
+  int Major = 0;
+  if (Kind != "ekka-index" || Value.split(' ').second.getAsInteger(10, Major))
+    return Fail("format '" + Value + "'");
+  if (Major != FormatVersion)
+    return makeError("'" + Db->path() + "' has index format " + Twine(Major) +
+                     "; this ekka-index reads format " + Twine(FormatVersion) +
+                     " (rebuild the index)");
+  return Error::success();
+}
+
+Error CodeIndex::createSchema() {
+  if (Error E = Db->exec(Schema))
+    return E;
+  if (Error E = setMeta("format", "ekka-index " + std::to_string(FormatVersion)))
+    return E;
+  return setMeta("tool_version", EKKA_VERSION);
+}
+
+Error CodeIndex::setMeta(StringRef Key, StringRef Value) {
+  auto S = Db->prepare("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)");
+  if (!S)
+    return S.takeError();
+  return S->bind(1, Key).bind(2, Value).run();
+}
+
+Error CodeIndex::beginBatch() { return Db->exec("BEGIN"); }
+Error CodeIndex::commitBatch() { return Db->exec("COMMIT"); }
+
+Expected<StringMap<IndexedFileState>> CodeIndex::fileStates() {
+  StringMap<IndexedFileState> States;
+  auto S = Db->prepare("SELECT path, size, mtime_ns, hash, status FROM files");
+  if (!S)
+    return S.takeError();
+  while (true) {
+    Expected<bool> Row = S->step();
+    if (!Row)
+      return Row.takeError();
+    if (!*Row)
+      break;
+    IndexedFileState &St = States[S->columnText(0)];
+    St.Size = uint64_t(S->columnInt(1));
+    St.MTimeNs = S->columnInt(2);
+    St.Hash = S->columnText(3).str();
+    St.Status = S->columnText(4).str();
+  }
+  return States;
+}
+
+Expected<int64_t> CodeIndex::fileId(StringRef Path) {
+  auto S = Db->prepare("SELECT id FROM files WHERE path = ?1");
+  if (!S)
+    return S.takeError();
+  S->bind(1, Path);
+  Expected<bool> Row = S->step();
+  if (!Row)
+    return Row.takeError();
+  return *Row ? S->columnInt(0) : -1;
+}
+
+Error CodeIndex::deleteFileContents(int64_t Id) {
+  for (const char *SQL : {"DELETE FROM definitions WHERE file_id = ?1",
+                          "DELETE FROM imports WHERE file_id = ?1"}) {
+    auto S = Db->prepare(SQL);
+    if (!S)
+      return S.takeError();
+    if (Error E = S->bind(1, Id).run())
+      return E;
+  }
+  return Error::success();
+}
+
+Error CodeIndex::storeSkippedFile(const IndexedFile &F) {
+  return storeFile(F, StringRef(), FileDefinitions());
+}
+
+Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
+                           const FileDefinitions &Defs) {
+  Expected<int64_t> Existing = fileId(F.Path);
+  if (!Existing)
+    return Existing.takeError();
+  if (*Existing >= 0)
+    if (Error E = deleteFileContents(*Existing))
+      return E;
+  auto Up = Db->prepare(
+      "INSERT INTO files(path, language, module, size, mtime_ns, hash, status, "
+      "parse_errors, text) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
+      "ON CONFLICT(path) DO UPDATE SET language = ?2, module = ?3, size = ?4, "
+      "mtime_ns = ?5, hash = ?6, status = ?7, parse_errors = ?8, text = ?9");
+  if (!Up)
+    return Up.takeError();
+  Up->bind(1, F.Path).bind(2, languageName(F.Language)).bind(4, int64_t(F.Size));
+  Up->bind(5, F.MTimeNs).bind(6, F.Hash).bind(7, F.Status);
+  Up->bind(8, int64_t(Defs.ParseErrors));
+  if (F.Module.empty())
+    Up->bindNull(3);
+  else
+    Up->bind(3, F.Module);
+  // Only files with definitions keep their text: it is what sources are cut
+  // from.
+  if (Defs.Definitions.empty())
+    Up->bindNull(9);
+  else
+    Up->bindBlob(9, Text);
+  if (Error E = Up->run())
+    return E;
+  Expected<int64_t> Id = fileId(F.Path);
+  if (!Id)
+    return Id.takeError();
+
+  auto Ins = Db->prepare(
+      "INSERT OR IGNORE INTO definitions(file_id, name, qualified_name, language, "
+      "kind, line_start, line_end, byte_start, byte_end, bases, methods, "
+      "decorators, is_async, is_template, usr, mangled_name) VALUES(?1, ?2, ?3, "
+      "?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)");
+  if (!Ins)
+    return Ins.takeError();
+  for (const Definition &D : Defs.Definitions) {
+    Ins->bind(1, *Id).bind(2, D.Name).bind(3, D.QualifiedName);
+    Ins->bind(4, languageName(F.Language)).bind(5, kindName(D.Kind));
+    Ins->bind(6, int64_t(D.LineStart)).bind(7, int64_t(D.LineEnd));
+    Ins->bind(8, int64_t(D.ByteStart)).bind(9, int64_t(D.ByteEnd));
+    Ins->bind(10, toJSONList(D.Bases)).bind(11, toJSONList(D.Methods));
+    Ins->bind(12, toJSONList(D.Decorators));
+    Ins->bind(13, int64_t(D.IsAsync)).bind(14, int64_t(D.IsTemplate));
+    if (D.USR.empty())
+      Ins->bindNull(15);
+    else
+      Ins->bind(15, D.USR);
+    if (D.MangledName.empty())
+      Ins->bindNull(16);
+    else
+      Ins->bind(16, D.MangledName);
+    if (Error E = Ins->run())
+      return E;
+  }
+  auto Imp = Db->prepare("INSERT INTO imports(file_id, alias, target) VALUES(?1, ?2, ?3)");
+  if (!Imp)
+    return Imp.takeError();
+  for (const ImportBinding &B : Defs.Imports)
+    if (Error E = Imp->bind(1, *Id).bind(2, B.Alias).bind(3, B.Target).run())
+      return E;
+  return Error::success();
+}
+
+Error CodeIndex::updateFileTime(StringRef Path, int64_t MTimeNs) {
+  auto S = Db->prepare("UPDATE files SET mtime_ns = ?2 WHERE path = ?1");
+  if (!S)
+    return S.takeError();
+  return S->bind(1, Path).bind(2, MTimeNs).run();
+}
+
+Error CodeIndex::removeFile(StringRef Path) {
+  Expected<int64_t> Id = fileId(Path);
+  if (!Id)
+    return Id.takeError();
+  if (*Id < 0)
+    return Error::success();
+  if (Error E = deleteFileContents(*Id))
+    return E;
+  auto S = Db->prepare("DELETE FROM files WHERE id = ?1");
+  if (!S)
+    return S.takeError();
+  return S->bind(1, *Id).run();
+}
+
+Error CodeIndex::rebuildSubclassLinks() {
+  std::vector<ClassInfo> Classes;
+  auto S = Db->prepare(
+      "SELECT d.id, d.file_id, d.name, d.qualified_name, f.module, d.language, "
+      "d.bases FROM definitions d JOIN files f ON f.id = d.file_id "
+      "WHERE d.kind IN ('class', 'struct', 'union')");
+  if (!S)
+    return S.takeError();
+  while (true) {
+    Expected<bool> Row = S->step();
+    if (!Row)
+      return Row.takeError();
+    if (!*Row)
+      break;
+    ClassInfo C;
+    C.Id = S->columnInt(0);
+    C.FileId = S->columnInt(1);
+    C.Name = S->columnText(2).str();
+    C.QualifiedName = S->columnText(3).str();
+    C.Module = S->columnText(4).str();
+    C.IsPython = S->columnText(5) == "python";
+    C.Bases = fromJSONList(S->columnText(6));
+    Classes.push_back(std::move(C));
+  }
+  ImportTable Imports;
+  auto I = Db->prepare("SELECT file_id, alias, target FROM imports");
+  if (!I)
+    return I.takeError();
+  while (true) {
+    Expected<bool> Row = I->step();
+    if (!Row)
+      return Row.takeError();
+    if (!*Row)
+      break;
+    Imports[I->columnInt(0)][I->columnText(1)] = I->columnText(2).str();
+  }
+  std::vector<SubclassLink> Links = resolveSubclasses(Classes, Imports);
+  if (Error E = Db->exec("DELETE FROM subclass_links"))
+    return E;
+  auto Ins = Db->prepare(
+      "INSERT INTO subclass_links(base_id, sub_id, base_text, how) VALUES(?1, ?2, ?3, ?4)");
+  if (!Ins)
+    return Ins.takeError();
+  for (const SubclassLink &L : Links)
+    if (Error E = Ins->bind(1, L.BaseId).bind(2, L.SubId).bind(3, L.BaseText)
+                      .bind(4, L.How).run())
+      return E;
+  return Error::success();
+}
+
+Expected<std::vector<IndexedDefinition>>
+CodeIndex::selectDefinitions(StringRef Where, ArrayRef<std::string> Params,
+                             StringRef OrderBy) {
+  std::string SQL = (Twine("SELECT ") + DefinitionColumns +
+                     " FROM definitions d JOIN files f ON f.id = d.file_id WHERE " +
+                     Where + " ORDER BY " + OrderBy)
+                        .str();
+  auto S = Db->prepare(SQL);
+  if (!S)
+    return S.takeError();
+  for (size_t I = 0; I < Params.size(); ++I)
+    S->bind(int(I + 1), Params[I]);
+  std::vector<IndexedDefinition> Out;
+  while (true) {
+    Expected<bool> Row = S->step();
+    if (!Row)
+      return Row.takeError();
+    if (!*Row)
+      break;
+    IndexedDefinition R;
+    R.Id = S->columnInt(0);
+    Definition &D = R.Def;
+    D.Name = S->columnText(1).str();
+    D.QualifiedName = S->columnText(2).str();
+    D.Kind = parseKind(S->columnText(3));
+    D.LineStart = unsigned(S->columnInt(4));
+    D.LineEnd = unsigned(S->columnInt(5));
+    D.ByteStart = uint64_t(S->columnInt(6));
+    D.ByteEnd = uint64_t(S->columnInt(7));
+    D.Bases = fromJSONList(S->columnText(8));
+    D.Methods = fromJSONList(S->columnText(9));
+    D.Decorators = fromJSONList(S->columnText(10));
+    D.IsAsync = S->columnInt(11) != 0;
+    D.IsTemplate = S->columnInt(12) != 0;
+    D.USR = S->columnText(13).str();
+    D.MangledName = S->columnText(14).str();
+    R.File = S->columnText(15).str();
+    R.Language = S->columnText(16).str();
+    R.Source = S->columnText(17).str();
+    Out.push_back(std::move(R));
+  }
+  return Out;
+}
+
+Expected<std::vector<IndexedDefinition>>
+CodeIndex::classDefinitions(StringRef Name) {
+  std::string N = Name.str();
+  std::string Where = "d.kind IN ('class', 'struct', 'union') AND "
+                      "(d.name = ?1 OR d.qualified_name = ?1";
+  // A partly qualified name (`llama.LlamaMLP`, `attention::Foo`) matches as
+  // a suffix of the qualified name.
+  std::vector<std::string> Params = {N};
+  if (Name.contains('.') || Name.contains("::")) {
+    Where += " OR d.qualified_name GLOB ?2 OR d.qualified_name GLOB ?3";
+    Params.push_back("*." + N);
+    Params.push_back("*::" + N);
+  }
+  Where += ")";
+  return selectDefinitions(Where, Params);
+}
+
+Expected<std::vector<IndexedDefinition>> CodeIndex::subclasses(StringRef Name,
+                                                              bool Transitive) {
+  auto Bases = classDefinitions(Name);
+  if (!Bases)
+    return Bases.takeError();
+  std::vector<IndexedDefinition> Out;
+  DenseSet<int64_t> Seen;
+  std::deque<std::pair<int64_t, std::string>> Queue;
+  for (const IndexedDefinition &B : *Bases) {
+    Seen.insert(B.Id);
+    Queue.push_back({B.Id, B.Def.QualifiedName});
+  }
+  while (!Queue.empty()) {
+    auto [BaseId, BaseName] = Queue.front();
+    Queue.pop_front();
+    auto Subs = selectDefinitions(
+        "d.id IN (SELECT sub_id FROM subclass_links WHERE base_id = ?1)",
+        {std::to_string(BaseId)});
+    if (!Subs)
+      return Subs.takeError();
+    for (IndexedDefinition &Sub : *Subs) {
+      if (!Seen.insert(Sub.Id).second)
+        continue;
+      Sub.Relation = BaseName;
+      if (Transitive)
+        Queue.push_back({Sub.Id, Sub.Def.QualifiedName});
+      Out.push_back(std::move(Sub));
+    }
+  }
+  return Out;
+}
+
+Expected<std::vector<IndexedDefinition>> CodeIndex::findKernel(StringRef Symbol) {
+  auto Tag = [](Expected<std::vector<IndexedDefinition>> R, StringRef How)
+      -> Expected<std::vector<IndexedDefinition>> {
+    if (R)
+      for (IndexedDefinition &D : *R)
+        D.Relation = How.str();
+    return R;
+  };
+  Symbol = Symbol.trim();
+  if (isMangledName(Symbol)) {
+    auto Exact = selectDefinitions("d.mangled_name = ?1", {Symbol.str()});
+    if (!Exact || !Exact->empty())
+      return Tag(std::move(Exact), "mangled-name");
+  }
+  std::string Qualified = kernelQualifiedName(Symbol);
+  auto ByQualified = selectDefinitions(
+      "d.kind = 'kernel' AND d.qualified_name = ?1", {Qualified});
+  if (!ByQualified || !ByQualified->empty())
+    return Tag(std::move(ByQualified), "qualified-name");
+  StringRef Base = StringRef(Qualified).rsplit("::").second;
+  if (Base.empty())
+    Base = Qualified;
+  auto ByName = selectDefinitions("d.kind = 'kernel' AND d.name = ?1", {Base.str()});
+  if (!ByName || !ByName->empty())
+    return Tag(std::move(ByName), "name");
+  // Triton kernels are Python functions; CUPTI reports their plain name.
+  return Tag(selectDefinitions("d.kind = 'function' AND d.name = ?1", {Base.str()}),
+             "function-name");
+}
+
+Expected<std::vector<IndexedDefinition>> CodeIndex::search(StringRef Text,
+                                                           unsigned Limit) {
+  return selectDefinitions(
+      "d.kind != 'namespace' AND (d.name LIKE ?1 ESCAPE '\\' OR "
+      "d.qualified_name LIKE ?1 ESCAPE '\\')",
+      {likePattern(Text), Text.str()},
+      ("d.name = ?2 DESC, length(d.qualified_name), d.qualified_name, f.path "
+       "LIMIT " + Twine(Limit)).str());
+}
+
+Expected<IndexCounts> CodeIndex::counts() {
+  IndexCounts C;
+  auto S = Db->prepare(
+      "SELECT (SELECT count(*) FROM files WHERE status = 'indexed'), "
+      "(SELECT count(*) FROM files WHERE status != 'indexed'), "
+      "(SELECT count(*) FROM definitions), "
+      "(SELECT count(*) FROM definitions WHERE kind IN ('class', 'struct', 'union')), "
+      "(SELECT count(*) FROM definitions WHERE kind IN ('function', 'method')), "
+      "(SELECT count(*) FROM definitions WHERE kind = 'kernel'), "
+      "(SELECT count(*) FROM subclass_links)");
+  if (!S)
+    return S.takeError();
+  Expected<bool> Row = S->step();
+  if (!Row)
+    return Row.takeError();
+  C.Files = S->columnInt(0);
+  C.Skipped = S->columnInt(1);
+  C.Definitions = S->columnInt(2);
+  C.Classes = S->columnInt(3);
+  C.Functions = S->columnInt(4);
+  C.Kernels = S->columnInt(5);
+  C.SubclassLinks = S->columnInt(6);
+  return C;
+}
+
+} // namespace ekka

@@ -1,0 +1,435 @@
+//===- CxxIndexer.cpp - C++/CUDA definitions via Clang libTooling --------===//
+#include "ekka/Index/CxxIndexer.h"
+#include "ekka/Config.h"
+
+#include "clang/AST/ASTConsumer.h"
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/Attr.h"
+#include "clang/AST/DeclCXX.h"
+#include "clang/AST/DeclTemplate.h"
+#include "clang/AST/GlobalDecl.h"
+#include "clang/AST/Mangle.h"
+#include "clang/AST/RecursiveASTVisitor.h"
+#include "clang/Basic/Diagnostic.h"
+#include "clang/Basic/DiagnosticLex.h"
+#include "clang/Basic/FileManager.h"
+#include "clang/Basic/SourceManager.h"
+#include "clang/Frontend/CompilerInstance.h"
+#include "clang/Frontend/CompilerInvocation.h"
+#include "clang/Frontend/FrontendAction.h"
+#include "clang/Index/USRGeneration.h"
+#include "clang/Lex/Lexer.h"
+#include "clang/Tooling/Tooling.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/VirtualFileSystem.h"
+
+#include <memory>
+
+using namespace clang;
+using namespace llvm;
+
+namespace ekka {
+
+namespace {
+
+constexpr const char *PreludePath = "/__ekka__/ekka_cuda_prelude.h";
+
+/// Counts the errors Clang recovered from; prints nothing.
+class CountingDiagConsumer : public DiagnosticConsumer {
+public:
+  void HandleDiagnostic(DiagnosticsEngine::Level Level,
+                        const Diagnostic &Info) override {
+    if (Level >= DiagnosticsEngine::Error)
+      ++Errors;
+  }
+  unsigned Errors = 0;
+};
+
+/// Where in the output a claimed file's definitions go.
+using ClaimedFiles = DenseMap<FileID, unsigned>;
+
+class DefinitionCollector : public RecursiveASTVisitor<DefinitionCollector> {
+public:
+  DefinitionCollector(ASTContext &Ctx, const ClaimedFiles &Claimed,
+                      std::vector<CxxFileDefinitions> &Out)
+      : Ctx(Ctx), SM(Ctx.getSourceManager()), Claimed(Claimed), Out(Out),
+        Mangler(ItaniumMangleContext::create(Ctx, Ctx.getDiagnostics())) {}
+
+  bool shouldVisitTemplateInstantiations() const { return false; }
+  bool shouldVisitImplicitCode() const { return false; }
+
+  bool TraverseDecl(Decl *D) {
+    if (!D)
+      return true;
+    // Only namespaces and linkage specs can hold declarations of another
+    // file; anything else outside the claimed files is pruned here.
+    if (!isa<TranslationUnitDecl, NamespaceDecl, LinkageSpecDecl>(D) &&
+        !fileSlot(D))
+      return true;
+    return RecursiveASTVisitor::TraverseDecl(D);
+  }
+
+  bool VisitNamespaceDecl(NamespaceDecl *ND) {
+    if (!ND->isAnonymousNamespace())
+      record(ND, ND, DefinitionKind::Namespace);
+    return true;
+  }
+
+  bool VisitRecordDecl(RecordDecl *RD) {
+    if (!RD->isThisDeclarationADefinition() || RD->isImplicit() ||
+        !RD->getIdentifier() || RD->isLambda())
+      return true;
+    if (auto *Spec = dyn_cast<ClassTemplateSpecializationDecl>(RD))
+      if (!Spec->isExplicitSpecialization())
+        return true;
+    DefinitionKind K = RD->isUnion()    ? DefinitionKind::Union
+                       : RD->isStruct() ? DefinitionKind::Struct
+                                        : DefinitionKind::Class;
+    const Decl *Span = RD;
+    if (auto *CRD = dyn_cast<CXXRecordDecl>(RD))
+      if (ClassTemplateDecl *CTD = CRD->getDescribedClassTemplate())
+        Span = CTD;
+    Definition *Def = record(RD, Span, K);
+    if (!Def)
+      return true;
+    if (auto *CRD = dyn_cast<CXXRecordDecl>(RD)) {
+      Def->IsTemplate = CRD->getDescribedClassTemplate() != nullptr ||
+                        isa<ClassTemplatePartialSpecializationDecl>(CRD);
+      for (const CXXBaseSpecifier &B : CRD->bases())
+        Def->Bases.push_back(baseName(B.getType()));
+      StringSet<> Seen;
+      for (const Decl *Member : CRD->decls()) {
+        const FunctionDecl *FD = dyn_cast<FunctionDecl>(Member);
+        if (auto *FTD = dyn_cast<FunctionTemplateDecl>(Member))
+          FD = FTD->getTemplatedDecl();
+        if (!FD || FD->isImplicit() || !isa<CXXMethodDecl>(FD))
+          continue;
+        std::string Name = FD->getNameAsString();
+        if (Seen.insert(Name).second)
+          Def->Methods.push_back(std::move(Name));
+      }
+    }
+    return true;
+  }
+
+  bool VisitFunctionDecl(FunctionDecl *FD) {
+    if (FD->isImplicit() || FD->isTemplateInstantiation() ||
+        FD->isDefaulted() || FD->isDeleted())
+      return true;
+    bool IsKernel = FD->hasAttr<CUDAGlobalAttr>();
+    // Definitions only (a skipped body still counts), except that a kernel
+    // declared but defined elsewhere is worth finding too.
+    bool IsDefinition = FD->doesThisDeclarationHaveABody() || FD->hasSkippedBody();
+    if (!IsDefinition && !IsKernel)
+      return true;
+    if (!IsDefinition && FD->getDefinition())
+      return true;
+    DefinitionKind K = IsKernel ? DefinitionKind::Kernel
+                       : isa<CXXMethodDecl>(FD) ? DefinitionKind::Method
+                                                : DefinitionKind::Function;
+    const Decl *Span = FD;
+    if (FunctionTemplateDecl *FTD = FD->getDescribedFunctionTemplate())
+      Span = FTD;
+    Definition *Def = record(FD, Span, K);
+    if (!Def)
+      return true;
+    Def->IsTemplate = FD->getDescribedFunctionTemplate() != nullptr ||
+                      FD->isDependentContext();
+    if (IsKernel && !Def->IsTemplate && !FD->isInvalidDecl()) {
+      std::string Mangled;
+      raw_string_ostream OS(Mangled);
+      if (Mangler->shouldMangleDeclName(FD))
+        Mangler->mangleName(GlobalDecl(FD, KernelReferenceKind::Kernel), OS);
+      else
+        OS << FD->getName();
+      Def->MangledName = std::move(Mangled);
+    }
+    return true;
+  }
+
+private:
+  /// The output slot of the claimed file that holds D, if any.
+  std::optional<unsigned> fileSlot(const Decl *D) const {
+    SourceLocation Loc = D->getLocation();
+    if (Loc.isInvalid())
+      return std::nullopt;
+    FileID FID = SM.getFileID(SM.getExpansionLoc(Loc));
+    auto It = Claimed.find(FID);
+    if (It == Claimed.end())
+      return std::nullopt;
+    return It->second;
+  }
+
+  std::string baseName(QualType T) const {
+    if (const CXXRecordDecl *RD = T->getAsCXXRecordDecl())
+      return RD->getQualifiedNameAsString();
+    if (const auto *TST = T->getAs<TemplateSpecializationType>())
+      if (TemplateDecl *TD = TST->getTemplateName().getAsTemplateDecl())
+        return TD->getQualifiedNameAsString();
+    PrintingPolicy Policy(Ctx.getLangOpts());
+    Policy.SuppressTagKeyword = true;
+    return T.getAsString(Policy);
+  }
+
+  /// Where the body of a function whose body the parser skipped ends: the
+  /// closing brace matching the first `{` after the declarator, stepping over
+  /// a constructor's member initializers (`: a(1), b{2}`). Invalid when the
+  /// declaration has no body to find.
+  SourceLocation skippedBodyEnd(SourceLocation DeclEnd) const {
+    FileID FID = SM.getFileID(DeclEnd);
+    bool Invalid = false;
+    StringRef Buffer = SM.getBufferData(FID, &Invalid);
+    if (Invalid)
+      return {};
+    unsigned Offset = SM.getFileOffset(DeclEnd);
+    Lexer Raw(SM.getLocForStartOfFile(FID), Ctx.getLangOpts(), Buffer.begin(),
+              Buffer.begin() + Offset, Buffer.end());
+    Token Tok;
+    auto Next = [&] { return !Raw.LexFromRawLexer(Tok) || Tok.isNot(tok::eof); };
+    // Skips a balanced group that starts at the current token.
+    auto SkipGroup = [&]() -> bool {
+      tok::TokenKind Open = Tok.getKind();
+      tok::TokenKind Close = Open == tok::l_brace ? tok::r_brace
+                             : Open == tok::l_paren ? tok::r_paren
+                                                    : tok::r_square;
+      unsigned Depth = 1;
+      while (Next()) {
+        if (Tok.is(Open))
+          ++Depth;
+        else if (Tok.is(Close) && --Depth == 0)
+          return true;
+      }
+      return false;
+    };
+    Next(); // the last token of the declarator itself
+    bool InInitializers = false;
+    bool AfterGroup = false; // the previous token closed a (...) or {...}
+    while (Next()) {
+      if (Tok.isOneOf(tok::semi, tok::equal) && !InInitializers)
+        return {};
+      if (Tok.is(tok::colon) && !InInitializers) {
+        InInitializers = true;
+        AfterGroup = false;
+        continue;
+      }
+      if (Tok.isOneOf(tok::l_paren, tok::l_square) ||
+          (Tok.is(tok::l_brace) && InInitializers && !AfterGroup)) {
+        // `noexcept(...)`, `[[attr]]`, or a member initializer `a(1)`, `b{2}`.
+        if (!SkipGroup())
+          return {};
+        AfterGroup = true;
+        continue;
+      }
+      if (Tok.is(tok::l_brace))
+        return SkipGroup() ? Tok.getLocation() : SourceLocation();
+      AfterGroup = false;
+    }
+    return {};
+  }
+
+  /// Records D with the source span of SpanDecl (its template, if any).
+  Definition *record(const NamedDecl *D, const Decl *SpanDecl,
+                     DefinitionKind Kind) {
+    std::optional<unsigned> Slot = fileSlot(D);
+    if (!Slot)
+      return nullptr;
+    SourceRange R = SpanDecl->getSourceRange();
+    SourceLocation Begin = SM.getExpansionLoc(R.getBegin());
+    SourceLocation End = SM.getExpansionRange(R.getEnd()).getEnd();
+    // The parser skipped the body, so the range ends at the declarator;
+    // find the body's closing brace (unless a macro wrote the definition,
+    // whose invocation is the whole span).
+    if (auto *FD = dyn_cast<FunctionDecl>(D))
+      if (FD->hasSkippedBody() && !R.getEnd().isMacroID())
+        if (SourceLocation BodyEnd = skippedBodyEnd(End); BodyEnd.isValid())
+          End = BodyEnd;
+    End = Lexer::getLocForEndOfToken(End, 0, SM, Ctx.getLangOpts());
+    FileID FID = SM.getFileID(Begin);
+    if (Begin.isInvalid() || End.isInvalid() || SM.getFileID(End) != FID ||
+        Claimed.lookup(FID) != *Slot)
+      return nullptr;
+
+    Definition Def;
+    Def.Name = D->getNameAsString();
+    Def.QualifiedName = D->getQualifiedNameAsString();
+    Def.Kind = Kind;
+    Def.ByteStart = SM.getFileOffset(Begin);
+    Def.ByteEnd = SM.getFileOffset(End);
+    if (Def.ByteEnd < Def.ByteStart)
+      return nullptr;
+    Def.LineStart = SM.getLineNumber(FID, Def.ByteStart);
+    Def.LineEnd = SM.getLineNumber(FID, Def.ByteEnd ? Def.ByteEnd - 1 : 0);
+    SmallString<128> USR;
+    if (!index::generateUSRForDecl(D, USR))
+      Def.USR = USR.str().str();
+    auto &Defs = Out[*Slot].Definitions.Definitions;
+    Defs.push_back(std::move(Def));
+    return &Defs.back();
+  }
+
+  ASTContext &Ctx;
+  SourceManager &SM;
+  const ClaimedFiles &Claimed;
+  std::vector<CxxFileDefinitions> &Out;
+  std::unique_ptr<MangleContext> Mangler;
+};
+
+class IndexConsumer : public ASTConsumer {
+public:
+  IndexConsumer(function_ref<bool(StringRef)> Claim,
+                std::vector<CxxFileDefinitions> &Out)
+      : Claim(Claim), Out(Out) {}
+
+  void HandleTranslationUnit(ASTContext &Ctx) override {
+    SourceManager &SM = Ctx.getSourceManager();
+    // Claim the files of this translation unit that nobody indexed yet. The
+    // main file comes first so that its entry carries the error count.
+    ClaimedFiles Claimed;
+    auto ClaimFile = [&](FileID FID) {
+      OptionalFileEntryRef FE = SM.getFileEntryRefForID(FID);
+      if (!FE || Claimed.count(FID))
+        return;
+      StringRef Real = FE->getFileEntry().tryGetRealPathName();
+      std::string Path = Real.empty() ? FE->getName().str() : Real.str();
+      if (!Claim(Path))
+        return;
+      Claimed[FID] = unsigned(Out.size());
+      Out.push_back({std::move(Path), {}});
+    };
+    ClaimFile(SM.getMainFileID());
+    for (unsigned I = 1, E = SM.local_sloc_entry_size(); I < E; ++I) {
+      const SrcMgr::SLocEntry &Entry = SM.getLocalSLocEntry(I);
+      if (!Entry.isFile() || !Entry.getFile().getIncludeLoc().isValid())
+        continue;
+      ClaimFile(SM.getFileID(SourceLocation::getFromRawEncoding(Entry.getOffset())));
+    }
+    if (Claimed.empty())
+      return;
+    DefinitionCollector(Ctx, Claimed, Out).TraverseDecl(Ctx.getTranslationUnitDecl());
+  }
+
+private:
+  function_ref<bool(StringRef)> Claim;
+  std::vector<CxxFileDefinitions> &Out;
+};
+
+class IndexAction : public ASTFrontendAction {
+public:
+  IndexAction(function_ref<bool(StringRef)> Claim,
+              std::vector<CxxFileDefinitions> &Out)
+      : Claim(Claim), Out(Out) {}
+
+  std::unique_ptr<ASTConsumer> CreateASTConsumer(CompilerInstance &,
+                                                 StringRef) override {
+    return std::make_unique<IndexConsumer>(Claim, Out);
+  }
+
+  bool BeginSourceFileAction(CompilerInstance &CI) override {
+    // A missing header is fatal by default, and after a fatal error Sema
+    // stops instantiating templates, so `struct S : Base<float>` would lose
+    // its base. Without a compilation database headers do go missing; make
+    // that an ordinary, recoverable error.
+    CI.getDiagnostics().setSeverity(diag::err_pp_file_not_found,
+                                    diag::Severity::Error, SourceLocation());
+    return true;
+  }
+
+private:
+  function_ref<bool(StringRef)> Claim;
+  std::vector<CxxFileDefinitions> &Out;
+};
+
+/// Runs IndexAction with the lenient frontend settings an index wants.
+class IndexActionFactory : public tooling::FrontendActionFactory {
+public:
+  IndexActionFactory(function_ref<bool(StringRef)> Claim,
+                     std::vector<CxxFileDefinitions> &Out)
+      : Claim(Claim), Out(Out) {}
+
+  std::unique_ptr<FrontendAction> create() override {
+    return std::make_unique<IndexAction>(Claim, Out);
+  }
+
+  bool runInvocation(std::shared_ptr<CompilerInvocation> Invocation,
+                     FileManager *Files,
+                     std::shared_ptr<PCHContainerOperations> PCH,
+                     DiagnosticConsumer *Diags) override {
+    // Bodies are what make parsing slow, and an index of declarations does
+    // not need them; a skipped body still ends the declaration's range.
+    Invocation->getFrontendOpts().SkipFunctionBodies = true;
+    // Keep going after any number of errors, a missing header included.
+    Invocation->getDiagnosticOpts().ErrorLimit = 0;
+    Invocation->getLangOpts().SpellChecking = false;
+    return FrontendActionFactory::runInvocation(std::move(Invocation), Files,
+                                                std::move(PCH), Diags);
+  }
+
+private:
+  function_ref<bool(StringRef)> Claim;
+  std::vector<CxxFileDefinitions> &Out;
+};
+
+/// Each thread keeps a file manager over the real file system with the
+/// prelude laid over it; stat results are reused across its translation units.
+FileManager &threadFileManager() {
+  thread_local IntrusiveRefCntPtr<FileManager> Files;
+  if (!Files) {
+    auto Memory = makeIntrusiveRefCnt<vfs::InMemoryFileSystem>();
+    Memory->addFile(PreludePath, 0,
+                    MemoryBuffer::getMemBuffer(cudaPrelude(), PreludePath));
+    auto Overlay = makeIntrusiveRefCnt<vfs::OverlayFileSystem>(vfs::getRealFileSystem());
+    Overlay->pushOverlay(Memory);
+    Files = makeIntrusiveRefCnt<FileManager>(FileSystemOptions(), Overlay);
+  }
+  return *Files;
+}
+
+} // namespace
+
+CxxIndexer::CxxIndexer(CxxIndexerOptions Opts) : Options(std::move(Opts)) {
+  if (Options.ResourceDir.empty())
+    Options.ResourceDir = EKKA_CLANG_RESOURCE_DIR;
+}
+
+std::vector<std::string> CxxIndexer::commandLine(StringRef MainFile,
+                                                 SourceLanguage Language) const {
+  std::vector<std::string> Args = {"clang++", "-fsyntax-only", "-w",
+                                   "-ferror-limit=0",
+                                   "-resource-dir=" + Options.ResourceDir};
+  switch (Language) {
+  case SourceLanguage::C:
+    Args.insert(Args.end(), {"-x", "c", "-std=gnu11"});
+    break;
+  default:
+    // Every C++ file is read as CUDA: a header ending in .h may hold kernels,
+    // and CUDA mode is a superset of C++ for declarations.
+    Args.insert(Args.end(), {"-x", "cuda", "--cuda-host-only", "-nocudainc",
+                             "-nocudalib", "--no-cuda-version-check",
+                             "-std=c++17", "-include", PreludePath});
+    break;
+  }
+  for (const std::string &Dir : Options.IncludeDirs)
+    Args.push_back("-I" + Dir);
+  Args.insert(Args.end(), Options.ExtraArgs.begin(), Options.ExtraArgs.end());
+  Args.push_back(MainFile.str());
+  return Args;
+}
+
+std::vector<CxxFileDefinitions>
+CxxIndexer::indexTranslationUnit(StringRef MainFile, SourceLanguage Language,
+                                 function_ref<bool(StringRef)> Claim) {
+  std::vector<CxxFileDefinitions> Out;
+  IndexActionFactory Factory(Claim, Out);
+  CountingDiagConsumer Diags;
+  tooling::ToolInvocation Invocation(commandLine(MainFile, Language), &Factory,
+                                     &threadFileManager(),
+                                     std::make_shared<PCHContainerOperations>());
+  Invocation.setDiagnosticConsumer(&Diags);
+  Invocation.run();
+  if (!Out.empty())
+    Out.front().Definitions.ParseErrors = Diags.Errors;
+  return Out;
+}
+
+} // namespace ekka

@@ -1,0 +1,351 @@
+//===- IndexBuilder.cpp - Build or update a code index --------------------===//
+#include "ekka/Index/IndexBuilder.h"
+#include "ekka/Index/CodeIndex.h"
+#include "ekka/Index/CxxIndexer.h"
+#include "ekka/Index/PythonIndexer.h"
+#include "ekka/Support/Error.h"
+#include "ekka/Support/Progress.h"
+#include "ekka/Support/SourceFiles.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/ThreadPool.h"
+#include "llvm/Support/Threading.h"
+#include "llvm/Support/xxhash.h"
+
+#include <chrono>
+#include <mutex>
+
+using namespace llvm;
+
+namespace ekka {
+
+std::vector<std::string> guessIncludeDirs(StringRef Root) {
+  std::vector<std::string> Dirs;
+  if (!sys::fs::is_directory(Root))
+    return Dirs;
+  auto Add = [&](const Twine &P) {
+    if (sys::fs::is_directory(P))
+      Dirs.push_back(P.str());
+  };
+  Add(Root);
+  Add(Root + "/include");
+  Add(Root + "/csrc");
+  for (const char *Vendor : {"3rdparty", "third_party", "thirdparty"}) {
+    std::error_code EC;
+    SmallString<256> VendorDir(Root);
+    sys::path::append(VendorDir, Vendor);
+    for (sys::fs::directory_iterator It(VendorDir, EC), End; It != End && !EC;
+         It.increment(EC)) {
+      Add(It->path() + "/include");
+    }
+  }
+  return Dirs;
+}
+
+namespace {
+
+/// One file's journey through a build.
+struct FileWork {
+  const SourceFile *File = nullptr;
+  std::string Module;     ///< Python module name.
+  bool IsPackageInit = false;
+  std::string Text;
+  std::string Hash;
+  std::string Status = "indexed";
+  enum class Outcome { Unchanged, Touched, Skipped, Parse } Result = Outcome::Parse;
+  FileDefinitions Defs;
+  bool Claimed = false; ///< C++: some translation unit recorded it.
+};
+
+std::string hashText(StringRef Text) {
+  return utohexstr(xxh3_64bits(arrayRefFromStringRef(Text)), /*LowerCase=*/true);
+}
+
+class Builder {
+public:
+  explicit Builder(const IndexBuildOptions &Options) : Options(Options) {}
+
+  Expected<IndexBuildSummary> run() {
+    auto Start = std::chrono::steady_clock::now();
+    WalkStats Walk;
+    auto Files = collectSourceFiles(Options.Roots, Walk);
+    if (!Files)
+      return Files.takeError();
+    auto Index = CodeIndex::openForWriting(Options.IndexPath);
+    if (!Index)
+      return Index.takeError();
+    auto Stored = (*Index)->fileStates();
+    if (!Stored)
+      return Stored.takeError();
+
+    selectWork(*Files, *Stored);
+    ThreadPoolStrategy Strategy = hardware_concurrency(Options.Jobs);
+    DefaultThreadPool Pool(Strategy);
+    readAndParsePython(Pool, *Stored);
+    parseCxx(Pool);
+
+    if (Error E = write(**Index, *Files, *Stored))
+      return std::move(E);
+
+    Summary.Skipped += Walk.SymlinkLoops + Walk.Unreadable;
+    if (Walk.SymlinkLoops)
+      Summary.SkipReasons["symlink-loop"] += Walk.SymlinkLoops;
+    if (Walk.Unreadable)
+      Summary.SkipReasons["unreadable"] += Walk.Unreadable;
+    auto Counts = (*Index)->counts();
+    if (!Counts)
+      return Counts.takeError();
+    Summary.Definitions = Counts->Definitions;
+    Summary.Files = unsigned(Files->size());
+    Summary.Seconds = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - Start).count();
+    return Summary;
+  }
+
+private:
+  bool wanted(SourceLanguage L) const {
+    return L == SourceLanguage::Python ? Options.IndexPython : Options.IndexCxx;
+  }
+
+  /// Files whose size and time stamp match the index are unchanged without
+  /// being read; the rest are read and hashed.
+  void selectWork(const std::vector<SourceFile> &Files,
+                  const StringMap<IndexedFileState> &Stored) {
+    PythonModuleNamer Namer;
+    for (const SourceFile &F : Files) {
+      if (!wanted(F.Language))
+        continue;
+      auto It = Stored.find(F.Path);
+      if (It != Stored.end() && It->second.Size == F.Size &&
+          It->second.MTimeNs == F.MTimeNs) {
+        if (It->second.Status == "indexed") {
+          ++Summary.Unchanged;
+        } else {
+          ++Summary.Skipped;
+          ++Summary.SkipReasons[It->second.Status];
+        }
+        continue;
+      }
+      FileWork W;
+      W.File = &F;
+      if (F.Language == SourceLanguage::Python) {
+        W.Module = Namer.moduleName(F.Path);
+        W.IsPackageInit = sys::path::filename(F.Path) == "__init__.py";
+      }
+      Work.push_back(std::move(W));
+    }
+  }
+
+  void readOne(FileWork &W, const StringMap<IndexedFileState> &Stored) {
+    const SourceFile &F = *W.File;
+    auto Skip = [&](StringRef Why) {
+      W.Status = Why.str();
+      W.Result = FileWork::Outcome::Skipped;
+    };
+    if (F.Size > Options.MaxFileSize)
+      return Skip("too-large");
+    auto Buffer = MemoryBuffer::getFile(F.Path, /*IsText=*/false,
+                                        /*RequiresNullTerminator=*/false);
+    if (!Buffer)
+      return Skip("unreadable");
+    W.Text = (*Buffer)->getBuffer().str();
+    W.Hash = hashText(W.Text);
+    auto It = Stored.find(F.Path);
+    if (It != Stored.end() && It->second.Hash == W.Hash) {
+      W.Result = FileWork::Outcome::Touched;
+      W.Status = It->second.Status;
+      return;
+    }
+    switch (classifyContent(W.Text)) {
+    case ContentProblem::Binary:
+      return Skip("binary");
+    case ContentProblem::NotUTF8:
+      return Skip("not-utf8");
+    case ContentProblem::None:
+      break;
+    }
+    if (F.Language == SourceLanguage::Python)
+      W.Defs = indexPythonSource(W.Text, W.Module, W.IsPackageInit);
+  }
+
+  void readAndParsePython(DefaultThreadPool &Pool,
+                          const StringMap<IndexedFileState> &Stored) {
+    ProgressBar Bar("indexing files", Work.size());
+    // Batches keep the pool's queue short on trees of many small files.
+    constexpr size_t Batch = 16;
+    for (size_t I = 0; I < Work.size(); I += Batch)
+      Pool.async([this, I, &Stored, &Bar] {
+        size_t End = std::min(Work.size(), I + Batch);
+        for (size_t J = I; J < End; ++J) {
+          readOne(Work[J], Stored);
+          Bar.advance();
+        }
+      });
+    Pool.wait();
+  }
+
+  void parseCxx(DefaultThreadPool &Pool) {
+    StringMap<FileWork *> ByRealPath;
+    std::vector<FileWork *> Sources, Headers;
+    for (FileWork &W : Work) {
+      if (W.File->Language == SourceLanguage::Python ||
+          W.Result != FileWork::Outcome::Parse)
+        continue;
+      ByRealPath[W.File->RealPath] = &W;
+      (isHeaderPath(W.File->Path) ? Headers : Sources).push_back(&W);
+    }
+    if (ByRealPath.empty())
+      return;
+
+    CxxIndexerOptions CxxOptions;
+    for (const std::string &Root : Options.Roots)
+      for (std::string &Dir : guessIncludeDirs(Root))
+        CxxOptions.IncludeDirs.push_back(std::move(Dir));
+    CxxOptions.IncludeDirs.insert(CxxOptions.IncludeDirs.end(),
+                                  Options.IncludeDirs.begin(),
+                                  Options.IncludeDirs.end());
+    CxxOptions.ExtraArgs = Options.ExtraArgs;
+    CxxIndexer Indexer(std::move(CxxOptions));
+
+    std::mutex ClaimMutex;
+    // A file is claimed by the first translation unit that contains it and
+    // needs indexing; later ones skip its declarations.
+    auto Claim = [&](StringRef RealPath) {
+      std::lock_guard<std::mutex> Lock(ClaimMutex);
+      auto It = ByRealPath.find(RealPath);
+      if (It == ByRealPath.end() || It->second->Claimed)
+        return false;
+      It->second->Claimed = true;
+      return true;
+    };
+    ProgressBar Bar("parsing C/C++/CUDA", Sources.size() + Headers.size());
+    auto ParseOne = [&](FileWork *W) {
+      {
+        std::lock_guard<std::mutex> Lock(ClaimMutex);
+        if (W->Claimed) {
+          Bar.advance();
+          return;
+        }
+      }
+      auto Results = Indexer.indexTranslationUnit(W->File->Path,
+                                                  W->File->Language, Claim);
+      std::lock_guard<std::mutex> Lock(ClaimMutex);
+      for (CxxFileDefinitions &R : Results) {
+        auto It = ByRealPath.find(R.RealPath);
+        if (It != ByRealPath.end())
+          It->second->Defs = std::move(R.Definitions);
+      }
+      if (Options.Log)
+        *Options.Log << "parsed " << W->File->Path << " (" << Results.size()
+                     << " files recorded)\n";
+      Bar.advance();
+    };
+    // Sources first: a header is cheapest to index as part of a translation
+    // unit that includes it anyway.
+    for (FileWork *W : Sources)
+      Pool.async([&, W] { ParseOne(W); });
+    Pool.wait();
+    for (FileWork *W : Headers)
+      Pool.async([&, W] { ParseOne(W); });
+    Pool.wait();
+  }
+
+  static bool underRoot(StringRef Path, StringRef Root) {
+    if (Path == Root)
+      return true;
+    return Path.starts_with(Root) &&
+           (Root.ends_with("/") || Path.substr(Root.size()).starts_with("/"));
+  }
+
+  Error write(CodeIndex &Index, const std::vector<SourceFile> &Files,
+              const StringMap<IndexedFileState> &Stored) {
+    if (Error E = Index.beginBatch())
+      return E;
+    bool Changed = false;
+    for (FileWork &W : Work) {
+      IndexedFile F;
+      F.Path = W.File->Path;
+      F.Language = W.File->Language;
+      F.Module = W.Module;
+      F.Size = W.File->Size;
+      F.MTimeNs = W.File->MTimeNs;
+      F.Hash = W.Hash;
+      F.Status = W.Status;
+      Error E = Error::success();
+      switch (W.Result) {
+      case FileWork::Outcome::Unchanged:
+        break;
+      case FileWork::Outcome::Touched:
+        if (W.Status == "indexed") {
+          ++Summary.Unchanged;
+        } else {
+          ++Summary.Skipped;
+          ++Summary.SkipReasons[W.Status];
+        }
+        E = Index.updateFileTime(F.Path, F.MTimeNs);
+        break;
+      case FileWork::Outcome::Skipped:
+        ++Summary.Skipped;
+        ++Summary.SkipReasons[W.Status];
+        if (Options.Log)
+          *Options.Log << "skipped " << F.Path << " (" << W.Status << ")\n";
+        E = Index.storeSkippedFile(F);
+        Changed = true;
+        break;
+      case FileWork::Outcome::Parse:
+        ++Summary.Parsed;
+        E = Index.storeFile(F, W.Text, W.Defs);
+        Changed = true;
+        break;
+      }
+      if (E)
+        return E;
+    }
+
+    // Files that were indexed under these roots and are gone now.
+    StringSet<> Present;
+    for (const SourceFile &F : Files)
+      if (wanted(F.Language))
+        Present.insert(F.Path);
+    std::vector<std::string> AbsRoots;
+    for (const std::string &Root : Options.Roots) {
+      SmallString<256> Abs(Root);
+      sys::fs::make_absolute(Abs);
+      sys::path::remove_dots(Abs, true);
+      AbsRoots.push_back(Abs.str().str());
+    }
+    for (const auto &Entry : Stored) {
+      StringRef Path = Entry.getKey();
+      auto Lang = languageForPath(Path);
+      if (Present.count(Path) || !Lang || !wanted(*Lang))
+        continue;
+      if (llvm::any_of(AbsRoots, [&](const std::string &R) { return underRoot(Path, R); })) {
+        if (Error E = Index.removeFile(Path))
+          return E;
+        ++Summary.Removed;
+        Changed = true;
+      }
+    }
+    if (Changed)
+      if (Error E = Index.rebuildSubclassLinks())
+        return E;
+    return Index.commitBatch();
+  }
+
+  const IndexBuildOptions &Options;
+  std::vector<FileWork> Work;
+  IndexBuildSummary Summary;
+};
+
+} // namespace
+
+Expected<IndexBuildSummary> buildIndex(const IndexBuildOptions &Options) {
+  return Builder(Options).run();
+}
+
+} // namespace ekka

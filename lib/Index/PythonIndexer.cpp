@@ -1,0 +1,324 @@
+//===- PythonIndexer.cpp - Python definitions via tree-sitter ------------===//
+#include "ekka/Index/PythonIndexer.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
+#include <tree_sitter/api.h>
+
+#include <cstring>
+#include <memory>
+
+extern "C" const TSLanguage *tree_sitter_python(void);
+
+using namespace llvm;
+
+namespace ekka {
+
+namespace {
+
+/// Symbols and fields of the grammar, looked up once.
+struct PythonGrammar {
+  const TSLanguage *Lang = tree_sitter_python();
+  TSSymbol Module, Block, ClassDef, FunctionDef, Decorated, Decorator, If,
+      Elif, Else, Try, Except, ExceptGroup, Finally, With, For, While, Match,
+      Case, Error, Import, ImportFrom, DottedName, AliasedImport,
+      RelativeImport, ImportPrefix, KeywordArgument, Comment, Identifier;
+  TSFieldId Name, Body, Superclasses, Definition, ModuleName, Alias;
+
+  PythonGrammar() {
+    auto Sym = [&](const char *N) {
+      return ts_language_symbol_for_name(Lang, N, strlen(N), /*named=*/true);
+    };
+    auto Field = [&](const char *N) {
+      return ts_language_field_id_for_name(Lang, N, strlen(N));
+    };
+    Module = Sym("module");
+    Block = Sym("block");
+    ClassDef = Sym("class_definition");
+    FunctionDef = Sym("function_definition");
+    Decorated = Sym("decorated_definition");
+    Decorator = Sym("decorator");
+    If = Sym("if_statement");
+    Elif = Sym("elif_clause");
+    Else = Sym("else_clause");
+    Try = Sym("try_statement");
+    Except = Sym("except_clause");
+    ExceptGroup = Sym("except_group_clause");
+    Finally = Sym("finally_clause");
+    With = Sym("with_statement");
+    For = Sym("for_statement");
+    While = Sym("while_statement");
+    Match = Sym("match_statement");
+    Case = Sym("case_clause");
+    Error = Sym("ERROR");
+    Import = Sym("import_statement");
+    ImportFrom = Sym("import_from_statement");
+    DottedName = Sym("dotted_name");
+    AliasedImport = Sym("aliased_import");
+    RelativeImport = Sym("relative_import");
+    ImportPrefix = Sym("import_prefix");
+    KeywordArgument = Sym("keyword_argument");
+    Comment = Sym("comment");
+    Identifier = Sym("identifier");
+    Name = Field("name");
+    Body = Field("body");
+    Superclasses = Field("superclasses");
+    Definition = Field("definition");
+    ModuleName = Field("module_name");
+    Alias = Field("alias");
+  }
+
+  /// Statements whose blocks can hold definitions of the enclosing scope.
+  bool isContainer(TSSymbol S) const {
+    return S == Module || S == Block || S == If || S == Elif || S == Else ||
+           S == Try || S == Except || S == ExceptGroup || S == Finally ||
+           S == With || S == For || S == While || S == Match || S == Case ||
+           S == Error;
+  }
+};
+
+const PythonGrammar &grammar() {
+  static const PythonGrammar G;
+  return G;
+}
+
+struct ParserDeleter {
+  void operator()(TSParser *P) const { ts_parser_delete(P); }
+};
+struct TreeDeleter {
+  void operator()(TSTree *T) const { ts_tree_delete(T); }
+};
+
+TSParser *threadParser() {
+  thread_local std::unique_ptr<TSParser, ParserDeleter> Parser;
+  if (!Parser) {
+    Parser.reset(ts_parser_new());
+    ts_parser_set_language(Parser.get(), grammar().Lang);
+  }
+  return Parser.get();
+}
+
+/// Calls F on each child (named or not) of N, in order, in O(children).
+template <typename Fn> void forEachChild(TSNode N, Fn F) {
+  TSTreeCursor C = ts_tree_cursor_new(N);
+  if (ts_tree_cursor_goto_first_child(&C)) {
+    do
+      F(ts_tree_cursor_current_node(&C));
+    while (ts_tree_cursor_goto_next_sibling(&C));
+  }
+  ts_tree_cursor_delete(&C);
+}
+
+struct Scope {
+  std::string Prefix; ///< Qualified-name prefix for definitions in it.
+  int ClassIndex = -1; ///< The class whose body this is, or -1.
+  bool IsModule = true;
+};
+
+class PythonFileIndexer {
+public:
+  PythonFileIndexer(StringRef Source, StringRef ModuleName, bool IsPackageInit)
+      : Source(Source), G(grammar()), ModuleName(ModuleName),
+        IsPackageInit(IsPackageInit) {}
+
+  FileDefinitions run() {
+    std::unique_ptr<TSTree, TreeDeleter> Tree(ts_parser_parse_string(
+        threadParser(), nullptr, Source.data(), uint32_t(Source.size())));
+    if (!Tree)
+      return std::move(Out);
+    Scope Top;
+    Top.Prefix = ModuleName.str();
+    visit(ts_tree_root_node(Tree.get()), Top);
+    return std::move(Out);
+  }
+
+private:
+  StringRef text(TSNode N) const {
+    uint32_t B = ts_node_start_byte(N), E = ts_node_end_byte(N);
+    return Source.slice(B, E);
+  }
+
+  void visit(TSNode N, const Scope &S) {
+    TSSymbol Sym = ts_node_symbol(N);
+    if (Sym == G.Decorated) {
+      TSNode Def = ts_node_child_by_field_id(N, G.Definition);
+      if (ts_node_is_null(Def))
+        return;
+      std::vector<std::string> Decorators;
+      forEachChild(N, [&](TSNode C) {
+        if (ts_node_symbol(C) == G.Decorator)
+          Decorators.push_back(text(C).drop_front(1).trim().str());
+      });
+      addDefinition(Def, N, std::move(Decorators), S);
+    } else if (Sym == G.ClassDef || Sym == G.FunctionDef) {
+      addDefinition(N, N, {}, S);
+    } else if (G.isContainer(Sym)) {
+      if (Sym == G.Error)
+        ++Out.ParseErrors;
+      forEachChild(N, [&](TSNode C) {
+        if (ts_node_is_named(C))
+          visit(C, S);
+      });
+    } else if (S.IsModule && (Sym == G.Import || Sym == G.ImportFrom)) {
+      addImports(N, Sym == G.ImportFrom);
+    }
+  }
+
+  void addDefinition(TSNode Def, TSNode Outer,
+                     std::vector<std::string> Decorators, const Scope &S) {
+    TSNode NameNode = ts_node_child_by_field_id(Def, G.Name);
+    if (ts_node_is_null(NameNode))
+      return;
+    bool IsClass = ts_node_symbol(Def) == G.ClassDef;
+    Definition D;
+    D.Name = text(NameNode).str();
+    D.QualifiedName = S.Prefix.empty() ? D.Name : S.Prefix + "." + D.Name;
+    D.Kind = IsClass ? DefinitionKind::Class
+             : S.ClassIndex >= 0 ? DefinitionKind::Method
+                                 : DefinitionKind::Function;
+    D.LineStart = ts_node_start_point(Outer).row + 1;
+    D.LineEnd = ts_node_end_point(Outer).row + 1;
+    D.ByteStart = ts_node_start_byte(Outer);
+    D.ByteEnd = ts_node_end_byte(Outer);
+    D.Decorators = std::move(Decorators);
+    if (IsClass) {
+      TSNode Args = ts_node_child_by_field_id(Def, G.Superclasses);
+      if (!ts_node_is_null(Args))
+        forEachChild(Args, [&](TSNode A) {
+          TSSymbol AS = ts_node_symbol(A);
+          // `metaclass=M` and other keywords configure the class; they are
+          // not bases.
+          if (ts_node_is_named(A) && AS != G.KeywordArgument && AS != G.Comment)
+            D.Bases.push_back(text(A).str());
+        });
+    } else {
+      TSNode First = ts_node_child(Def, 0);
+      D.IsAsync = !ts_node_is_null(First) && !ts_node_is_named(First) &&
+                  text(First) == "async";
+      if (S.ClassIndex >= 0)
+        Out.Definitions[S.ClassIndex].Methods.push_back(D.Name);
+    }
+
+    Scope Inner;
+    Inner.IsModule = false;
+    if (IsClass) {
+      Inner.Prefix = D.QualifiedName;
+      Inner.ClassIndex = int(Out.Definitions.size());
+    } else {
+      Inner.Prefix = D.QualifiedName + ".<locals>";
+    }
+    Out.Definitions.push_back(std::move(D));
+    TSNode Body = ts_node_child_by_field_id(Def, G.Body);
+    if (!ts_node_is_null(Body))
+      visit(Body, Inner);
+  }
+
+  /// The absolute module that a `from` clause names, resolving leading dots
+  /// against this file's package.
+  std::string resolveFromModule(TSNode ModNode) {
+    if (ts_node_symbol(ModNode) != G.RelativeImport)
+      return text(ModNode).str();
+    unsigned Dots = 0;
+    std::string Rest;
+    forEachChild(ModNode, [&](TSNode C) {
+      if (ts_node_symbol(C) == G.ImportPrefix)
+        Dots = unsigned(text(C).count('.'));
+      else if (ts_node_symbol(C) == G.DottedName)
+        Rest = text(C).str();
+    });
+    StringRef Package = ModuleName;
+    if (!IsPackageInit)
+      Package = Package.rsplit('.').first == Package ? StringRef()
+                                                     : Package.rsplit('.').first;
+    for (unsigned I = 1; I < Dots && !Package.empty(); ++I)
+      Package = Package.contains('.') ? Package.rsplit('.').first : StringRef();
+    if (Package.empty())
+      return Rest;
+    return Rest.empty() ? Package.str() : (Package + "." + Rest).str();
+  }
+
+  void addImports(TSNode N, bool IsFrom) {
+    std::string FromModule;
+    if (IsFrom) {
+      TSNode ModNode = ts_node_child_by_field_id(N, G.ModuleName);
+      if (ts_node_is_null(ModNode))
+        return;
+      FromModule = resolveFromModule(ModNode);
+    }
+    forEachChild(N, [&](TSNode C) {
+      TSSymbol CS = ts_node_symbol(C);
+      if (IsFrom && ts_node_start_byte(C) <=
+                        ts_node_start_byte(ts_node_child_by_field_id(N, G.ModuleName)))
+        return; // the module name itself
+      std::string Target, Alias;
+      if (CS == G.DottedName) {
+        Target = text(C).str();
+        Alias = IsFrom ? Target : StringRef(Target).split('.').first.str();
+        if (!IsFrom)
+          Target = Alias; // `import a.b` binds `a` to module `a`
+      } else if (CS == G.AliasedImport) {
+        TSNode NameN = ts_node_child_by_field_id(C, G.Name);
+        TSNode AliasN = ts_node_child_by_field_id(C, G.Alias);
+        if (ts_node_is_null(NameN) || ts_node_is_null(AliasN))
+          return;
+        Target = text(NameN).str();
+        Alias = text(AliasN).str();
+      } else {
+        return;
+      }
+      if (IsFrom)
+        Target = FromModule.empty() ? Target : FromModule + "." + Target;
+      Out.Imports.push_back({std::move(Alias), std::move(Target)});
+    });
+  }
+
+  StringRef Source;
+  const PythonGrammar &G;
+  StringRef ModuleName;
+  bool IsPackageInit;
+  FileDefinitions Out;
+};
+
+} // namespace
+
+FileDefinitions indexPythonSource(StringRef Source, StringRef ModuleName,
+                                  bool IsPackageInit) {
+  return PythonFileIndexer(Source, ModuleName, IsPackageInit).run();
+}
+
+bool PythonModuleNamer::isPackageDir(StringRef Dir) {
+  auto It = PackageDirs.find(Dir);
+  if (It != PackageDirs.end())
+    return It->second;
+  SmallString<256> Init(Dir);
+  sys::path::append(Init, "__init__.py");
+  bool IsPackage = sys::fs::exists(Init);
+  PackageDirs[Dir] = IsPackage;
+  return IsPackage;
+}
+
+std::string PythonModuleNamer::moduleName(StringRef Path) {
+  StringRef Stem = sys::path::stem(Path);
+  SmallVector<StringRef, 8> Parts;
+  if (Stem != "__init__")
+    Parts.push_back(Stem);
+  StringRef Dir = sys::path::parent_path(Path);
+  while (!Dir.empty() && isPackageDir(Dir)) {
+    Parts.push_back(sys::path::filename(Dir));
+    StringRef Parent = sys::path::parent_path(Dir);
+    if (Parent == Dir)
+      break;
+    Dir = Parent;
+  }
+  std::string Name;
+  for (auto It = Parts.rbegin(); It != Parts.rend(); ++It) {
+    if (!Name.empty())
+      Name += '.';
+    Name += It->str();
+  }
+  return Name;
+}
+
+} // namespace ekka

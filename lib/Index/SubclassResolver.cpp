@@ -1,0 +1,111 @@
+//===- SubclassResolver.cpp -----------------------------------------------===//
+#include "ekka/Index/SubclassResolver.h"
+
+#include "llvm/ADT/StringRef.h"
+
+using namespace llvm;
+
+namespace ekka {
+
+namespace {
+
+class Resolver {
+public:
+  Resolver(ArrayRef<ClassInfo> Classes, const ImportTable &Imports)
+      : Classes(Classes), Imports(Imports) {
+    for (size_t I = 0; I < Classes.size(); ++I) {
+      const ClassInfo &C = Classes[I];
+      ByQualified[key(C.IsPython, C.QualifiedName)].push_back(I);
+      ByName[key(C.IsPython, C.Name)].push_back(I);
+    }
+  }
+
+  void resolve(std::vector<SubclassLink> &Out) {
+    for (size_t I = 0; I < Classes.size(); ++I)
+      for (const std::string &Base : Classes[I].Bases)
+        if (auto Link = resolveBase(Classes[I], Base))
+          Out.push_back(*Link);
+  }
+
+private:
+  static std::string key(bool IsPython, StringRef Name) {
+    return (IsPython ? "py:" : "cc:") + Name.str();
+  }
+
+  const std::vector<size_t> *lookup(const StringMap<std::vector<size_t>> &Map,
+                                    bool IsPython, StringRef Name) const {
+    auto It = Map.find(key(IsPython, Name));
+    return It == Map.end() ? nullptr : &It->second;
+  }
+
+  /// The single candidate other than Sub itself, if there is exactly one.
+  std::optional<size_t> single(const std::vector<size_t> *Candidates,
+                               const ClassInfo &Sub) const {
+    if (!Candidates)
+      return std::nullopt;
+    std::optional<size_t> Found;
+    for (size_t C : *Candidates) {
+      if (Classes[C].Id == Sub.Id)
+        continue;
+      if (Found)
+        return std::nullopt;
+      Found = C;
+    }
+    return Found;
+  }
+
+  std::optional<SubclassLink> link(const ClassInfo &Sub, StringRef Base,
+                                   size_t Target, StringRef How) const {
+    return SubclassLink{Classes[Target].Id, Sub.Id, Base.str(), How.str()};
+  }
+
+  std::optional<SubclassLink> resolveBase(const ClassInfo &Sub,
+                                          StringRef Written) const {
+    // `Generic[T]`, `Base<T>`: the class is what comes before the arguments.
+    StringRef Base = Written.split('[').first.split('<').first.trim();
+    if (Base.empty() || Base.contains('('))
+      return std::nullopt;
+    StringRef Sep = Sub.IsPython ? "." : "::";
+    StringRef Last = Base.rsplit(Sep).second.empty() ? Base : Base.rsplit(Sep).second;
+
+    if (Sub.IsPython) {
+      if (!Base.contains('.'))
+        if (auto T = single(lookup(ByQualified, true, Sub.Module + "." + Base.str()), Sub))
+          if (Classes[*T].FileId == Sub.FileId)
+            return link(Sub, Written, *T, "same-file");
+      auto FileImports = Imports.find(Sub.FileId);
+      if (FileImports != Imports.end()) {
+        auto [Head, Rest] = Base.split('.');
+        auto Bound = FileImports->second.find(Head);
+        if (Bound != FileImports->second.end()) {
+          std::string Full = Bound->second;
+          if (!Rest.empty())
+            Full += "." + Rest.str();
+          if (auto T = single(lookup(ByQualified, true, Full), Sub))
+            return link(Sub, Written, *T, "import");
+        }
+      }
+    } else {
+      if (auto T = single(lookup(ByQualified, false, Base), Sub))
+        return link(Sub, Written, *T, "qualified");
+    }
+    if (auto T = single(lookup(ByName, Sub.IsPython, Last), Sub))
+      return link(Sub, Written, *T, "unique-name");
+    return std::nullopt;
+  }
+
+  ArrayRef<ClassInfo> Classes;
+  const ImportTable &Imports;
+  StringMap<std::vector<size_t>> ByQualified, ByName;
+};
+
+} // namespace
+
+std::vector<SubclassLink> resolveSubclasses(ArrayRef<ClassInfo> Classes,
+                                            const ImportTable &Imports) {
+  std::vector<SubclassLink> Links;
+  Resolver(Classes, Imports).resolve(Links);
+  return Links;
+}
+
+} // namespace ekka

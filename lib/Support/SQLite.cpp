@@ -1,0 +1,144 @@
+//===- SQLite.cpp ---------------------------------------------------------===//
+#include "ekka/Support/SQLite.h"
+#include "ekka/Support/Error.h"
+
+#include "llvm/Support/FileSystem.h"
+
+#include <sqlite3.h>
+
+using namespace llvm;
+
+namespace ekka {
+
+SQLiteStatement::SQLiteStatement(SQLiteStatement &&Other) noexcept
+    : Stmt(Other.Stmt), Db(Other.Db) {
+  Other.Stmt = nullptr;
+}
+
+SQLiteStatement &SQLiteStatement::operator=(SQLiteStatement &&Other) noexcept {
+  if (this != &Other) {
+    sqlite3_finalize(Stmt);
+    Stmt = Other.Stmt;
+    Db = Other.Db;
+    Other.Stmt = nullptr;
+  }
+  return *this;
+}
+
+SQLiteStatement::~SQLiteStatement() { sqlite3_finalize(Stmt); }
+
+SQLiteStatement &SQLiteStatement::bind(int Index, int64_t Value) {
+  sqlite3_bind_int64(Stmt, Index, Value);
+  return *this;
+}
+
+SQLiteStatement &SQLiteStatement::bind(int Index, StringRef Text) {
+  sqlite3_bind_text(Stmt, Index, Text.data(), int(Text.size()), SQLITE_TRANSIENT);
+  return *this;
+}
+
+SQLiteStatement &SQLiteStatement::bindBlob(int Index, StringRef Bytes) {
+  sqlite3_bind_blob(Stmt, Index, Bytes.data(), int(Bytes.size()), SQLITE_TRANSIENT);
+  return *this;
+}
+
+SQLiteStatement &SQLiteStatement::bindNull(int Index) {
+  sqlite3_bind_null(Stmt, Index);
+  return *this;
+}
+
+Expected<bool> SQLiteStatement::step() {
+  int RC = sqlite3_step(Stmt);
+  if (RC == SQLITE_ROW)
+    return true;
+  if (RC == SQLITE_DONE)
+    return false;
+  return Db->lastError("query failed");
+}
+
+Error SQLiteStatement::run() {
+  while (true) {
+    Expected<bool> Row = step();
+    if (!Row) {
+      reset();
+      return Row.takeError();
+    }
+    if (!*Row)
+      break;
+  }
+  reset();
+  return Error::success();
+}
+
+void SQLiteStatement::reset() {
+  sqlite3_reset(Stmt);
+  sqlite3_clear_bindings(Stmt);
+}
+
+int64_t SQLiteStatement::columnInt(int Index) const {
+  return sqlite3_column_int64(Stmt, Index);
+}
+
+StringRef SQLiteStatement::columnText(int Index) const {
+  const char *P = static_cast<const char *>(sqlite3_column_blob(Stmt, Index));
+  int N = sqlite3_column_bytes(Stmt, Index);
+  return P ? StringRef(P, size_t(N)) : StringRef();
+}
+
+bool SQLiteStatement::columnIsNull(int Index) const {
+  return sqlite3_column_type(Stmt, Index) == SQLITE_NULL;
+}
+
+Expected<std::unique_ptr<SQLiteDatabase>> SQLiteDatabase::open(StringRef Path,
+                                                               Mode M) {
+  if (M == Mode::ReadOnly) {
+    if (!sys::fs::exists(Path))
+      return makeError("'" + Path + "': no such file");
+    if (sys::fs::is_directory(Path))
+      return makeError("'" + Path + "' is a directory, not a database file");
+  }
+  int Flags = M == Mode::ReadOnly ? SQLITE_OPEN_READONLY
+                                  : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+  Flags |= SQLITE_OPEN_NOMUTEX;
+  sqlite3 *Handle = nullptr;
+  int RC = sqlite3_open_v2(Path.str().c_str(), &Handle, Flags, nullptr);
+  if (RC != SQLITE_OK) {
+    std::string Msg = Handle ? sqlite3_errmsg(Handle) : sqlite3_errstr(RC);
+    sqlite3_close(Handle);
+    return makeError("cannot open '" + Path + "': " + Msg);
+  }
+  sqlite3_busy_timeout(Handle, 5000);
+  return std::unique_ptr<SQLiteDatabase>(new SQLiteDatabase(Handle, Path.str()));
+}
+
+SQLiteDatabase::~SQLiteDatabase() { sqlite3_close(Handle); }
+
+Error SQLiteDatabase::exec(StringRef SQL) {
+  char *Msg = nullptr;
+  int RC = sqlite3_exec(Handle, SQL.str().c_str(), nullptr, nullptr, &Msg);
+  if (RC == SQLITE_OK)
+    return Error::success();
+  std::string Text = Msg ? Msg : sqlite3_errstr(RC);
+  sqlite3_free(Msg);
+  return makeError("'" + Path + "': " + Text);
+}
+
+Expected<SQLiteStatement> SQLiteDatabase::prepare(StringRef SQL) {
+  sqlite3_stmt *S = nullptr;
+  if (sqlite3_prepare_v2(Handle, SQL.data(), int(SQL.size()), &S, nullptr) !=
+      SQLITE_OK)
+    return lastError("cannot prepare query");
+  return SQLiteStatement(S, this);
+}
+
+Error SQLiteDatabase::lastError(StringRef What) const {
+  return makeError("'" + Path + "': " + What + ": " + sqlite3_errmsg(Handle));
+}
+
+std::string SQLiteDatabase::lastMessage() const { return sqlite3_errmsg(Handle); }
+
+int64_t SQLiteDatabase::lastInsertId() const {
+  return sqlite3_last_insert_rowid(Handle);
+}
+
+} // namespace ekka

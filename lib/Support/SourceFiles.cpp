@@ -1,0 +1,175 @@
+//===- SourceFiles.cpp ----------------------------------------------------===//
+#include "ekka/Support/SourceFiles.h"
+#include "ekka/Support/Error.h"
+
+#include "llvm/ADT/StringSet.h"
+#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/ConvertUTF.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
+#include <algorithm>
+#include <chrono>
+
+using namespace llvm;
+
+namespace ekka {
+
+StringRef languageName(SourceLanguage L) {
+  switch (L) {
+  case SourceLanguage::Python:
+    return "python";
+  case SourceLanguage::C:
+    return "c";
+  case SourceLanguage::Cxx:
+    return "c++";
+  case SourceLanguage::Cuda:
+    return "cuda";
+  }
+  return "unknown";
+}
+
+std::optional<SourceLanguage> languageForPath(StringRef Path) {
+  StringRef Ext = sys::path::extension(Path);
+  return StringSwitch<std::optional<SourceLanguage>>(Ext)
+      .Case(".py", SourceLanguage::Python)
+      .Case(".c", SourceLanguage::C)
+      .Cases(".cc", ".cpp", ".cxx", ".c++", SourceLanguage::Cxx)
+      .Cases(".h", ".hh", ".hpp", ".hxx", ".h++", SourceLanguage::Cxx)
+      .Cases(".cu", ".cuh", SourceLanguage::Cuda)
+      .Default(std::nullopt);
+}
+
+bool isHeaderPath(StringRef Path) {
+  StringRef Ext = sys::path::extension(Path);
+  return Ext == ".h" || Ext == ".hh" || Ext == ".hpp" || Ext == ".hxx" ||
+         Ext == ".h++" || Ext == ".cuh";
+}
+
+namespace {
+
+int64_t toNanoseconds(sys::TimePoint<> T) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             T.time_since_epoch())
+      .count();
+}
+
+bool isSkippedDirectory(StringRef Name) {
+  return Name.starts_with(".") || Name == "__pycache__" ||
+         Name == "node_modules";
+}
+
+class TreeWalker {
+public:
+  TreeWalker(std::vector<SourceFile> &Out, WalkStats &Stats)
+      : Out(Out), Stats(Stats) {}
+
+  void addFile(StringRef Path, const sys::fs::file_status &St) {
+    auto Lang = languageForPath(Path);
+    if (!Lang) {
+      ++Stats.OtherFiles;
+      return;
+    }
+    SmallString<256> Real;
+    if (sys::fs::real_path(Path, Real)) {
+      ++Stats.Unreadable;
+      return;
+    }
+    SourceFile F;
+    F.Path = Path.str();
+    F.RealPath = Real.str().str();
+    F.Size = St.getSize();
+    F.MTimeNs = toNanoseconds(St.getLastModificationTime());
+    F.Language = *Lang;
+    Out.push_back(std::move(F));
+  }
+
+  void walkDirectory(StringRef Dir) {
+    SmallString<256> Real;
+    if (sys::fs::real_path(Dir, Real)) {
+      ++Stats.Unreadable;
+      return;
+    }
+    // A directory reached a second time (through a symlink) is a loop or an
+    // alias; either way its files are already listed.
+    if (!SeenDirs.insert(Real).second) {
+      ++Stats.SymlinkLoops;
+      return;
+    }
+    std::error_code EC;
+    for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC;
+         It.increment(EC)) {
+      StringRef Path = It->path();
+      StringRef Name = sys::path::filename(Path);
+      sys::fs::file_status St;
+      // status() follows symlinks; a dangling link is unreadable.
+      if (sys::fs::status(Path, St)) {
+        ++Stats.Unreadable;
+        continue;
+      }
+      if (sys::fs::is_directory(St)) {
+        if (!isSkippedDirectory(Name))
+          walkDirectory(Path);
+      } else if (sys::fs::is_regular_file(St)) {
+        addFile(Path, St);
+      }
+    }
+    if (EC)
+      ++Stats.Unreadable;
+  }
+
+private:
+  std::vector<SourceFile> &Out;
+  WalkStats &Stats;
+  StringSet<> SeenDirs;
+};
+
+} // namespace
+
+Expected<std::vector<SourceFile>>
+collectSourceFiles(ArrayRef<std::string> Roots, WalkStats &Stats) {
+  std::vector<SourceFile> Files;
+  TreeWalker Walker(Files, Stats);
+  for (const std::string &Root : Roots) {
+    SmallString<256> Abs(Root);
+    if (std::error_code EC = sys::fs::make_absolute(Abs))
+      return makeError("cannot resolve '" + Root + "': " + EC.message());
+    sys::path::remove_dots(Abs, /*remove_dot_dot=*/true);
+    sys::fs::file_status St;
+    if (std::error_code EC = sys::fs::status(Abs, St))
+      return makeError("cannot read '" + Root + "': " + EC.message());
+    if (sys::fs::is_directory(St))
+      Walker.walkDirectory(Abs);
+    else if (sys::fs::is_regular_file(St))
+      Walker.addFile(Abs, St);
+    else
+      return makeError("'" + Root + "' is neither a file nor a directory");
+  }
+  // The same file reached through two roots or a file symlink is listed once.
+  StringSet<> SeenReal;
+  std::vector<SourceFile> Unique;
+  for (SourceFile &F : Files)
+    if (SeenReal.insert(F.RealPath).second)
+      Unique.push_back(std::move(F));
+  llvm::sort(Unique, [](const SourceFile &A, const SourceFile &B) {
+    return A.Path < B.Path;
+  });
+  return Unique;
+}
+
+ContentProblem classifyContent(StringRef Content) {
+  if (Content.find('\0') != StringRef::npos)
+    return ContentProblem::Binary;
+  const UTF8 *Begin = reinterpret_cast<const UTF8 *>(Content.data());
+  const UTF8 *End = Begin + Content.size();
+  // Fast path: pure ASCII needs no decoding.
+  const UTF8 *P = Begin;
+  while (P != End && *P < 0x80)
+    ++P;
+  if (P == End)
+    return ContentProblem::None;
+  return isLegalUTF8String(&P, End) ? ContentProblem::None
+                                    : ContentProblem::NotUTF8;
+}
+
+} // namespace ekka
