@@ -1,7 +1,8 @@
 # Finds every dependency Ekka builds with and exposes each as a target:
 #   Ekka::LLVM         LLVM support libraries (shared libLLVM)
 #   Ekka::ClangTooling Clang libTooling (shared libclang-cpp)
-#   Ekka::TreeSitter   the tree-sitter runtime and the Python grammar
+#   Ekka::TreeSitter   the tree-sitter runtime and the Python grammar (from
+#                      the C sources of their PyPI sdists)
 #   SQLite::SQLite3    SQLite
 #   Ekka::Torch        LibTorch from the torch wheel of EKKA_PYTHON (one ABI
 #                      with the Python side)
@@ -44,24 +45,33 @@ if(NOT EXISTS "${EKKA_CLANG_RESOURCE_DIR}/include/stddef.h")
 endif()
 
 # --- tree-sitter ---------------------------------------------------------------
-find_path(TREE_SITTER_INCLUDE_DIR tree_sitter/api.h REQUIRED)
-find_library(TREE_SITTER_LIBRARY tree-sitter REQUIRED)
-set(EKKA_TREE_SITTER_PYTHON_SRC "" CACHE PATH
-    "tree-sitter-python source tree (with src/parser.c); utils/install-deps fetches it")
-if(NOT EXISTS "${EKKA_TREE_SITTER_PYTHON_SRC}/src/parser.c")
-  message(FATAL_ERROR "EKKA_TREE_SITTER_PYTHON_SRC does not hold src/parser.c; "
-                      "run utils/install-deps and pass what it prints")
+# The runtime (tree-sitter 0.23) and the Python grammar (tree-sitter-python
+# 0.23.6, ABI 14), both compiled from the C sources their PyPI sdists ship;
+# utils/install-deps lays them out under EKKA_TREE_SITTER_SRC.
+set(EKKA_TREE_SITTER_SRC "" CACHE PATH
+    "tree-sitter sources: runtime/ (lib.c) and grammar/ (src/parser.c); utils/install-deps fetches them")
+if(NOT EXISTS "${EKKA_TREE_SITTER_SRC}/runtime/src/lib.c" OR
+   NOT EXISTS "${EKKA_TREE_SITTER_SRC}/grammar/src/parser.c")
+  message(FATAL_ERROR "EKKA_TREE_SITTER_SRC='${EKKA_TREE_SITTER_SRC}' does not hold "
+                      "runtime/src/lib.c and grammar/src/parser.c; run utils/install-deps")
 endif()
-add_library(ekka_tree_sitter_python STATIC
-  ${EKKA_TREE_SITTER_PYTHON_SRC}/src/parser.c
-  ${EKKA_TREE_SITTER_PYTHON_SRC}/src/scanner.c)
-target_include_directories(ekka_tree_sitter_python PRIVATE ${EKKA_TREE_SITTER_PYTHON_SRC}/src)
-set_target_properties(ekka_tree_sitter_python PROPERTIES
-  POSITION_INDEPENDENT_CODE ON C_STANDARD 11)
-target_compile_options(ekka_tree_sitter_python PRIVATE -w)
-add_library(Ekka::TreeSitter INTERFACE IMPORTED)
-target_include_directories(Ekka::TreeSitter SYSTEM INTERFACE ${TREE_SITTER_INCLUDE_DIR})
-target_link_libraries(Ekka::TreeSitter INTERFACE ekka_tree_sitter_python ${TREE_SITTER_LIBRARY})
+set(ekka_ts_runtime ${EKKA_TREE_SITTER_SRC}/runtime)
+set(ekka_ts_grammar ${EKKA_TREE_SITTER_SRC}/grammar/src)
+# The grammar includes tree_sitter/parser.h; the runtime of the same
+# generation has it in src/.
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/tree-sitter/tree_sitter)
+foreach(h parser.h array.h alloc.h ts_assert.h)
+  configure_file(${ekka_ts_runtime}/src/${h} ${CMAKE_BINARY_DIR}/tree-sitter/tree_sitter/${h} COPYONLY)
+endforeach()
+add_library(ekka_tree_sitter STATIC
+  ${ekka_ts_runtime}/src/lib.c ${ekka_ts_grammar}/parser.c ${ekka_ts_grammar}/scanner.c)
+target_include_directories(ekka_tree_sitter PRIVATE
+  ${CMAKE_BINARY_DIR}/tree-sitter ${ekka_ts_runtime}/src ${ekka_ts_runtime}/include)
+target_include_directories(ekka_tree_sitter SYSTEM PUBLIC ${ekka_ts_runtime}/include)
+target_compile_definitions(ekka_tree_sitter PRIVATE _DEFAULT_SOURCE _POSIX_C_SOURCE=200112L)
+set_target_properties(ekka_tree_sitter PROPERTIES POSITION_INDEPENDENT_CODE ON C_STANDARD 11)
+target_compile_options(ekka_tree_sitter PRIVATE -O3 -w)
+add_library(Ekka::TreeSitter ALIAS ekka_tree_sitter)
 
 # --- SQLite ----------------------------------------------------------------------
 find_package(SQLite3 REQUIRED)

@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS definitions(
   decorators TEXT NOT NULL DEFAULT '[]',
   is_async INTEGER NOT NULL DEFAULT 0,
   is_template INTEGER NOT NULL DEFAULT 0,
+  found_by TEXT NOT NULL DEFAULT 'parser',
   usr TEXT,
   mangled_name TEXT);
 CREATE INDEX IF NOT EXISTS definitions_name ON definitions(name);
@@ -71,7 +72,7 @@ CREATE INDEX IF NOT EXISTS subclass_links_base ON subclass_links(base_id);
 constexpr const char *DefinitionColumns =
     "d.id, d.name, d.qualified_name, d.kind, d.line_start, d.line_end, "
     "d.byte_start, d.byte_end, d.bases, d.methods, d.decorators, d.is_async, "
-    "d.is_template, d.usr, d.mangled_name, f.path, d.language, "
+    "d.is_template, d.usr, d.mangled_name, f.path, d.language, d.found_by, "
     "substr(f.text, d.byte_start + 1, d.byte_end - d.byte_start)";
 
 std::string toJSONList(const std::vector<std::string> &Items) {
@@ -290,8 +291,8 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
   auto Ins = Db->prepare(
       "INSERT OR IGNORE INTO definitions(file_id, name, qualified_name, language, "
       "kind, line_start, line_end, byte_start, byte_end, bases, methods, "
-      "decorators, is_async, is_template, usr, mangled_name) VALUES(?1, ?2, ?3, "
-      "?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)");
+      "decorators, is_async, is_template, usr, mangled_name, found_by) VALUES(?1, "
+      "?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)");
   if (!Ins)
     return Ins.takeError();
   for (const Definition &D : Defs.Definitions) {
@@ -310,6 +311,7 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
       Ins->bindNull(16);
     else
       Ins->bind(16, D.MangledName);
+    Ins->bind(17, D.FoundByLexer ? "lexer" : "parser");
     if (Error E = Ins->run())
       return E;
   }
@@ -431,7 +433,8 @@ CodeIndex::selectDefinitions(StringRef Where, ArrayRef<std::string> Params,
     D.MangledName = S->columnText(14).str();
     R.File = S->columnText(15).str();
     R.Language = S->columnText(16).str();
-    R.Source = S->columnText(17).str();
+    D.FoundByLexer = S->columnText(17) == "lexer";
+    R.Source = S->columnText(18).str();
     Out.push_back(std::move(R));
   }
   return Out;

@@ -7,6 +7,7 @@
 #include "ekka/Support/Progress.h"
 #include "ekka/Support/SourceFiles.h"
 
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
@@ -17,6 +18,7 @@
 #include "llvm/Support/Threading.h"
 #include "llvm/Support/xxhash.h"
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 
@@ -86,11 +88,14 @@ public:
     selectWork(*Files, *Stored);
     ThreadPoolStrategy Strategy = hardware_concurrency(Options.Jobs);
     DefaultThreadPool Pool(Strategy);
+    phase("walk");
     readAndParsePython(Pool, *Stored);
+    phase("read+python");
     parseCxx(Pool);
-
+    phase("c++");
     if (Error E = write(**Index, *Files, *Stored))
       return std::move(E);
+    phase("write");
 
     Summary.Skipped += Walk.SymlinkLoops + Walk.Unreadable;
     if (Walk.SymlinkLoops)
@@ -101,13 +106,22 @@ public:
     if (!Counts)
       return Counts.takeError();
     Summary.Definitions = Counts->Definitions;
-    Summary.Files = unsigned(Files->size());
+    Summary.Files = unsigned(llvm::count_if(
+        *Files, [&](const SourceFile &F) { return wanted(F.Language); }));
     Summary.Seconds = std::chrono::duration<double>(
                           std::chrono::steady_clock::now() - Start).count();
     return Summary;
   }
 
 private:
+  void phase(StringRef Name) {
+    auto Now = std::chrono::steady_clock::now();
+    if (Options.Log)
+      *Options.Log << format("phase %-12s %.3f s\n", Name.str().c_str(),
+                             std::chrono::duration<double>(Now - PhaseStart).count());
+    PhaseStart = Now;
+  }
+
   bool wanted(SourceLanguage L) const {
     return L == SourceLanguage::Python ? Options.IndexPython : Options.IndexCxx;
   }
@@ -176,13 +190,19 @@ private:
   void readAndParsePython(DefaultThreadPool &Pool,
                           const StringMap<IndexedFileState> &Stored) {
     ProgressBar Bar("indexing files", Work.size());
-    // Batches keep the pool's queue short on trees of many small files.
-    constexpr size_t Batch = 16;
-    for (size_t I = 0; I < Work.size(); I += Batch)
-      Pool.async([this, I, &Stored, &Bar] {
-        size_t End = std::min(Work.size(), I + Batch);
-        for (size_t J = I; J < End; ++J) {
-          readOne(Work[J], Stored);
+    // Largest files first, so that no thread is left with a big one at the
+    // end while the others idle; workers take the next file from a counter.
+    std::vector<FileWork *> Order;
+    for (FileWork &W : Work)
+      Order.push_back(&W);
+    llvm::stable_sort(Order, [](const FileWork *A, const FileWork *B) {
+      return A->File->Size > B->File->Size;
+    });
+    std::atomic<size_t> Next{0};
+    for (unsigned T = 0; T < Pool.getMaxConcurrency(); ++T)
+      Pool.async([&] {
+        for (size_t I = Next++; I < Order.size(); I = Next++) {
+          readOne(*Order[I], Stored);
           Bar.advance();
         }
       });
@@ -211,6 +231,19 @@ private:
                                   Options.IncludeDirs.end());
     CxxOptions.ExtraArgs = Options.ExtraArgs;
     CxxIndexer Indexer(std::move(CxxOptions));
+    SmallString<128> TempDir;
+    if (!sys::fs::createUniqueDirectory("ekka-index", TempDir)) {
+      SmallString<128> PCH(TempDir);
+      sys::path::append(PCH, "prelude.pch");
+      bool Precompiled = Indexer.precompilePrelude(PCH);
+      if (Options.Log)
+        *Options.Log << (Precompiled ? "precompiled the prelude\n"
+                                     : "could not precompile the prelude; parsing it in every file\n");
+    }
+    auto RemoveTemp = make_scope_exit([&] {
+      if (!TempDir.empty())
+        sys::fs::remove_directories(TempDir);
+    });
 
     std::mutex ClaimMutex;
     // A file is claimed by the first translation unit that contains it and
@@ -232,8 +265,11 @@ private:
           return;
         }
       }
+      auto TUStart = std::chrono::steady_clock::now();
       auto Results = Indexer.indexTranslationUnit(W->File->Path,
                                                   W->File->Language, Claim);
+      double TUSeconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - TUStart).count();
       std::lock_guard<std::mutex> Lock(ClaimMutex);
       for (CxxFileDefinitions &R : Results) {
         auto It = ByRealPath.find(R.RealPath);
@@ -241,8 +277,10 @@ private:
           It->second->Defs = std::move(R.Definitions);
       }
       if (Options.Log)
-        *Options.Log << "parsed " << W->File->Path << " (" << Results.size()
-                     << " files recorded)\n";
+        *Options.Log << "parsed " << W->File->Path << format(" in %.2f s", TUSeconds)
+                     << " (" << Results.size() << " files recorded, "
+                     << (Results.empty() ? 0 : Results.front().Definitions.ParseErrors)
+                     << " errors)\n";
       Bar.advance();
     };
     // Sources first: a header is cheapest to index as part of a translation
@@ -340,6 +378,7 @@ private:
   const IndexBuildOptions &Options;
   std::vector<FileWork> Work;
   IndexBuildSummary Summary;
+  std::chrono::steady_clock::time_point PhaseStart = std::chrono::steady_clock::now();
 };
 
 } // namespace

@@ -53,7 +53,7 @@ cl::opt<std::string> OutputIndex("o", cl::Required, cl::sub(BuildCmd),
                                  cl::value_desc("INDEX"),
                                  cl::desc("The index to create or update (SQLite)"),
                                  cl::cat(BuildCategory));
-cl::opt<unsigned> Jobs("j", cl::sub(BuildCmd), cl::init(0),
+cl::opt<unsigned> Jobs("j", cl::Prefix, cl::sub(BuildCmd), cl::init(0), cl::value_desc("N"),
                        cl::desc("Worker threads (default 0: one per core)"),
                        cl::cat(BuildCategory));
 cl::opt<std::string> Languages(
@@ -112,6 +112,7 @@ json::Value toJSON(const IndexedDefinition &R, StringRef Query) {
   };
   if (!D.MangledName.empty())
     O["mangled_name"] = D.MangledName;
+  O["found_by"] = D.FoundByLexer ? "lexer" : "parser";
   if (Query == "subclasses")
     O["derives_from"] = R.Relation;
   if (Query == "find_kernel")
@@ -143,6 +144,8 @@ void printWithSource(raw_ostream &OS, const IndexedDefinition &R) {
     OS << "# methods: " << joined(R.Def.Methods) << '\n';
   if (!R.Def.MangledName.empty())
     OS << "# mangled: " << R.Def.MangledName << '\n';
+  if (R.Def.FoundByLexer)
+    OS << "# found by the lexer: in code the parser did not see (an inactive #if branch)\n";
   OS << R.Source << "\n\n";
 }
 

@@ -60,8 +60,15 @@ public:
   std::vector<std::string> commandLine(llvm::StringRef MainFile,
                                        SourceLanguage Language) const;
 
+  /// Precompiles the CUDA prelude and the common standard headers into
+  /// \p PCHPath, which later translation units load instead of parsing those
+  /// headers again. Call before indexing, from one thread. Returns false,
+  /// and indexing goes on without it, when Clang cannot build it.
+  bool precompilePrelude(llvm::StringRef PCHPath);
+
 private:
   CxxIndexerOptions Options;
+  std::string PrecompiledPrelude;
 };
 
 /// Text of the CUDA prelude force-included in lenient CUDA mode.

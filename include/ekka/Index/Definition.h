@@ -33,6 +33,9 @@ struct Definition {
   std::vector<std::string> Decorators; ///< Python decorators, as written.
   bool IsAsync = false;                ///< Python `async def`.
   bool IsTemplate = false;             ///< C++ template (class or function).
+  /// Found by the raw lexer in code the parser did not see (an inactive
+  /// `#if` branch): the span and name are reliable, bases and types are not.
+  bool FoundByLexer = false;
   std::string USR;                     ///< Clang's unified symbol resolution.
   std::string MangledName;             ///< Itanium name of a non-template kernel.
 };
