@@ -130,11 +130,25 @@ public:
       return std::move(Out);
     Scope Top;
     Top.Prefix = ModuleName.str();
-    visit(ts_tree_root_node(Tree.get()), Top);
+    TSNode Root = ts_tree_root_node(Tree.get());
+    visit(Root, Top);
+    Out.ParseErrors = countErrors(Root);
     return std::move(Out);
   }
 
 private:
+  /// Syntax errors tree-sitter recovered from: ERROR and MISSING nodes,
+  /// looked for only below nodes that contain one.
+  static unsigned countErrors(TSNode N) {
+    if (!ts_node_has_error(N))
+      return 0;
+    if (ts_node_is_missing(N) || ts_node_is_error(N))
+      return 1;
+    unsigned Count = 0;
+    forEachChild(N, [&](TSNode C) { Count += countErrors(C); });
+    return Count;
+  }
+
   StringRef text(TSNode N) const {
     uint32_t B = ts_node_start_byte(N), E = ts_node_end_byte(N);
     return Source.slice(B, E);
@@ -155,8 +169,6 @@ private:
     } else if (Sym == G.ClassDef || Sym == G.FunctionDef) {
       addDefinition(N, N, {}, S);
     } else if (G.isContainer(Sym)) {
-      if (Sym == G.Error)
-        ++Out.ParseErrors;
       forEachChild(N, [&](TSNode C) {
         if (ts_node_is_named(C))
           visit(C, S);

@@ -176,10 +176,13 @@ int runBuild() {
          << S.Unchanged << " unchanged, " << S.Removed << " removed), "
          << S.Definitions << " definitions, " << S.Skipped << " skipped";
   if (!S.SkipReasons.empty()) {
-    std::vector<std::string> Reasons;
+    std::vector<std::pair<std::string, unsigned>> ByReason;
     for (const auto &E : S.SkipReasons)
-      Reasons.push_back(std::to_string(E.getValue()) + " " + E.getKey().str());
-    llvm::sort(Reasons);
+      ByReason.push_back({E.getKey().str(), E.getValue()});
+    llvm::sort(ByReason);
+    std::vector<std::string> Reasons;
+    for (const auto &[Reason, Count] : ByReason)
+      Reasons.push_back(std::to_string(Count) + " " + Reason);
     outs() << " (" << joined(Reasons) << ")";
   }
   outs() << format(", %.2f s\n", S.Seconds);

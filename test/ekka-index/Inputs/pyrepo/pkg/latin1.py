@@ -1,0 +1,2 @@
+class Latin1:
+    name = "café"

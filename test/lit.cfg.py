@@ -1,0 +1,21 @@
+# lit configuration for Ekka's tool tests: each RUN line is a user's command,
+# each CHECK line what the user expects to see.
+import os
+
+import lit.formats
+
+config.name = "Ekka"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".test"]
+config.excludes = ["Inputs"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.ekka_obj_root, "test")
+
+# Ekka's tools first, then LLVM's FileCheck, not and count.
+config.environment["PATH"] = os.pathsep.join(
+    [config.ekka_tools_dir, config.llvm_tools_dir, config.environment.get("PATH", "")])
+# Progress bars only on a terminal; never inside lit.
+config.environment["EKKA_PROGRESS"] = "0"
+config.substitutions.append(("%python", config.python_executable))
+config.substitutions.append(
+    ("%expect-exit", os.path.join(config.ekka_src_root, "utils", "lit", "expect-exit")))
