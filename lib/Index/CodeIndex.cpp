@@ -143,12 +143,12 @@ Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForWriting(StringRef Path) {
   *Tables = SQLiteStatement();
   if (!Empty)
     if (Error E = Index->checkFormat())
-      return std::move(E);
+      return E;
   if (Error E = Index->Db->exec("PRAGMA synchronous=NORMAL"))
-    return std::move(E);
+    return E;
   if (Error E = Index->createSchema())
-    return std::move(E);
-  return std::move(Index);
+    return E;
+  return Index;
 }
 
 Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForReading(StringRef Path) {
@@ -157,8 +157,8 @@ Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForReading(StringRef Path) {
     return Db.takeError();
   std::unique_ptr<CodeIndex> Index(new CodeIndex(std::move(*Db)));
   if (Error E = Index->checkFormat())
-    return std::move(E);
-  return std::move(Index);
+    return E;
+  return Index;
 }
 
 Error CodeIndex::checkFormat() {

@@ -28,6 +28,7 @@
 #include "llvm/Support/VirtualFileSystem.h"
 
 #include <memory>
+#include <thread>
 
 using namespace clang;
 using namespace llvm;
@@ -70,6 +71,7 @@ constexpr const char *PCHSource = R"(#include "/__ekka__/ekka_cuda_prelude.h"
 #include <limits>
 #include <map>
 #include <memory>
+#include <thread>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -451,24 +453,32 @@ private:
   std::string Output;
 };
 
-/// Each thread keeps a file manager over the real file system with the
-/// prelude laid over it; stat results are reused across its translation units.
-FileManager &threadFileManager() {
-  thread_local IntrusiveRefCntPtr<FileManager> Files;
-  if (!Files) {
-    auto Memory = makeIntrusiveRefCnt<vfs::InMemoryFileSystem>();
-    Memory->addFile(PreludePath, 0,
-                    MemoryBuffer::getMemBuffer(cudaPrelude(), PreludePath));
-    Memory->addFile(PCHSourcePath, 0,
-                    MemoryBuffer::getMemBuffer(PCHSource, PCHSourcePath));
-    auto Overlay = makeIntrusiveRefCnt<vfs::OverlayFileSystem>(vfs::getRealFileSystem());
-    Overlay->pushOverlay(Memory);
-    Files = makeIntrusiveRefCnt<FileManager>(FileSystemOptions(), Overlay);
-  }
-  return *Files;
+/// A file manager over the real file system with the prelude laid over it.
+IntrusiveRefCntPtr<FileManager> makeFileManager() {
+  auto Memory = makeIntrusiveRefCnt<vfs::InMemoryFileSystem>();
+  Memory->addFile(PreludePath, 0,
+                  MemoryBuffer::getMemBuffer(cudaPrelude(), PreludePath));
+  Memory->addFile(PCHSourcePath, 0,
+                  MemoryBuffer::getMemBuffer(PCHSource, PCHSourcePath));
+  auto Overlay = makeIntrusiveRefCnt<vfs::OverlayFileSystem>(vfs::getRealFileSystem());
+  Overlay->pushOverlay(Memory);
+  return makeIntrusiveRefCnt<FileManager>(FileSystemOptions(), Overlay);
 }
 
 } // namespace
+
+CxxIndexer::~CxxIndexer() = default;
+
+FileManager &CxxIndexer::threadFileManager() {
+  // One per thread (a FileManager is not thread-safe) and per indexer: it
+  // caches stat results and identifies files by inode, which must not outlive
+  // one build of a tree that changes between builds.
+  std::lock_guard<std::mutex> Lock(FileManagersMutex);
+  auto &Files = FileManagers[std::this_thread::get_id()];
+  if (!Files)
+    Files = makeFileManager();
+  return *Files;
+}
 
 CxxIndexer::CxxIndexer(CxxIndexerOptions Opts) : Options(std::move(Opts)) {
   if (Options.ResourceDir.empty())

@@ -94,7 +94,7 @@ public:
     parseCxx(Pool);
     phase("c++");
     if (Error E = write(**Index, *Files, *Stored))
-      return std::move(E);
+      return E;
     phase("write");
 
     Summary.Skipped += Walk.SymlinkLoops + Walk.Unreadable;

@@ -8,8 +8,17 @@
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 
+#include "llvm/ADT/IntrusiveRefCntPtr.h"
+
+#include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
+
+namespace clang {
+class FileManager;
+}
 
 namespace ekka {
 
@@ -48,6 +57,7 @@ struct CxxFileDefinitions {
 class CxxIndexer {
 public:
   explicit CxxIndexer(CxxIndexerOptions Options);
+  ~CxxIndexer();
 
   /// Parses \p MainFile (read as \p Language) and returns the definitions of
   /// each claimed file. ParseErrors of the main file's entry counts the
@@ -67,8 +77,12 @@ public:
   bool precompilePrelude(llvm::StringRef PCHPath);
 
 private:
+  clang::FileManager &threadFileManager();
+
   CxxIndexerOptions Options;
   std::string PrecompiledPrelude;
+  std::mutex FileManagersMutex;
+  std::map<std::thread::id, llvm::IntrusiveRefCntPtr<clang::FileManager>> FileManagers;
 };
 
 /// Text of the CUDA prelude force-included in lenient CUDA mode.

@@ -1,0 +1,130 @@
+//===- CxxIndexerTest.cpp -------------------------------------------------===//
+#include "ekka/Index/CxxIndexer.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <gtest/gtest.h>
+
+using namespace ekka;
+using namespace llvm;
+
+namespace {
+
+class CxxIndexerTest : public ::testing::Test {
+protected:
+  void SetUp() override { ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-cxx", Dir)); }
+  void TearDown() override { sys::fs::remove_directories(Dir); }
+
+  std::string write(StringRef Name, StringRef Content) {
+    SmallString<256> P(Dir);
+    sys::path::append(P, Name);
+    std::error_code EC;
+    raw_fd_ostream OS(P, EC);
+    OS << Content;
+    SmallString<256> Real;
+    sys::fs::real_path(P, Real);
+    return Real.str().str();
+  }
+
+  /// Indexes Main, claiming every file, and returns the main file's result.
+  FileDefinitions index(StringRef Main) {
+    CxxIndexerOptions Opts;
+    Opts.IncludeDirs.push_back(Dir.str().str());
+    CxxIndexer Indexer(Opts);
+    auto Results = Indexer.indexTranslationUnit(Main, SourceLanguage::Cuda,
+                                                [](StringRef) { return true; });
+    for (CxxFileDefinitions &R : Results)
+      if (R.RealPath == Main)
+        return std::move(R.Definitions);
+    for (CxxFileDefinitions &R : Results)
+      ADD_FAILURE() << "recorded " << R.RealPath;
+    ADD_FAILURE() << "main file not recorded: " << Main.str();
+    return {};
+  }
+
+  static const Definition *find(const FileDefinitions &F, StringRef Qualified,
+                                DefinitionKind K) {
+    for (const Definition &D : F.Definitions)
+      if (D.QualifiedName == Qualified && D.Kind == K)
+        return &D;
+    return nullptr;
+  }
+
+  SmallString<128> Dir;
+};
+
+TEST_F(CxxIndexerTest, KernelsWithMangledNamesAndFullSpans) {
+  std::string Main = write("k.cu", R"(namespace a { namespace b {
+__global__ void plain(float* x, int n) {
+  x[0] = n;
+}
+template <int N>
+__global__ void templated(float* x) {
+  x[0] = N;
+}
+} }
+)");
+  FileDefinitions F = index(Main);
+  const Definition *Plain = find(F, "a::b::plain", DefinitionKind::Kernel);
+  ASSERT_TRUE(Plain);
+  EXPECT_EQ(Plain->MangledName, "_ZN1a1b5plainEPfi");
+  EXPECT_EQ(Plain->LineStart, 2u);
+  EXPECT_EQ(Plain->LineEnd, 4u) << "the skipped body must still end the span";
+  const Definition *T = find(F, "a::b::templated", DefinitionKind::Kernel);
+  ASSERT_TRUE(T);
+  EXPECT_TRUE(T->IsTemplate);
+  EXPECT_TRUE(T->MangledName.empty());
+  EXPECT_EQ(T->LineStart, 5u);
+  EXPECT_EQ(T->LineEnd, 8u);
+}
+
+TEST_F(CxxIndexerTest, MissingHeaderDoesNotLoseTemplateBases) {
+  std::string Main = write("m.cu", R"(#include "does/not/exist.h"
+template <typename T> struct Base { T v; };
+struct Derived : Base<int> { void f(); int g() const { return 1; } };
+)");
+  FileDefinitions F = index(Main);
+  const Definition *D = find(F, "Derived", DefinitionKind::Struct);
+  ASSERT_TRUE(D);
+  EXPECT_EQ(D->Bases, (std::vector<std::string>{"Base"}));
+  EXPECT_EQ(D->Methods, (std::vector<std::string>{"f", "g"}));
+  EXPECT_GT(F.ParseErrors, 0u);
+}
+
+TEST_F(CxxIndexerTest, InactiveBranchKernelsAreFoundByTheLexer) {
+  std::string Main = write("arch.cu", R"(namespace ns {
+#if __CUDA_ARCH__ >= 900
+__global__ void __launch_bounds__(128) sm90_kernel(int* p) { *p = 1; }
+#endif
+// __global__ in a comment is no kernel
+#define MAKE __global__ void from_macro_definition() {}
+}
+)");
+  FileDefinitions F = index(Main);
+  const Definition *K = find(F, "ns::sm90_kernel", DefinitionKind::Kernel);
+  ASSERT_TRUE(K);
+  EXPECT_TRUE(K->FoundByLexer);
+  EXPECT_EQ(K->LineStart, 3u);
+  EXPECT_EQ(K->LineEnd, 3u);
+  size_t Kernels = 0;
+  for (const Definition &D : F.Definitions)
+    Kernels += D.Kind == DefinitionKind::Kernel;
+  EXPECT_EQ(Kernels, 1u);
+}
+
+TEST_F(CxxIndexerTest, OnlyClaimedFilesAreRecorded) {
+  write("h.cuh", "struct InHeader {};\n");
+  std::string Main = write("s.cu", "#include \"h.cuh\"\nstruct InSource {};\n");
+  CxxIndexer Indexer({});
+  auto Results = Indexer.indexTranslationUnit(
+      Main, SourceLanguage::Cuda, [&](StringRef P) { return P == Main; });
+  ASSERT_EQ(Results.size(), 1u);
+  EXPECT_EQ(Results[0].RealPath, Main);
+  ASSERT_EQ(Results[0].Definitions.Definitions.size(), 1u);
+  EXPECT_EQ(Results[0].Definitions.Definitions[0].Name, "InSource");
+}
+
+} // namespace

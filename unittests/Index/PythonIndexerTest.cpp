@@ -1,0 +1,117 @@
+//===- PythonIndexerTest.cpp ----------------------------------------------===//
+#include "ekka/Index/PythonIndexer.h"
+
+#include <gtest/gtest.h>
+
+using namespace ekka;
+using namespace llvm;
+
+namespace {
+
+const Definition *find(const FileDefinitions &F, StringRef Qualified) {
+  for (const Definition &D : F.Definitions)
+    if (D.QualifiedName == Qualified)
+      return &D;
+  return nullptr;
+}
+
+TEST(PythonIndexer, QualifiedNamesFollowQualname) {
+  FileDefinitions F = indexPythonSource(R"(
+class Outer:
+    class Inner:
+        def m(self): pass
+def factory():
+    class Local:
+        pass
+    return Local
+)", "pkg.mod", false);
+  EXPECT_TRUE(find(F, "pkg.mod.Outer"));
+  EXPECT_TRUE(find(F, "pkg.mod.Outer.Inner"));
+  const Definition *M = find(F, "pkg.mod.Outer.Inner.m");
+  ASSERT_TRUE(M);
+  EXPECT_EQ(M->Kind, DefinitionKind::Method);
+  const Definition *L = find(F, "pkg.mod.factory.<locals>.Local");
+  ASSERT_TRUE(L);
+  EXPECT_EQ(L->Kind, DefinitionKind::Class);
+  EXPECT_EQ(find(F, "pkg.mod.factory")->Kind, DefinitionKind::Function);
+}
+
+TEST(PythonIndexer, DecoratedSpanStartsAtFirstDecorator) {
+  StringRef Src = "x = 1\n@a\n@b.c(2)\nclass K:\n    pass\n";
+  FileDefinitions F = indexPythonSource(Src, "m", false);
+  const Definition *K = find(F, "m.K");
+  ASSERT_TRUE(K);
+  EXPECT_EQ(K->LineStart, 2u);
+  EXPECT_EQ(K->LineEnd, 5u);
+  EXPECT_EQ(Src.slice(K->ByteStart, K->ByteEnd), "@a\n@b.c(2)\nclass K:\n    pass");
+  EXPECT_EQ(K->Decorators, (std::vector<std::string>{"a", "b.c(2)"}));
+}
+
+TEST(PythonIndexer, BasesExcludeMetaclassAndKeywords) {
+  FileDefinitions F = indexPythonSource(
+      "class K(A, mod.B[int], metaclass=M, total=False):\n    pass\n", "m", false);
+  ASSERT_EQ(F.Definitions.size(), 1u);
+  EXPECT_EQ(F.Definitions[0].Bases, (std::vector<std::string>{"A", "mod.B[int]"}));
+}
+
+TEST(PythonIndexer, AsyncAndMethodsList) {
+  FileDefinitions F = indexPythonSource(R"(
+class S:
+    async def run(self): pass
+    @staticmethod
+    def helper(): pass
+    if True:
+        def conditional(self): pass
+)", "m", false);
+  const Definition *S = find(F, "m.S");
+  ASSERT_TRUE(S);
+  EXPECT_EQ(S->Methods, (std::vector<std::string>{"run", "helper", "conditional"}));
+  EXPECT_TRUE(find(F, "m.S.run")->IsAsync);
+  EXPECT_FALSE(find(F, "m.S.helper")->IsAsync);
+}
+
+TEST(PythonIndexer, SyntaxErrorCostsOnlyTheBrokenPart) {
+  FileDefinitions F = indexPythonSource(R"(
+class Before:
+    pass
+def broken(:
+    return )
+class After(Before):
+    def ok(self): pass
+)", "m", false);
+  EXPECT_TRUE(find(F, "m.Before"));
+  EXPECT_TRUE(find(F, "m.After"));
+  EXPECT_TRUE(find(F, "m.After.ok"));
+  EXPECT_GT(F.ParseErrors, 0u);
+}
+
+TEST(PythonIndexer, ImportsResolveRelativeToThePackage) {
+  FileDefinitions F = indexPythonSource(R"(
+import torch.nn as nn
+import os.path
+from . import sibling
+from ..top import Thing as T
+from .sub.mod import A, B as C
+def f():
+    import ignored_inside_functions
+)", "pkg.inner.mod", false);
+  std::vector<std::pair<std::string, std::string>> Got;
+  for (const ImportBinding &B : F.Imports)
+    Got.push_back({B.Alias, B.Target});
+  std::vector<std::pair<std::string, std::string>> Want = {
+      {"nn", "torch.nn"},
+      {"os", "os"},
+      {"sibling", "pkg.inner.sibling"},
+      {"T", "pkg.top.Thing"},
+      {"A", "pkg.inner.sub.mod.A"},
+      {"C", "pkg.inner.sub.mod.B"}};
+  EXPECT_EQ(Got, Want);
+}
+
+TEST(PythonIndexer, PackageInitResolvesDotToItself) {
+  FileDefinitions F = indexPythonSource("from .base import Model\n", "pkg.models", true);
+  ASSERT_EQ(F.Imports.size(), 1u);
+  EXPECT_EQ(F.Imports[0].Target, "pkg.models.base.Model");
+}
+
+} // namespace

@@ -1,0 +1,78 @@
+//===- SourceFilesTest.cpp ------------------------------------------------===//
+#include "ekka/Support/SourceFiles.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <gtest/gtest.h>
+
+using namespace ekka;
+using namespace llvm;
+
+namespace {
+
+class TempDir {
+public:
+  TempDir() { EXPECT_FALSE(sys::fs::createUniqueDirectory("ekka-test", Path)); }
+  ~TempDir() { sys::fs::remove_directories(Path); }
+  std::string file(StringRef Rel, StringRef Content) {
+    SmallString<256> P(Path);
+    sys::path::append(P, Rel);
+    sys::fs::create_directories(sys::path::parent_path(P));
+    std::error_code EC;
+    raw_fd_ostream OS(P, EC);
+    OS << Content;
+    return P.str().str();
+  }
+  SmallString<256> Path;
+};
+
+TEST(SourceFiles, LanguageByExtension) {
+  EXPECT_EQ(languageForPath("a/b.py"), SourceLanguage::Python);
+  EXPECT_EQ(languageForPath("k.cu"), SourceLanguage::Cuda);
+  EXPECT_EQ(languageForPath("k.cuh"), SourceLanguage::Cuda);
+  EXPECT_EQ(languageForPath("x.hpp"), SourceLanguage::Cxx);
+  EXPECT_EQ(languageForPath("x.c"), SourceLanguage::C);
+  EXPECT_FALSE(languageForPath("README.md"));
+  EXPECT_TRUE(isHeaderPath("x.cuh"));
+  EXPECT_FALSE(isHeaderPath("x.cu"));
+}
+
+TEST(SourceFiles, ClassifyContent) {
+  EXPECT_EQ(classifyContent("class A:\n    pass\n"), ContentProblem::None);
+  EXPECT_EQ(classifyContent("s = \"caf\xc3\xa9\"\n"), ContentProblem::None);
+  EXPECT_EQ(classifyContent("s = \"caf\xe9\"\n"), ContentProblem::NotUTF8);
+  EXPECT_EQ(classifyContent(StringRef("a\0b", 3)), ContentProblem::Binary);
+}
+
+TEST(SourceFiles, WalkSkipsHiddenDirsAndSymlinkLoops) {
+  TempDir T;
+  T.file("pkg/a.py", "x = 1\n");
+  T.file("pkg/sub/b.cu", "\n");
+  T.file(".git/c.py", "\n");
+  T.file("notes.txt", "\n");
+  SmallString<256> Link(T.Path);
+  sys::path::append(Link, "pkg", "sub", "loop");
+  ASSERT_FALSE(sys::fs::create_link("..", Link));
+
+  WalkStats Stats;
+  auto Files = collectSourceFiles({T.Path.str().str()}, Stats);
+  ASSERT_TRUE(bool(Files));
+  ASSERT_EQ(Files->size(), 2u);
+  EXPECT_TRUE(StringRef((*Files)[0].Path).ends_with("pkg/a.py"));
+  EXPECT_TRUE(StringRef((*Files)[1].Path).ends_with("pkg/sub/b.cu"));
+  EXPECT_EQ(Stats.SymlinkLoops, 1u);
+  EXPECT_EQ(Stats.OtherFiles, 1u);
+}
+
+TEST(SourceFiles, MissingRootIsAnError) {
+  WalkStats Stats;
+  auto Files = collectSourceFiles({"/definitely/not/here"}, Stats);
+  ASSERT_FALSE(bool(Files));
+  EXPECT_NE(toString(Files.takeError()).find("cannot read '/definitely/not/here'"),
+            std::string::npos);
+}
+
+} // namespace
