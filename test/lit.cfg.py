@@ -17,5 +17,6 @@ config.environment["PATH"] = os.pathsep.join(
 # Progress bars only on a terminal; never inside lit.
 config.environment["EKKA_PROGRESS"] = "0"
 config.substitutions.append(("%python", config.python_executable))
+config.substitutions.append(("%ekka-python", os.path.join(config.ekka_src_root, "python")))
 config.substitutions.append(
     ("%expect-exit", os.path.join(config.ekka_src_root, "utils", "lit", "expect-exit")))

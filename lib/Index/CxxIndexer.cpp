@@ -362,7 +362,7 @@ public:
       return;
     DefinitionCollector(Ctx, Claimed, Out).TraverseDecl(Ctx.getTranslationUnitDecl());
     for (const auto &[FID, Slot] : Claimed)
-      addKernelsMissedByParser(FID, SM, Ctx.getLangOpts(),
+      recoverDefinitionsMissedByParser(FID, SM, Ctx.getLangOpts(),
                                Out[Slot].Definitions.Definitions);
   }
 

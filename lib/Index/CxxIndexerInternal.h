@@ -11,16 +11,19 @@
 
 namespace ekka {
 
-/// Finds the `__global__` kernels of file \p FID that the parse did not see —
-/// those in inactive preprocessor branches (`#if __CUDA_ARCH__ >= 900`,
-/// `#ifdef ENABLE_FP8`) or in code Clang could not make sense of — by raw
-/// lexing, and appends them to \p Defs with FoundByLexer set. A kernel already
-/// in \p Defs (its span covers the `__global__`) is not added twice; macro
-/// definitions are skipped (their uses are what Clang records). Qualified
-/// names come from the `namespace` blocks around the kernel.
-void addKernelsMissedByParser(clang::FileID FID, const clang::SourceManager &SM,
-                              const clang::LangOptions &LangOpts,
-                              std::vector<Definition> &Defs);
+/// Adds to \p Defs the `__global__` kernels and the class/struct/union
+/// definitions of file \p FID that the parse did not see — in inactive
+/// preprocessor branches (`#if __CUDA_ARCH__ >= 900`), or dropped by Clang
+/// because a name they use comes from a missing header — by raw lexing, with
+/// FoundByLexer set. Definitions already in \p Defs (same name, span covering
+/// the head) are not added twice, but get the bases they were written with if
+/// Clang had to drop them. Macro definitions are skipped (their uses are what
+/// Clang records). Qualified names come from the enclosing namespace and
+/// class blocks.
+void recoverDefinitionsMissedByParser(clang::FileID FID,
+                                      const clang::SourceManager &SM,
+                                      const clang::LangOptions &LangOpts,
+                                      std::vector<Definition> &Defs);
 
 } // namespace ekka
 

@@ -35,7 +35,7 @@ std::optional<SourceLanguage> languageForPath(StringRef Path) {
       .Case(".py", SourceLanguage::Python)
       .Case(".c", SourceLanguage::C)
       .Cases(".cc", ".cpp", ".cxx", ".c++", SourceLanguage::Cxx)
-      .Cases(".h", ".hh", ".hpp", ".hxx", ".h++", SourceLanguage::Cxx)
+      .Cases(".h", ".hh", ".hpp", ".hxx", ".h++", ".inl", SourceLanguage::Cxx)
       .Cases(".cu", ".cuh", SourceLanguage::Cuda)
       .Default(std::nullopt);
 }
@@ -43,7 +43,7 @@ std::optional<SourceLanguage> languageForPath(StringRef Path) {
 bool isHeaderPath(StringRef Path) {
   StringRef Ext = sys::path::extension(Path);
   return Ext == ".h" || Ext == ".hh" || Ext == ".hpp" || Ext == ".hxx" ||
-         Ext == ".h++" || Ext == ".cuh";
+         Ext == ".h++" || Ext == ".inl" || Ext == ".cuh";
 }
 
 namespace {
