@@ -7,7 +7,9 @@
 
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/Process.h"
 
 #include <deque>
 
@@ -123,32 +125,68 @@ std::string likePattern(StringRef Text) {
 } // namespace
 
 Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForWriting(StringRef Path) {
-  auto Db = SQLiteDatabase::open(Path, SQLiteDatabase::Mode::ReadWriteCreate);
+  // A new index is written to a temporary file beside it and renamed into
+  // place by finish(): no journal or sync is needed (a crash leaves no half
+  // index behind), which makes a cold build's writes several times faster.
+  bool Fresh = !sys::fs::exists(Path);
+  std::string WritePath =
+      Fresh ? (Path + ".tmp-" + Twine(sys::Process::getProcessId())).str() : Path.str();
+  auto Db = SQLiteDatabase::open(WritePath, SQLiteDatabase::Mode::ReadWriteCreate);
   if (!Db)
     return Db.takeError();
   std::unique_ptr<CodeIndex> Index(new CodeIndex(std::move(*Db)));
-  // A fresh file has no tables; anything else must be an index of ours.
-  auto NotAnIndex = [&](Error E) {
-    consumeError(std::move(E));
-    return makeError("'" + Path + "' is not an Ekka code index (" +
-                     Index->Db->lastMessage() + ")");
-  };
-  auto Tables = Index->Db->prepare("SELECT count(*) FROM sqlite_master");
-  if (!Tables)
-    return NotAnIndex(Tables.takeError());
-  Expected<bool> Row = Tables->step();
-  if (!Row)
-    return NotAnIndex(Row.takeError());
-  bool Empty = Tables->columnInt(0) == 0;
-  *Tables = SQLiteStatement();
-  if (!Empty)
-    if (Error E = Index->checkFormat())
+  if (Fresh) {
+    Index->TempPath = WritePath;
+    Index->FinalPath = Path.str();
+    if (Error E = Index->Db->exec("PRAGMA page_size=65536; PRAGMA journal_mode=OFF; "
+                                  "PRAGMA synchronous=OFF"))
       return E;
-  if (Error E = Index->Db->exec("PRAGMA synchronous=NORMAL"))
-    return E;
+  } else {
+    // A file that is there must be an index of ours; it is never overwritten.
+    auto NotAnIndex = [&](Error E) {
+      consumeError(std::move(E));
+      return makeError("'" + Path + "' is not an Ekka code index (" +
+                       Index->Db->lastMessage() + ")");
+    };
+    auto Tables = Index->Db->prepare("SELECT count(*) FROM sqlite_master");
+    if (!Tables)
+      return NotAnIndex(Tables.takeError());
+    Expected<bool> Row = Tables->step();
+    if (!Row)
+      return NotAnIndex(Row.takeError());
+    bool Empty = Tables->columnInt(0) == 0;
+    *Tables = SQLiteStatement();
+    if (!Empty)
+      if (Error E = Index->checkFormat())
+        return E;
+    if (Error E = Index->Db->exec("PRAGMA synchronous=NORMAL"))
+      return E;
+  }
   if (Error E = Index->createSchema())
     return E;
   return Index;
+}
+
+CodeIndex::~CodeIndex() {
+  if (!TempPath.empty()) {
+    Statements.clear();
+    Db.reset();
+    sys::fs::remove(TempPath);
+  }
+}
+
+Error CodeIndex::finish() {
+  if (TempPath.empty())
+    return Error::success();
+  Statements.clear();
+  Db.reset();
+  if (std::error_code EC = sys::fs::rename(TempPath, FinalPath)) {
+    sys::fs::remove(TempPath);
+    TempPath.clear();
+    return makeError("cannot write '" + FinalPath + "': " + EC.message());
+  }
+  TempPath.clear();
+  return Error::success();
 }
 
 Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForReading(StringRef Path) {
@@ -227,24 +265,38 @@ Expected<StringMap<IndexedFileState>> CodeIndex::fileStates() {
   return States;
 }
 
-Expected<int64_t> CodeIndex::fileId(StringRef Path) {
-  auto S = Db->prepare("SELECT id FROM files WHERE path = ?1");
+Expected<SQLiteStatement *> CodeIndex::cached(StringRef SQL) {
+  auto It = Statements.find(SQL);
+  if (It != Statements.end()) {
+    It->second.reset();
+    return &It->second;
+  }
+  auto S = Db->prepare(SQL);
   if (!S)
     return S.takeError();
-  S->bind(1, Path);
-  Expected<bool> Row = S->step();
+  return &(Statements[SQL] = std::move(*S));
+}
+
+Expected<int64_t> CodeIndex::fileId(StringRef Path) {
+  auto S = cached("SELECT id FROM files WHERE path = ?1");
+  if (!S)
+    return S.takeError();
+  (*S)->bind(1, Path);
+  Expected<bool> Row = (*S)->step();
   if (!Row)
     return Row.takeError();
-  return *Row ? S->columnInt(0) : -1;
+  int64_t Id = *Row ? (*S)->columnInt(0) : -1;
+  (*S)->reset();
+  return Id;
 }
 
 Error CodeIndex::deleteFileContents(int64_t Id) {
   for (const char *SQL : {"DELETE FROM definitions WHERE file_id = ?1",
                           "DELETE FROM imports WHERE file_id = ?1"}) {
-    auto S = Db->prepare(SQL);
+    auto S = cached(SQL);
     if (!S)
       return S.takeError();
-    if (Error E = S->bind(1, Id).run())
+    if (Error E = (*S)->bind(1, Id).run())
       return E;
   }
   return Error::success();
@@ -262,33 +314,33 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
   if (*Existing >= 0)
     if (Error E = deleteFileContents(*Existing))
       return E;
-  auto Up = Db->prepare(
+  auto Up = cached(
       "INSERT INTO files(path, language, module, size, mtime_ns, hash, status, "
       "parse_errors, text) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
       "ON CONFLICT(path) DO UPDATE SET language = ?2, module = ?3, size = ?4, "
       "mtime_ns = ?5, hash = ?6, status = ?7, parse_errors = ?8, text = ?9");
   if (!Up)
     return Up.takeError();
-  Up->bind(1, F.Path).bind(2, languageName(F.Language)).bind(4, int64_t(F.Size));
-  Up->bind(5, F.MTimeNs).bind(6, F.Hash).bind(7, F.Status);
-  Up->bind(8, int64_t(Defs.ParseErrors));
+  (*Up)->bind(1, F.Path).bind(2, languageName(F.Language)).bind(4, int64_t(F.Size));
+  (*Up)->bind(5, F.MTimeNs).bind(6, F.Hash).bind(7, F.Status);
+  (*Up)->bind(8, int64_t(Defs.ParseErrors));
   if (F.Module.empty())
-    Up->bindNull(3);
+    (*Up)->bindNull(3);
   else
-    Up->bind(3, F.Module);
+    (*Up)->bind(3, F.Module);
   // Only files with definitions keep their text: it is what sources are cut
   // from.
   if (Defs.Definitions.empty())
-    Up->bindNull(9);
+    (*Up)->bindNull(9);
   else
-    Up->bindBlob(9, Text);
-  if (Error E = Up->run())
+    (*Up)->bindBlob(9, Text);
+  if (Error E = (*Up)->run())
     return E;
   Expected<int64_t> Id = fileId(F.Path);
   if (!Id)
     return Id.takeError();
 
-  auto Ins = Db->prepare(
+  auto Ins = cached(
       "INSERT OR IGNORE INTO definitions(file_id, name, qualified_name, language, "
       "kind, line_start, line_end, byte_start, byte_end, bases, methods, "
       "decorators, is_async, is_template, usr, mangled_name, found_by) VALUES(?1, "
@@ -296,30 +348,30 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
   if (!Ins)
     return Ins.takeError();
   for (const Definition &D : Defs.Definitions) {
-    Ins->bind(1, *Id).bind(2, D.Name).bind(3, D.QualifiedName);
-    Ins->bind(4, languageName(F.Language)).bind(5, kindName(D.Kind));
-    Ins->bind(6, int64_t(D.LineStart)).bind(7, int64_t(D.LineEnd));
-    Ins->bind(8, int64_t(D.ByteStart)).bind(9, int64_t(D.ByteEnd));
-    Ins->bind(10, toJSONList(D.Bases)).bind(11, toJSONList(D.Methods));
-    Ins->bind(12, toJSONList(D.Decorators));
-    Ins->bind(13, int64_t(D.IsAsync)).bind(14, int64_t(D.IsTemplate));
+    (*Ins)->bind(1, *Id).bind(2, D.Name).bind(3, D.QualifiedName);
+    (*Ins)->bind(4, languageName(F.Language)).bind(5, kindName(D.Kind));
+    (*Ins)->bind(6, int64_t(D.LineStart)).bind(7, int64_t(D.LineEnd));
+    (*Ins)->bind(8, int64_t(D.ByteStart)).bind(9, int64_t(D.ByteEnd));
+    (*Ins)->bind(10, toJSONList(D.Bases)).bind(11, toJSONList(D.Methods));
+    (*Ins)->bind(12, toJSONList(D.Decorators));
+    (*Ins)->bind(13, int64_t(D.IsAsync)).bind(14, int64_t(D.IsTemplate));
     if (D.USR.empty())
-      Ins->bindNull(15);
+      (*Ins)->bindNull(15);
     else
-      Ins->bind(15, D.USR);
+      (*Ins)->bind(15, D.USR);
     if (D.MangledName.empty())
-      Ins->bindNull(16);
+      (*Ins)->bindNull(16);
     else
-      Ins->bind(16, D.MangledName);
-    Ins->bind(17, D.FoundByLexer ? "lexer" : "parser");
-    if (Error E = Ins->run())
+      (*Ins)->bind(16, D.MangledName);
+    (*Ins)->bind(17, D.FoundByLexer ? "lexer" : "parser");
+    if (Error E = (*Ins)->run())
       return E;
   }
-  auto Imp = Db->prepare("INSERT INTO imports(file_id, alias, target) VALUES(?1, ?2, ?3)");
+  auto Imp = cached("INSERT INTO imports(file_id, alias, target) VALUES(?1, ?2, ?3)");
   if (!Imp)
     return Imp.takeError();
   for (const ImportBinding &B : Defs.Imports)
-    if (Error E = Imp->bind(1, *Id).bind(2, B.Alias).bind(3, B.Target).run())
+    if (Error E = (*Imp)->bind(1, *Id).bind(2, B.Alias).bind(3, B.Target).run())
       return E;
   return Error::success();
 }

@@ -106,6 +106,8 @@ public:
     if (!Counts)
       return Counts.takeError();
     Summary.Definitions = Counts->Definitions;
+    if (Error E = (*Index)->finish())
+      return E;
     Summary.Files = unsigned(llvm::count_if(
         *Files, [&](const SourceFile &F) { return wanted(F.Language); }));
     Summary.Seconds = std::chrono::duration<double>(

@@ -58,6 +58,7 @@ protected:
     G.Language = SourceLanguage::Cuda;
     ASSERT_FALSE(bool((*Index)->storeFile(G, Cu, Cxx)));
     ASSERT_FALSE(bool((*Index)->commitBatch()));
+    ASSERT_FALSE(bool((*Index)->finish()));
   }
 
   SmallString<128> Dir;
@@ -107,6 +108,18 @@ TEST_F(CodeIndexTest, ReplacingAFileReplacesItsDefinitions) {
     ASSERT_TRUE(bool(Counts));
     EXPECT_EQ(Counts->Definitions, 1u);
   }
+}
+
+TEST_F(CodeIndexTest, ANewIndexAppearsOnlyWhenFinished) {
+  {
+    auto Index = CodeIndex::openForWriting(Path);
+    ASSERT_TRUE(bool(Index));
+    EXPECT_FALSE(sys::fs::exists(Path));
+  } // dropped without finish(): nothing is left behind
+  EXPECT_FALSE(sys::fs::exists(Path));
+  std::error_code EC;
+  sys::fs::directory_iterator It(Dir, EC);
+  EXPECT_EQ(It, sys::fs::directory_iterator()) << "a temporary file was left";
 }
 
 TEST_F(CodeIndexTest, RefusesFilesThatAreNotIndexes) {

@@ -67,6 +67,12 @@ public:
   /// Opens \p Path for building, creating it if needed. An existing file
   /// that is not an Ekka index is an error, never overwritten.
   static llvm::Expected<std::unique_ptr<CodeIndex>> openForWriting(llvm::StringRef Path);
+  /// Makes what was written the index at the path given to openForWriting
+  /// (a new index is written beside it and renamed into place). The index
+  /// cannot be used afterwards.
+  llvm::Error finish();
+  ~CodeIndex();
+
   /// Opens an existing index for queries.
   static llvm::Expected<std::unique_ptr<CodeIndex>> openForReading(llvm::StringRef Path);
 
@@ -112,9 +118,13 @@ private:
       llvm::StringRef Where, llvm::ArrayRef<std::string> Params,
       llvm::StringRef OrderBy = "f.path, d.line_start");
   llvm::Expected<int64_t> fileId(llvm::StringRef Path);
+  /// A statement prepared once per index, reset for reuse.
+  llvm::Expected<SQLiteStatement *> cached(llvm::StringRef SQL);
   llvm::Error deleteFileContents(int64_t FileId);
 
   std::unique_ptr<SQLiteDatabase> Db;
+  llvm::StringMap<SQLiteStatement> Statements; ///< Before Db in destruction.
+  std::string TempPath, FinalPath; ///< Set while a new index is being written.
 };
 
 } // namespace ekka
