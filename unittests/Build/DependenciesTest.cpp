@@ -1,6 +1,10 @@
 //===- DependenciesTest.cpp - The build links what later issues need -----===//
 #include <gtest/gtest.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
+
+#include <atomic>
+#include <string_view>
 
 #if EKKA_HAVE_CUPTI
 #include <cupti.h>
@@ -17,10 +21,23 @@ TEST(Dependencies, LibTorchComputes) {
   EXPECT_FLOAT_EQ(C[1][1].item<float>(), 12.0f); // 3 + 4 + 5
 }
 
-TEST(Dependencies, LibTorchRecordFunctionIsAvailable) {
-  // The tracer's op view is a RecordFunction observer; the API must link.
-  bool Enabled = at::hasGlobalCallbacks() || !at::hasGlobalCallbacks();
-  EXPECT_TRUE(Enabled);
+std::atomic<int> MatMulsSeen{0};
+
+TEST(Dependencies, RecordFunctionObservesOps) {
+  // The tracer's op view is a global RecordFunction observer: it must link
+  // and see the ops a LibTorch program runs.
+  at::CallbackHandle Handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction &Fn) -> std::unique_ptr<at::ObserverContext> {
+            if (std::string_view(Fn.name()) == "aten::mm")
+              ++MatMulsSeen;
+            return nullptr;
+          })
+          .scopes({at::RecordScope::FUNCTION}));
+  torch::Tensor C = torch::mm(torch::ones({2, 2}), torch::ones({2, 2}));
+  at::removeCallback(Handle);
+  EXPECT_FLOAT_EQ(C[0][0].item<float>(), 2.0f);
+  EXPECT_EQ(MatMulsSeen.load(), 1);
 }
 
 #if EKKA_HAVE_CUPTI
