@@ -59,7 +59,9 @@ struct FileWork {
   std::string Text;
   std::string Hash;
   std::string Status = "indexed";
-  enum class Outcome { Unchanged, Touched, Skipped, Parse } Result = Outcome::Parse;
+  /// Touched: same content, new time stamp. Files whose stat is unchanged
+  /// never become work.
+  enum class Outcome { Touched, Skipped, Parse } Result = Outcome::Parse;
   FileDefinitions Defs;
   bool Claimed = false; ///< C++: some translation unit recorded it.
 };
@@ -318,8 +320,6 @@ private:
       F.Status = W.Status;
       Error E = Error::success();
       switch (W.Result) {
-      case FileWork::Outcome::Unchanged:
-        break;
       case FileWork::Outcome::Touched:
         if (W.Status == "indexed") {
           ++Summary.Unchanged;

@@ -240,12 +240,16 @@ private:
       else if (ts_node_symbol(C) == G.DottedName)
         Rest = text(C).str();
     });
+    // `.` is this file's package: the module itself for an __init__.py,
+    // its parent otherwise; each further dot goes one package up.
     StringRef Package = ModuleName;
+    auto Parent = [](StringRef M) {
+      return M.contains('.') ? M.rsplit('.').first : StringRef();
+    };
     if (!IsPackageInit)
-      Package = Package.rsplit('.').first == Package ? StringRef()
-                                                     : Package.rsplit('.').first;
+      Package = Parent(Package);
     for (unsigned I = 1; I < Dots && !Package.empty(); ++I)
-      Package = Package.contains('.') ? Package.rsplit('.').first : StringRef();
+      Package = Parent(Package);
     if (Package.empty())
       return Rest;
     return Rest.empty() ? Package.str() : (Package + "." + Rest).str();
@@ -253,23 +257,23 @@ private:
 
   void addImports(TSNode N, bool IsFrom) {
     std::string FromModule;
+    TSNode ModNode = ts_node_child_by_field_id(N, G.ModuleName);
     if (IsFrom) {
-      TSNode ModNode = ts_node_child_by_field_id(N, G.ModuleName);
       if (ts_node_is_null(ModNode))
         return;
       FromModule = resolveFromModule(ModNode);
     }
     forEachChild(N, [&](TSNode C) {
+      if (IsFrom && ts_node_eq(C, ModNode))
+        return; // `from X import ...`: X is the module, not a binding
       TSSymbol CS = ts_node_symbol(C);
-      if (IsFrom && ts_node_start_byte(C) <=
-                        ts_node_start_byte(ts_node_child_by_field_id(N, G.ModuleName)))
-        return; // the module name itself
       std::string Target, Alias;
       if (CS == G.DottedName) {
         Target = text(C).str();
+        // `import a.b` binds `a` (to module `a`); `from m import a` binds `a`.
         Alias = IsFrom ? Target : StringRef(Target).split('.').first.str();
         if (!IsFrom)
-          Target = Alias; // `import a.b` binds `a` to module `a`
+          Target = Alias;
       } else if (CS == G.AliasedImport) {
         TSNode NameN = ts_node_child_by_field_id(C, G.Name);
         TSNode AliasN = ts_node_child_by_field_id(C, G.Alias);
