@@ -250,18 +250,14 @@ Expected<StringMap<IndexedFileState>> CodeIndex::fileStates() {
   auto S = Db->prepare("SELECT path, size, mtime_ns, hash, status FROM files");
   if (!S)
     return S.takeError();
-  while (true) {
-    Expected<bool> Row = S->step();
-    if (!Row)
-      return Row.takeError();
-    if (!*Row)
-      break;
-    IndexedFileState &St = States[S->columnText(0)];
-    St.Size = uint64_t(S->columnInt(1));
-    St.MTimeNs = S->columnInt(2);
-    St.Hash = S->columnText(3).str();
-    St.Status = S->columnText(4).str();
-  }
+  if (Error E = S->forEachRow([&](const SQLiteStatement &R) {
+        IndexedFileState &St = States[R.columnText(0)];
+        St.Size = uint64_t(R.columnInt(1));
+        St.MTimeNs = R.columnInt(2);
+        St.Hash = R.columnText(3).str();
+        St.Status = R.columnText(4).str();
+      }))
+    return E;
   return States;
 }
 
@@ -405,34 +401,26 @@ Error CodeIndex::rebuildSubclassLinks() {
       "WHERE d.kind IN ('class', 'struct', 'union')");
   if (!S)
     return S.takeError();
-  while (true) {
-    Expected<bool> Row = S->step();
-    if (!Row)
-      return Row.takeError();
-    if (!*Row)
-      break;
-    ClassInfo C;
-    C.Id = S->columnInt(0);
-    C.FileId = S->columnInt(1);
-    C.Name = S->columnText(2).str();
-    C.QualifiedName = S->columnText(3).str();
-    C.Module = S->columnText(4).str();
-    C.IsPython = S->columnText(5) == "python";
-    C.Bases = fromJSONList(S->columnText(6));
-    Classes.push_back(std::move(C));
-  }
+  if (Error E = S->forEachRow([&](const SQLiteStatement &R) {
+        ClassInfo C;
+        C.Id = R.columnInt(0);
+        C.FileId = R.columnInt(1);
+        C.Name = R.columnText(2).str();
+        C.QualifiedName = R.columnText(3).str();
+        C.Module = R.columnText(4).str();
+        C.IsPython = R.columnText(5) == "python";
+        C.Bases = fromJSONList(R.columnText(6));
+        Classes.push_back(std::move(C));
+      }))
+    return E;
   ImportTable Imports;
   auto I = Db->prepare("SELECT file_id, alias, target FROM imports");
   if (!I)
     return I.takeError();
-  while (true) {
-    Expected<bool> Row = I->step();
-    if (!Row)
-      return Row.takeError();
-    if (!*Row)
-      break;
-    Imports[I->columnInt(0)][I->columnText(1)] = I->columnText(2).str();
-  }
+  if (Error E = I->forEachRow([&](const SQLiteStatement &R) {
+        Imports[R.columnInt(0)][R.columnText(1)] = R.columnText(2).str();
+      }))
+    return E;
   std::vector<SubclassLink> Links = resolveSubclasses(Classes, Imports);
   if (Error E = Db->exec("DELETE FROM subclass_links"))
     return E;
@@ -460,35 +448,31 @@ CodeIndex::selectDefinitions(StringRef Where, ArrayRef<std::string> Params,
   for (size_t I = 0; I < Params.size(); ++I)
     S->bind(int(I + 1), Params[I]);
   std::vector<IndexedDefinition> Out;
-  while (true) {
-    Expected<bool> Row = S->step();
-    if (!Row)
-      return Row.takeError();
-    if (!*Row)
-      break;
-    IndexedDefinition R;
-    R.Id = S->columnInt(0);
-    Definition &D = R.Def;
-    D.Name = S->columnText(1).str();
-    D.QualifiedName = S->columnText(2).str();
-    D.Kind = parseKind(S->columnText(3));
-    D.LineStart = unsigned(S->columnInt(4));
-    D.LineEnd = unsigned(S->columnInt(5));
-    D.ByteStart = uint64_t(S->columnInt(6));
-    D.ByteEnd = uint64_t(S->columnInt(7));
-    D.Bases = fromJSONList(S->columnText(8));
-    D.Methods = fromJSONList(S->columnText(9));
-    D.Decorators = fromJSONList(S->columnText(10));
-    D.IsAsync = S->columnInt(11) != 0;
-    D.IsTemplate = S->columnInt(12) != 0;
-    D.USR = S->columnText(13).str();
-    D.MangledName = S->columnText(14).str();
-    R.File = S->columnText(15).str();
-    R.Language = S->columnText(16).str();
-    D.FoundByLexer = S->columnText(17) == "lexer";
-    R.Source = S->columnText(18).str();
-    Out.push_back(std::move(R));
-  }
+  if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
+        IndexedDefinition R;
+        R.Id = Row.columnInt(0);
+        Definition &D = R.Def;
+        D.Name = Row.columnText(1).str();
+        D.QualifiedName = Row.columnText(2).str();
+        D.Kind = parseKind(Row.columnText(3));
+        D.LineStart = unsigned(Row.columnInt(4));
+        D.LineEnd = unsigned(Row.columnInt(5));
+        D.ByteStart = uint64_t(Row.columnInt(6));
+        D.ByteEnd = uint64_t(Row.columnInt(7));
+        D.Bases = fromJSONList(Row.columnText(8));
+        D.Methods = fromJSONList(Row.columnText(9));
+        D.Decorators = fromJSONList(Row.columnText(10));
+        D.IsAsync = Row.columnInt(11) != 0;
+        D.IsTemplate = Row.columnInt(12) != 0;
+        D.USR = Row.columnText(13).str();
+        D.MangledName = Row.columnText(14).str();
+        R.File = Row.columnText(15).str();
+        R.Language = Row.columnText(16).str();
+        D.FoundByLexer = Row.columnText(17) == "lexer";
+        R.Source = Row.columnText(18).str();
+        Out.push_back(std::move(R));
+      }))
+    return E;
   return Out;
 }
 

@@ -57,6 +57,10 @@ Expected<bool> SQLiteStatement::step() {
 }
 
 Error SQLiteStatement::run() {
+  return forEachRow([](const SQLiteStatement &) {});
+}
+
+Error SQLiteStatement::forEachRow(function_ref<void(const SQLiteStatement &)> OnRow) {
   while (true) {
     Expected<bool> Row = step();
     if (!Row) {
@@ -65,6 +69,7 @@ Error SQLiteStatement::run() {
     }
     if (!*Row)
       break;
+    OnRow(*this);
   }
   reset();
   return Error::success();

@@ -8,6 +8,7 @@
 #ifndef EKKA_SUPPORT_SQLITE_H
 #define EKKA_SUPPORT_SQLITE_H
 
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -40,6 +41,8 @@ public:
   llvm::Expected<bool> step();
   /// Runs to completion, ignoring rows, and resets for reuse.
   llvm::Error run();
+  /// Runs to completion, calling \p OnRow with each row, and resets.
+  llvm::Error forEachRow(llvm::function_ref<void(const SQLiteStatement &)> OnRow);
   void reset();
 
   int64_t columnInt(int Index) const;
