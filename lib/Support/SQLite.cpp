@@ -37,6 +37,11 @@ SQLiteStatement &SQLiteStatement::bind(int Index, StringRef Text) {
   return *this;
 }
 
+SQLiteStatement &SQLiteStatement::bindDouble(int Index, double Value) {
+  sqlite3_bind_double(Stmt, Index, Value);
+  return *this;
+}
+
 SQLiteStatement &SQLiteStatement::bindBlob(int Index, StringRef Bytes) {
   sqlite3_bind_blob(Stmt, Index, Bytes.data(), int(Bytes.size()), SQLITE_TRANSIENT);
   return *this;
@@ -82,6 +87,10 @@ void SQLiteStatement::reset() {
 
 int64_t SQLiteStatement::columnInt(int Index) const {
   return sqlite3_column_int64(Stmt, Index);
+}
+
+double SQLiteStatement::columnDouble(int Index) const {
+  return sqlite3_column_double(Stmt, Index);
 }
 
 StringRef SQLiteStatement::columnText(int Index) const {

@@ -34,6 +34,7 @@ public:
 
   SQLiteStatement &bind(int Index, int64_t Value);
   SQLiteStatement &bind(int Index, llvm::StringRef Text);
+  SQLiteStatement &bindDouble(int Index, double Value);
   SQLiteStatement &bindBlob(int Index, llvm::StringRef Bytes);
   SQLiteStatement &bindNull(int Index);
 
@@ -46,6 +47,7 @@ public:
   void reset();
 
   int64_t columnInt(int Index) const;
+  double columnDouble(int Index) const;
   llvm::StringRef columnText(int Index) const;
   bool columnIsNull(int Index) const;
 

@@ -1,0 +1,99 @@
+//===- TraceFormat.h - What an Ekka trace directory holds ------*- C++ -*-===//
+//
+// A trace is a directory that a Python user can open with the standard
+// `sqlite3` and `safetensors` modules — no pickle anywhere:
+//   trace.db                    SQLite: meta, module_calls, ops, kernels, tensors
+//   tensors-NNNN.safetensors    captured tensor bytes, in bounded shards
+//   rank-N/                     one such directory per rank of a multi-rank run
+// docs/TraceFormat.md is the user-facing description of the schema.
+//
+//===----------------------------------------------------------------------===//
+#ifndef EKKA_TRACE_TRACEFORMAT_H
+#define EKKA_TRACE_TRACEFORMAT_H
+
+#include "llvm/ADT/StringRef.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ekka {
+
+/// Readers refuse a trace of a newer major version; minor versions only add.
+constexpr int TraceFormatMajor = 1;
+constexpr int TraceFormatMinor = 0;
+
+constexpr llvm::StringLiteral TraceDatabaseName = "trace.db";
+
+/// The SQL that creates an empty trace database.
+llvm::StringRef traceSchema();
+
+/// Element types, named as safetensors names them.
+enum class DType { Bool, U8, I8, I16, U16, I32, U32, I64, U64, F16, BF16, F32, F64, F8E4M3, F8E5M2 };
+
+/// "F32", "BF16", "F8_E4M3", ...
+llvm::StringRef dtypeName(DType T);
+std::optional<DType> parseDType(llvm::StringRef Name);
+/// Bytes per element.
+unsigned dtypeSize(DType T);
+
+/// The file name of shard \p Index: tensors-0000.safetensors, ...
+std::string shardFileName(unsigned Index);
+
+/// What a tensor belongs to, as the `tensors.owner` column says it.
+enum class TensorOwner { ModuleCall, Op, Kernel };
+llvm::StringRef ownerName(TensorOwner O);
+std::optional<TensorOwner> parseOwner(llvm::StringRef Name);
+
+/// Cheap statistics recorded for every tensor seen, captured or not.
+struct TensorStats {
+  double Sum = 0, SumSq = 0, Min = 0, Max = 0;
+  int64_t NanCount = 0, InfCount = 0;
+};
+
+struct ModuleCallRecord {
+  int64_t Id = 0;
+  std::optional<int64_t> ParentId;
+  int64_t Seq = 0;  ///< Execution order (pre-order) within the rank.
+  int64_t Step = 0; ///< Which forward of the root module this call is part of.
+  std::string Path; ///< `model.layers.1.mlp`
+  std::string ClassName, ClassQualname;
+  std::string SourceFile;
+  int64_t SourceLine = 0;
+};
+
+struct OpRecord {
+  int64_t Id = 0;
+  std::optional<int64_t> ModuleCallId;
+  int64_t Seq = 0;
+  std::string Name;   ///< `aten::mm`, `zoo::paged_attention`
+  std::string Schema; ///< `aten::mm(Tensor self, Tensor mat2) -> Tensor`
+};
+
+struct KernelRecord {
+  int64_t Id = 0;
+  std::optional<int64_t> OpId, ModuleCallId;
+  int64_t Seq = 0;
+  std::string Name; ///< As CUPTI reports it (mangled)
+  uint32_t Grid[3] = {0, 0, 0}, Block[3] = {0, 0, 0};
+  uint64_t SharedMem = 0, Stream = 0, CorrelationId = 0;
+};
+
+struct TensorRecord {
+  int64_t Id = 0;
+  TensorOwner Owner = TensorOwner::ModuleCall;
+  int64_t OwnerId = 0;
+  std::string Role; ///< input | output | mutated
+  int64_t Index = 0; ///< Position among the owner's tensors of that role.
+  DType Type = DType::F32;
+  std::vector<int64_t> Shape, Strides;
+  std::string Device; ///< `cpu`, `cuda:0`
+  std::optional<TensorStats> Stats;
+  /// Set when the bytes were captured: which shard, under which key.
+  std::string Shard, Key;
+};
+
+} // namespace ekka
+
+#endif

@@ -1,0 +1,60 @@
+//===- TraceReader.h - Open a trace for analysis ---------------*- C++ -*-===//
+#ifndef EKKA_TRACE_TRACEREADER_H
+#define EKKA_TRACE_TRACEREADER_H
+
+#include "ekka/Support/SQLite.h"
+#include "ekka/Trace/SafeTensors.h"
+#include "ekka/Trace/TraceFormat.h"
+
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/Error.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ekka {
+
+/// One rank's trace: its database and its shards, mapped on demand so that
+/// memory holds only the tensors being compared, not the trace.
+class TraceReader {
+public:
+  /// Opens a rank directory (one holding trace.db). A trace of a newer major
+  /// format, a file that is not a trace database, or a missing directory is
+  /// an error naming the path.
+  static llvm::Expected<std::unique_ptr<TraceReader>> open(llvm::StringRef Dir);
+
+  /// Opens every rank of a trace: \p Dir itself, or its rank-N/ directories
+  /// in rank order for a multi-rank run.
+  static llvm::Expected<std::vector<std::unique_ptr<TraceReader>>>
+  openRanks(llvm::StringRef Dir);
+
+  const std::map<std::string, std::string> &meta() const { return Meta; }
+  llvm::StringRef directory() const { return Dir; }
+
+  llvm::Expected<std::vector<ModuleCallRecord>> moduleCalls();
+  llvm::Expected<std::vector<OpRecord>> ops();
+  llvm::Expected<std::vector<KernelRecord>> kernels();
+  llvm::Expected<std::vector<TensorRecord>> tensors();
+
+  /// The captured bytes of \p T; an error if it was not captured or its
+  /// shard is missing or corrupt.
+  llvm::Expected<llvm::StringRef> tensorBytes(const TensorRecord &T);
+
+private:
+  TraceReader(std::string Dir, std::unique_ptr<SQLiteDatabase> Db)
+      : Dir(std::move(Dir)), Db(std::move(Db)) {}
+  llvm::Error readMeta();
+
+  std::string Dir;
+  std::unique_ptr<SQLiteDatabase> Db;
+  std::map<std::string, std::string> Meta;
+  std::mutex ShardsMutex;
+  llvm::StringMap<std::unique_ptr<SafeTensorsFile>> Shards;
+};
+
+} // namespace ekka
+
+#endif

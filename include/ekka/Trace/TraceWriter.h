@@ -1,0 +1,106 @@
+//===- TraceWriter.h - Write a trace off the traced program's hot path -*- C++ -*-===//
+#ifndef EKKA_TRACE_TRACEWRITER_H
+#define EKKA_TRACE_TRACEWRITER_H
+
+#include "ekka/Trace/TraceFormat.h"
+
+#include "llvm/Support/Error.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+namespace ekka {
+
+struct TraceWriterOptions {
+  /// A shard is written once it holds this many captured bytes.
+  uint64_t ShardBytes = 64ull << 20;
+  /// Replace an existing directory (its trace.db and shards) instead of
+  /// refusing it.
+  bool Force = false;
+};
+
+/// What a writer has recorded so far.
+struct TraceCounts {
+  uint64_t ModuleCalls = 0, Ops = 0, Kernels = 0, Tensors = 0;
+  uint64_t CapturedTensors = 0, CapturedBytes = 0, Shards = 0;
+  uint64_t DroppedCaptures = 0; ///< Lost after a write error (full disk).
+};
+
+/// Writes one rank's trace directory. The add* calls only enqueue; a
+/// background thread writes rows in batched transactions and captured bytes
+/// in shards. Rows of captured tensors are written only after their shard is
+/// complete on disk, so a trace whose writer died (the program crashed or was
+/// killed) is valid up to its last complete shard.
+///
+/// Thread-safe: add* may be called from any thread. Ids come from the
+/// next*Id() counters so callers can link records before they are written.
+class TraceWriter {
+public:
+  /// Creates \p Dir (its parents too). An existing trace there is an error
+  /// unless Options.Force.
+  static llvm::Expected<std::unique_ptr<TraceWriter>>
+  create(llvm::StringRef Dir, TraceWriterOptions Options = {});
+  ~TraceWriter();
+
+  int64_t nextModuleCallId() { return ++LastModuleCallId; }
+  int64_t nextOpId() { return ++LastOpId; }
+  int64_t nextKernelId() { return ++LastKernelId; }
+  int64_t nextTensorId() { return ++LastTensorId; }
+
+  void setMeta(llvm::StringRef Key, llvm::StringRef Value);
+  void addModuleCall(ModuleCallRecord R);
+  void addOp(OpRecord R);
+  void addKernel(KernelRecord R);
+  /// Records a tensor's metadata and statistics; with \p Data (owned bytes,
+  /// contiguous, of R.Type and R.Shape) its contents are captured too.
+  void addTensor(TensorRecord R, std::optional<std::string> Data = std::nullopt);
+
+  /// Writes everything still queued and the last shard, then stops the
+  /// background thread. The first write error (a full disk) is returned;
+  /// what was written before it is kept.
+  llvm::Error close();
+  TraceCounts counts() const;
+  llvm::StringRef directory() const { return Dir; }
+
+private:
+  struct MetaItem {
+    std::string Key, Value;
+  };
+  struct TensorItem {
+    TensorRecord Record;
+    std::optional<std::string> Data;
+  };
+  using Item = std::variant<MetaItem, ModuleCallRecord, OpRecord, KernelRecord, TensorItem>;
+
+  class Backend;
+  TraceWriter(std::string Dir, TraceWriterOptions Options);
+  void enqueue(Item I, uint64_t Bytes);
+  void run();
+
+  std::string Dir;
+  TraceWriterOptions Options;
+  std::unique_ptr<Backend> Storage;
+
+  mutable std::mutex Mutex;
+  std::condition_variable Wake, Drained;
+  std::vector<Item> Queue;
+  uint64_t QueuedBytes = 0;
+  bool Closing = false;
+  std::thread Worker;
+
+  mutable std::mutex CountsMutex; ///< Guards Counts and FailureMessage.
+  TraceCounts Counts;
+  std::string FailureMessage;
+
+  std::atomic<int64_t> LastModuleCallId{0}, LastOpId{0}, LastKernelId{0}, LastTensorId{0};
+};
+
+} // namespace ekka
+
+#endif

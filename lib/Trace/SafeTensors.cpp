@@ -1,0 +1,152 @@
+//===- SafeTensors.cpp ----------------------------------------------------===//
+#include "ekka/Trace/SafeTensors.h"
+#include "ekka/Support/Error.h"
+
+#include "llvm/Support/Endian.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace llvm;
+
+namespace ekka {
+
+void SafeTensorsWriter::add(StringRef Name, DType Type, ArrayRef<int64_t> Shape,
+                            StringRef Bytes) {
+  SafeTensorInfo Info;
+  Info.Name = Name.str();
+  Info.Type = Type;
+  Info.Shape.assign(Shape.begin(), Shape.end());
+  Info.Begin = Data.size();
+  Data.append(Bytes.begin(), Bytes.end());
+  Info.End = Data.size();
+  Infos.push_back(std::move(Info));
+}
+
+void SafeTensorsWriter::clear() {
+  Infos.clear();
+  Data.clear();
+}
+
+Error SafeTensorsWriter::writeTo(StringRef Path,
+                                 const std::map<std::string, std::string> &Metadata) const {
+  json::Object Header;
+  if (!Metadata.empty()) {
+    json::Object Meta;
+    for (const auto &[K, V] : Metadata)
+      Meta[K] = V;
+    Header["__metadata__"] = std::move(Meta);
+  }
+  for (const SafeTensorInfo &I : Infos)
+    Header[I.Name] = json::Object{{"dtype", dtypeName(I.Type)},
+                                  {"shape", json::Array(I.Shape)},
+                                  {"data_offsets", json::Array{I.Begin, I.End}}};
+  std::string HeaderText;
+  raw_string_ostream(HeaderText) << json::Value(std::move(Header));
+  // The data section starts 8-byte aligned, as the reference writer does.
+  HeaderText.append((8 - HeaderText.size() % 8) % 8, ' ');
+
+  std::string Temp = (Path + ".tmp").str();
+  std::error_code EC;
+  {
+    raw_fd_ostream OS(Temp, EC);
+    if (EC)
+      return makeError("cannot write '" + Temp + "': " + EC.message());
+    char Length[8];
+    support::endian::write64le(Length, HeaderText.size());
+    OS.write(Length, 8);
+    OS << HeaderText;
+    OS.write(Data.data(), Data.size());
+    OS.close();
+    if (OS.has_error()) {
+      EC = OS.error();
+      OS.clear_error();
+      sys::fs::remove(Temp);
+      return makeError("cannot write '" + Path + "': " + EC.message());
+    }
+  }
+  if ((EC = sys::fs::rename(Temp, Path))) {
+    sys::fs::remove(Temp);
+    return makeError("cannot write '" + Path + "': " + EC.message());
+  }
+  return Error::success();
+}
+
+Expected<std::unique_ptr<SafeTensorsFile>> SafeTensorsFile::open(StringRef Path) {
+  auto Buffer = MemoryBuffer::getFile(Path, /*IsText=*/false,
+                                      /*RequiresNullTerminator=*/false);
+  if (!Buffer)
+    return makeError("cannot read '" + Path + "': " + Buffer.getError().message());
+  auto Bad = [&](const Twine &Why) {
+    return makeError("'" + Path + "' is not a valid safetensors file: " + Why);
+  };
+  StringRef All = (*Buffer)->getBuffer();
+  if (All.size() < 8)
+    return Bad("shorter than its 8-byte header length");
+  uint64_t HeaderSize = support::endian::read64le(All.data());
+  if (HeaderSize > All.size() - 8)
+    return Bad("header length " + Twine(HeaderSize) + " runs past the end of the file (truncated?)");
+  Expected<json::Value> Header = json::parse(All.substr(8, HeaderSize));
+  if (!Header)
+    return Bad("header is not JSON (" + toString(Header.takeError()) + ")");
+  const json::Object *Obj = Header->getAsObject();
+  if (!Obj)
+    return Bad("header is not a JSON object");
+
+  auto File = std::unique_ptr<SafeTensorsFile>(new SafeTensorsFile());
+  File->DataSection = All.substr(8 + HeaderSize);
+  for (const auto &[Key, Value] : *Obj) {
+    if (Key == "__metadata__") {
+      if (const json::Object *M = Value.getAsObject())
+        for (const auto &[MK, MV] : *M)
+          if (auto S = MV.getAsString())
+            File->Metadata[MK.str()] = S->str();
+      continue;
+    }
+    const json::Object *T = Value.getAsObject();
+    if (!T)
+      return Bad("entry '" + Key + "' is not an object");
+    auto DTypeName = T->getString("dtype");
+    const json::Array *Shape = T->getArray("shape");
+    const json::Array *Offsets = T->getArray("data_offsets");
+    if (!DTypeName || !Shape || !Offsets || Offsets->size() != 2)
+      return Bad("entry '" + Key + "' lacks dtype, shape or data_offsets");
+    SafeTensorInfo Info;
+    Info.Name = Key.str();
+    auto Type = parseDType(*DTypeName);
+    if (!Type)
+      return Bad("entry '" + Key + "' has unknown dtype '" + *DTypeName + "'");
+    Info.Type = *Type;
+    uint64_t Elements = 1;
+    for (const json::Value &D : *Shape) {
+      auto N = D.getAsInteger();
+      if (!N || *N < 0)
+        return Bad("entry '" + Key + "' has a bad shape");
+      Info.Shape.push_back(*N);
+      Elements *= uint64_t(*N);
+    }
+    auto B = (*Offsets)[0].getAsInteger(), E = (*Offsets)[1].getAsInteger();
+    if (!B || !E || *B < 0 || *E < *B || uint64_t(*E) > File->DataSection.size())
+      return Bad("entry '" + Key + "' has data_offsets outside the file (truncated?)");
+    Info.Begin = uint64_t(*B);
+    Info.End = uint64_t(*E);
+    if (Info.End - Info.Begin != Elements * dtypeSize(Info.Type))
+      return Bad("entry '" + Key + "' has " + Twine(Info.End - Info.Begin) +
+                 " bytes for " + Twine(Elements) + " elements of " + *DTypeName);
+    File->ByName[Info.Name] = File->Infos.size();
+    File->Infos.push_back(std::move(Info));
+  }
+  File->Buffer = std::move(*Buffer);
+  return File;
+}
+
+const SafeTensorInfo *SafeTensorsFile::find(StringRef Name) const {
+  auto It = ByName.find(Name);
+  return It == ByName.end() ? nullptr : &Infos[It->second];
+}
+
+StringRef SafeTensorsFile::bytes(const SafeTensorInfo &Info) const {
+  return DataSection.slice(Info.Begin, Info.End);
+}
+
+} // namespace ekka

@@ -1,0 +1,252 @@
+//===- TraceReader.cpp ----------------------------------------------------===//
+#include "ekka/Trace/TraceReader.h"
+#include "ekka/Support/Error.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/Path.h"
+
+using namespace llvm;
+
+namespace ekka {
+
+namespace {
+
+std::vector<int64_t> parseInts(StringRef Text) {
+  std::vector<int64_t> Out;
+  Expected<json::Value> V = json::parse(Text);
+  if (!V) {
+    consumeError(V.takeError());
+    return Out;
+  }
+  if (const json::Array *A = V->getAsArray())
+    for (const json::Value &E : *A)
+      if (auto N = E.getAsInteger())
+        Out.push_back(*N);
+  return Out;
+}
+
+std::optional<int64_t> optionalInt(const SQLiteStatement &R, int I) {
+  if (R.columnIsNull(I))
+    return std::nullopt;
+  return R.columnInt(I);
+}
+
+} // namespace
+
+Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
+  if (!sys::fs::is_directory(Dir))
+    return makeError("'" + Dir + "' is not a trace directory (no such directory)");
+  SmallString<256> DbPath(Dir);
+  sys::path::append(DbPath, TraceDatabaseName);
+  if (!sys::fs::exists(DbPath))
+    return makeError("'" + Dir + "' is not a trace directory (no trace.db)");
+  auto Db = SQLiteDatabase::open(DbPath, SQLiteDatabase::Mode::ReadOnly);
+  if (!Db)
+    return Db.takeError();
+  std::unique_ptr<TraceReader> R(new TraceReader(Dir.str(), std::move(*Db)));
+  if (Error E = R->readMeta())
+    return E;
+  return R;
+}
+
+Error TraceReader::readMeta() {
+  auto NotATrace = [&](StringRef Why) {
+    return makeError("'" + Dir + "/trace.db' is not an Ekka trace (" + Why + ")");
+  };
+  auto S = Db->prepare("SELECT key, value FROM meta");
+  if (!S) {
+    consumeError(S.takeError());
+    return NotATrace(Db->lastMessage());
+  }
+  if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
+        Meta[Row.columnText(0).str()] = Row.columnText(1).str();
+      })) {
+    consumeError(std::move(E));
+    return NotATrace(Db->lastMessage());
+  }
+  auto It = Meta.find("format");
+  if (It == Meta.end())
+    return NotATrace("no format version");
+  StringRef Format = It->second;
+  auto [Kind, Version] = Format.split(' ');
+  int Major = 0;
+  if (Kind != "ekka-trace" || Version.split('.').first.getAsInteger(10, Major))
+    return NotATrace(("format '" + Format + "'").str());
+  if (Major > TraceFormatMajor)
+    return makeError("'" + Dir + "' is a trace of format " + Version +
+                     "; this Ekka reads format " + Twine(TraceFormatMajor) +
+                     ".x and older (upgrade Ekka)");
+  return Error::success();
+}
+
+Expected<std::vector<std::unique_ptr<TraceReader>>>
+TraceReader::openRanks(StringRef Dir) {
+  std::vector<std::unique_ptr<TraceReader>> Ranks;
+  SmallString<256> DbPath(Dir);
+  sys::path::append(DbPath, TraceDatabaseName);
+  if (sys::fs::exists(DbPath)) {
+    auto R = open(Dir);
+    if (!R)
+      return R.takeError();
+    Ranks.push_back(std::move(*R));
+    return Ranks;
+  }
+  // rank-0, rank-1, ... in numeric order, without gaps.
+  for (unsigned Rank = 0;; ++Rank) {
+    SmallString<256> RankDir(Dir);
+    sys::path::append(RankDir, "rank-" + std::to_string(Rank));
+    if (!sys::fs::is_directory(RankDir))
+      break;
+    auto R = open(RankDir);
+    if (!R)
+      return R.takeError();
+    Ranks.push_back(std::move(*R));
+  }
+  if (Ranks.empty())
+    return makeError("'" + Dir + "' is not a trace directory (no trace.db, no rank-0/)");
+  return Ranks;
+}
+
+Expected<std::vector<ModuleCallRecord>> TraceReader::moduleCalls() {
+  std::vector<ModuleCallRecord> Out;
+  auto S = Db->prepare("SELECT id, parent_id, seq, step, path, class_name, class_qualname, "
+                       "source_file, source_line FROM module_calls ORDER BY seq");
+  if (!S)
+    return S.takeError();
+  if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
+        ModuleCallRecord R;
+        R.Id = Row.columnInt(0);
+        R.ParentId = optionalInt(Row, 1);
+        R.Seq = Row.columnInt(2);
+        R.Step = Row.columnInt(3);
+        R.Path = Row.columnText(4).str();
+        R.ClassName = Row.columnText(5).str();
+        R.ClassQualname = Row.columnText(6).str();
+        R.SourceFile = Row.columnText(7).str();
+        R.SourceLine = Row.columnInt(8);
+        Out.push_back(std::move(R));
+      }))
+    return E;
+  return Out;
+}
+
+Expected<std::vector<OpRecord>> TraceReader::ops() {
+  std::vector<OpRecord> Out;
+  auto S = Db->prepare("SELECT id, module_call_id, seq, name, schema FROM ops ORDER BY seq");
+  if (!S)
+    return S.takeError();
+  if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
+        OpRecord R;
+        R.Id = Row.columnInt(0);
+        R.ModuleCallId = optionalInt(Row, 1);
+        R.Seq = Row.columnInt(2);
+        R.Name = Row.columnText(3).str();
+        R.Schema = Row.columnText(4).str();
+        Out.push_back(std::move(R));
+      }))
+    return E;
+  return Out;
+}
+
+Expected<std::vector<KernelRecord>> TraceReader::kernels() {
+  std::vector<KernelRecord> Out;
+  auto S = Db->prepare("SELECT id, op_id, module_call_id, seq, name, grid, block, shared_mem, "
+                       "stream, correlation_id FROM kernels ORDER BY seq");
+  if (!S)
+    return S.takeError();
+  if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
+        KernelRecord R;
+        R.Id = Row.columnInt(0);
+        R.OpId = optionalInt(Row, 1);
+        R.ModuleCallId = optionalInt(Row, 2);
+        R.Seq = Row.columnInt(3);
+        R.Name = Row.columnText(4).str();
+        std::vector<int64_t> G = parseInts(Row.columnText(5)), B = parseInts(Row.columnText(6));
+        for (unsigned I = 0; I < 3; ++I) {
+          R.Grid[I] = I < G.size() ? uint32_t(G[I]) : 0;
+          R.Block[I] = I < B.size() ? uint32_t(B[I]) : 0;
+        }
+        R.SharedMem = uint64_t(Row.columnInt(7));
+        R.Stream = uint64_t(Row.columnInt(8));
+        R.CorrelationId = uint64_t(Row.columnInt(9));
+        Out.push_back(std::move(R));
+      }))
+    return E;
+  return Out;
+}
+
+Expected<std::vector<TensorRecord>> TraceReader::tensors() {
+  std::vector<TensorRecord> Out;
+  auto S = Db->prepare("SELECT id, owner, owner_id, role, idx, dtype, shape, strides, device, "
+                       "sum, sumsq, min, max, nan_count, inf_count, shard, key FROM tensors "
+                       "ORDER BY id");
+  if (!S)
+    return S.takeError();
+  std::string Problem;
+  if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
+        TensorRecord R;
+        R.Id = Row.columnInt(0);
+        auto Owner = parseOwner(Row.columnText(1));
+        auto Type = parseDType(Row.columnText(5));
+        if (!Owner || !Type) {
+          if (Problem.empty())
+            Problem = "tensor " + std::to_string(R.Id) + " has owner '" +
+                      Row.columnText(1).str() + "' and dtype '" + Row.columnText(5).str() + "'";
+          return;
+        }
+        R.Owner = *Owner;
+        R.OwnerId = Row.columnInt(2);
+        R.Role = Row.columnText(3).str();
+        R.Index = Row.columnInt(4);
+        R.Type = *Type;
+        R.Shape = parseInts(Row.columnText(6));
+        R.Strides = parseInts(Row.columnText(7));
+        R.Device = Row.columnText(8).str();
+        if (!Row.columnIsNull(13)) {
+          TensorStats St;
+          auto Real = [&](int I) {
+            return Row.columnIsNull(I) ? std::numeric_limits<double>::quiet_NaN()
+                                       : Row.columnDouble(I);
+          };
+          St.Sum = Real(9);
+          St.SumSq = Real(10);
+          St.Min = Real(11);
+          St.Max = Real(12);
+          St.NanCount = Row.columnInt(13);
+          St.InfCount = Row.columnInt(14);
+          R.Stats = St;
+        }
+        R.Shard = Row.columnText(15).str();
+        R.Key = Row.columnText(16).str();
+        Out.push_back(std::move(R));
+      }))
+    return E;
+  if (!Problem.empty())
+    return makeError("'" + Dir + "/trace.db' is corrupt: " + Problem);
+  return Out;
+}
+
+Expected<StringRef> TraceReader::tensorBytes(const TensorRecord &T) {
+  if (T.Shard.empty())
+    return makeError("tensor " + Twine(T.Id) + " of '" + Dir + "' was not captured");
+  std::lock_guard<std::mutex> Lock(ShardsMutex);
+  auto &File = Shards[T.Shard];
+  if (!File) {
+    SmallString<256> Path(Dir);
+    sys::path::append(Path, T.Shard);
+    auto Opened = SafeTensorsFile::open(Path);
+    if (!Opened) {
+      Shards.erase(T.Shard);
+      return Opened.takeError();
+    }
+    File = std::move(*Opened);
+  }
+  const SafeTensorInfo *Info = File->find(T.Key);
+  if (!Info)
+    return makeError("'" + Dir + "/" + T.Shard + "' has no tensor '" + T.Key + "'");
+  return File->bytes(*Info);
+}
+
+} // namespace ekka

@@ -1,0 +1,342 @@
+//===- TraceWriter.cpp ----------------------------------------------------===//
+#include "ekka/Trace/TraceWriter.h"
+#include "ekka/Support/Error.h"
+#include "ekka/Support/SQLite.h"
+#include "ekka/Trace/SafeTensors.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace llvm;
+
+namespace ekka {
+
+namespace {
+
+std::string jsonInts(ArrayRef<int64_t> V) {
+  std::string Out;
+  raw_string_ostream(Out) << json::Value(json::Array(V));
+  return Out;
+}
+
+std::string dim3(const uint32_t D[3]) {
+  return jsonInts({int64_t(D[0]), int64_t(D[1]), int64_t(D[2])});
+}
+
+} // namespace
+
+/// What the background thread owns: the database, the open shard and the
+/// tensor rows waiting for it.
+class TraceWriter::Backend {
+public:
+  Backend(std::string Dir, std::unique_ptr<SQLiteDatabase> Db, uint64_t ShardBytes)
+      : Dir(std::move(Dir)), Db(std::move(Db)), ShardBytes(ShardBytes) {}
+
+  Error prepare() {
+    auto Prep = [&](SQLiteStatement &S, StringRef SQL) -> Error {
+      auto P = Db->prepare(SQL);
+      if (!P)
+        return P.takeError();
+      S = std::move(*P);
+      return Error::success();
+    };
+    if (Error E = Prep(Meta, "INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)"))
+      return E;
+    if (Error E = Prep(Call, "INSERT INTO module_calls(id, parent_id, seq, step, path, "
+                             "class_name, class_qualname, source_file, source_line) "
+                             "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"))
+      return E;
+    if (Error E = Prep(Op, "INSERT INTO ops(id, module_call_id, seq, name, schema) "
+                           "VALUES(?1, ?2, ?3, ?4, ?5)"))
+      return E;
+    if (Error E = Prep(Kernel, "INSERT INTO kernels(id, op_id, module_call_id, seq, name, "
+                               "grid, block, shared_mem, stream, correlation_id) "
+                               "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"))
+      return E;
+    return Prep(Tensor, "INSERT INTO tensors(id, owner, owner_id, role, idx, dtype, shape, "
+                        "strides, device, sum, sumsq, min, max, nan_count, inf_count, "
+                        "shard, key) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
+                        "?12, ?13, ?14, ?15, ?16, ?17)");
+  }
+
+  /// Writes one batch of queued items in one transaction.
+  Error write(std::vector<Item> &Items, TraceCounts &Counts) {
+    if (Error E = Db->exec("BEGIN"))
+      return E;
+    for (Item &I : Items)
+      if (Error E = std::visit([&](auto &R) { return add(R, Counts); }, I)) {
+        consumeError(Db->exec("ROLLBACK"));
+        return E;
+      }
+    if (Error E = Db->exec("COMMIT"))
+      return E;
+    if (Shard.dataBytes() >= ShardBytes)
+      return flushShard(Counts);
+    return Error::success();
+  }
+
+  /// Writes the open shard, then the rows of the tensors it holds.
+  Error flushShard(TraceCounts &Counts) {
+    if (Shard.empty())
+      return Error::success();
+    std::string Name = shardFileName(NextShard);
+    SmallString<256> Path(Dir);
+    sys::path::append(Path, Name);
+    if (Error E = Shard.writeTo(Path, {{"format", "ekka-trace"}}))
+      return E;
+    ++NextShard;
+    ++Counts.Shards;
+    Counts.CapturedBytes += Shard.dataBytes();
+    Counts.CapturedTensors += Pending.size();
+    Shard.clear();
+    if (Error E = Db->exec("BEGIN"))
+      return E;
+    for (TensorRecord &R : Pending) {
+      R.Shard = Name;
+      if (Error E = insertTensor(R))
+        return E;
+    }
+    Pending.clear();
+    return Db->exec("COMMIT");
+  }
+
+  /// Drops what a failed writer still holds, counting the lost captures.
+  void abandon(TraceCounts &Counts) {
+    Counts.DroppedCaptures += Pending.size();
+    Pending.clear();
+    Shard.clear();
+  }
+
+  std::unique_ptr<SQLiteDatabase> Db;
+
+private:
+  Error add(MetaItem &M, TraceCounts &) {
+    return Meta.bind(1, M.Key).bind(2, M.Value).run();
+  }
+
+  Error add(ModuleCallRecord &R, TraceCounts &Counts) {
+    ++Counts.ModuleCalls;
+    Call.bind(1, R.Id);
+    if (R.ParentId)
+      Call.bind(2, *R.ParentId);
+    else
+      Call.bindNull(2);
+    Call.bind(3, R.Seq).bind(4, R.Step).bind(5, R.Path).bind(6, R.ClassName);
+    Call.bind(7, R.ClassQualname).bind(8, R.SourceFile).bind(9, R.SourceLine);
+    return Call.run();
+  }
+
+  Error add(OpRecord &R, TraceCounts &Counts) {
+    ++Counts.Ops;
+    Op.bind(1, R.Id);
+    if (R.ModuleCallId)
+      Op.bind(2, *R.ModuleCallId);
+    else
+      Op.bindNull(2);
+    Op.bind(3, R.Seq).bind(4, R.Name).bind(5, R.Schema);
+    return Op.run();
+  }
+
+  Error add(KernelRecord &R, TraceCounts &Counts) {
+    ++Counts.Kernels;
+    Kernel.bind(1, R.Id);
+    if (R.OpId)
+      Kernel.bind(2, *R.OpId);
+    else
+      Kernel.bindNull(2);
+    if (R.ModuleCallId)
+      Kernel.bind(3, *R.ModuleCallId);
+    else
+      Kernel.bindNull(3);
+    Kernel.bind(4, R.Seq).bind(5, R.Name).bind(6, dim3(R.Grid)).bind(7, dim3(R.Block));
+    Kernel.bind(8, int64_t(R.SharedMem)).bind(9, int64_t(R.Stream));
+    Kernel.bind(10, int64_t(R.CorrelationId));
+    return Kernel.run();
+  }
+
+  Error add(TensorItem &T, TraceCounts &Counts) {
+    ++Counts.Tensors;
+    if (!T.Data)
+      return insertTensor(T.Record);
+    // Captured: the row waits for its shard to be on disk.
+    T.Record.Key = "t" + std::to_string(T.Record.Id);
+    Shard.add(T.Record.Key, T.Record.Type, T.Record.Shape, *T.Data);
+    Pending.push_back(std::move(T.Record));
+    return Error::success();
+  }
+
+  Error insertTensor(const TensorRecord &R) {
+    Tensor.bind(1, R.Id).bind(2, ownerName(R.Owner)).bind(3, R.OwnerId).bind(4, R.Role);
+    Tensor.bind(5, R.Index).bind(6, dtypeName(R.Type)).bind(7, jsonInts(R.Shape));
+    Tensor.bind(8, jsonInts(R.Strides)).bind(9, R.Device);
+    if (R.Stats) {
+      const TensorStats &S = *R.Stats;
+      auto Real = [&](int I, double V) {
+        // SQLite has no NaN; a NaN statistic is stored as NULL (the counts say why).
+        if (V != V)
+          Tensor.bindNull(I);
+        else
+          Tensor.bindDouble(I, V);
+      };
+      Real(10, S.Sum);
+      Real(11, S.SumSq);
+      Real(12, S.Min);
+      Real(13, S.Max);
+      Tensor.bind(14, S.NanCount).bind(15, S.InfCount);
+    } else {
+      for (int I = 10; I <= 15; ++I)
+        Tensor.bindNull(I);
+    }
+    if (R.Shard.empty()) {
+      Tensor.bindNull(16).bindNull(17);
+    } else {
+      Tensor.bind(16, R.Shard).bind(17, R.Key);
+    }
+    return Tensor.run();
+  }
+
+  std::string Dir;
+  uint64_t ShardBytes;
+  SQLiteStatement Meta, Call, Op, Kernel, Tensor;
+  SafeTensorsWriter Shard;
+  std::vector<TensorRecord> Pending;
+  unsigned NextShard = 0;
+};
+
+TraceWriter::TraceWriter(std::string Dir, TraceWriterOptions Options)
+    : Dir(std::move(Dir)), Options(Options) {}
+
+Expected<std::unique_ptr<TraceWriter>> TraceWriter::create(StringRef Dir,
+                                                           TraceWriterOptions Options) {
+  SmallString<256> DbPath(Dir);
+  sys::path::append(DbPath, TraceDatabaseName);
+  if (sys::fs::exists(DbPath)) {
+    if (!Options.Force)
+      return makeError("'" + Dir + "' already holds a trace (use --force to replace it)");
+    // Replace the trace, not whatever else the user keeps in that directory.
+    std::error_code EC;
+    for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC)) {
+      StringRef Name = sys::path::filename(It->path());
+      if (Name.starts_with("trace.db") ||
+          (Name.starts_with("tensors-") && Name.contains(".safetensors")))
+        sys::fs::remove(It->path());
+    }
+  }
+  if (std::error_code EC = sys::fs::create_directories(Dir))
+    return makeError("cannot create trace directory '" + Dir + "': " + EC.message());
+  auto Db = SQLiteDatabase::open(DbPath, SQLiteDatabase::Mode::ReadWriteCreate);
+  if (!Db)
+    return Db.takeError();
+  // WAL: a reader (ekka-trace show) can look while the program still runs,
+  // and a killed program leaves every committed batch intact.
+  if (Error E = (*Db)->exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"))
+    return E;
+  if (Error E = (*Db)->exec(traceSchema()))
+    return E;
+  std::unique_ptr<TraceWriter> W(new TraceWriter(Dir.str(), Options));
+  W->Storage = std::make_unique<Backend>(Dir.str(), std::move(*Db), Options.ShardBytes);
+  if (Error E = W->Storage->prepare())
+    return E;
+  W->setMeta("format", "ekka-trace " + std::to_string(TraceFormatMajor) + "." +
+                           std::to_string(TraceFormatMinor));
+  W->Worker = std::thread([Raw = W.get()] { Raw->run(); });
+  return W;
+}
+
+TraceWriter::~TraceWriter() {
+  if (Worker.joinable())
+    consumeError(close());
+}
+
+void TraceWriter::enqueue(Item I, uint64_t Bytes) {
+  std::unique_lock<std::mutex> Lock(Mutex);
+  // Back-pressure: a program that captures faster than the disk takes waits
+  // here rather than growing the queue without bound.
+  Drained.wait(Lock, [&] {
+    return Closing || QueuedBytes == 0 || QueuedBytes + Bytes <= 2 * Options.ShardBytes;
+  });
+  Queue.push_back(std::move(I));
+  QueuedBytes += Bytes;
+  if (Queue.size() == 1)
+    Wake.notify_one();
+}
+
+void TraceWriter::setMeta(StringRef Key, StringRef Value) {
+  enqueue(MetaItem{Key.str(), Value.str()}, 0);
+}
+void TraceWriter::addModuleCall(ModuleCallRecord R) { enqueue(std::move(R), 0); }
+void TraceWriter::addOp(OpRecord R) { enqueue(std::move(R), 0); }
+void TraceWriter::addKernel(KernelRecord R) { enqueue(std::move(R), 0); }
+void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data) {
+  uint64_t Bytes = Data ? Data->size() : 0;
+  enqueue(TensorItem{std::move(R), std::move(Data)}, Bytes);
+}
+
+void TraceWriter::run() {
+  std::vector<Item> Batch;
+  bool Failed = false;
+  while (true) {
+    bool Last;
+    {
+      std::unique_lock<std::mutex> Lock(Mutex);
+      Wake.wait(Lock, [&] { return Closing || !Queue.empty(); });
+      Batch.swap(Queue);
+      QueuedBytes = 0;
+      Last = Closing;
+    }
+    Drained.notify_all();
+    std::lock_guard<std::mutex> CountsLock(CountsMutex);
+    if (!Failed) {
+      Error E = Storage->write(Batch, Counts);
+      if (!E && Last)
+        E = Storage->flushShard(Counts);
+      if (E) {
+        Failed = true;
+        // The first error is the one to report; the trace keeps what was
+        // committed before it.
+        FailureMessage = toString(std::move(E));
+      }
+    }
+    if (Failed) {
+      for (Item &I : Batch)
+        if (auto *T = std::get_if<TensorItem>(&I); T && T->Data)
+          ++Counts.DroppedCaptures;
+      Storage->abandon(Counts);
+    }
+    Batch.clear();
+    if (Last)
+      break;
+  }
+}
+
+Error TraceWriter::close() {
+  if (!Worker.joinable())
+    return Error::success();
+  {
+    std::lock_guard<std::mutex> Lock(Mutex);
+    Closing = true;
+  }
+  Wake.notify_one();
+  Drained.notify_all();
+  Worker.join();
+  // Checkpoint the WAL into trace.db so the trace is one file plus shards.
+  if (Storage && Storage->Db)
+    consumeError(Storage->Db->exec("PRAGMA wal_checkpoint(TRUNCATE)"));
+  std::lock_guard<std::mutex> Lock(CountsMutex);
+  if (FailureMessage.empty())
+    return Error::success();
+  TraceCounts C = Counts;
+  return makeError(FailureMessage + "; the trace keeps what was written before (" +
+                   Twine(C.Shards) + " shards), " + Twine(C.DroppedCaptures) +
+                   " captured tensors were lost");
+}
+
+TraceCounts TraceWriter::counts() const {
+  std::lock_guard<std::mutex> Lock(CountsMutex);
+  return Counts;
+}
+
+} // namespace ekka
