@@ -9,9 +9,12 @@
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 
+#include <cerrno>
 #include <deque>
+#include <signal.h>
 
 using namespace llvm;
 
@@ -112,6 +115,19 @@ DefinitionKind parseKind(StringRef K) {
       .Default(DefinitionKind::Function);
 }
 
+/// \p Text as a GLOB pattern that matches only itself: GLOB has no escape
+/// character, but a bracket expression of one character is literal.
+std::string globLiteral(StringRef Text) {
+  std::string P;
+  for (char C : Text) {
+    if (C == '*' || C == '?' || C == '[' || C == ']')
+      P += std::string("[") + C + "]";
+    else
+      P += C;
+  }
+  return P;
+}
+
 std::string likePattern(StringRef Text) {
   std::string P = "%";
   for (char C : Text) {
@@ -122,18 +138,43 @@ std::string likePattern(StringRef Text) {
   return P + "%";
 }
 
+/// Removes INDEX.tmp-PID files left by builds that were killed (their PID is
+/// gone), so a crash leaves no lasting litter next to the index.
+void removeStaleTemporaries(StringRef Path) {
+  StringRef Dir = sys::path::parent_path(Path);
+  std::string Prefix = (sys::path::filename(Path) + ".tmp-").str();
+  std::error_code EC;
+  for (sys::fs::directory_iterator It(Dir.empty() ? "." : Dir, EC), End;
+       It != End && !EC; It.increment(EC)) {
+    StringRef Name = sys::path::filename(It->path());
+    int Pid = 0;
+    if (!Name.consume_front(Prefix) || Name.getAsInteger(10, Pid) || Pid <= 0)
+      continue;
+    if (::kill(Pid, 0) != 0 && errno == ESRCH)
+      sys::fs::remove(It->path());
+  }
+}
+
 } // namespace
 
 Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForWriting(StringRef Path) {
   // A new index is written to a temporary file beside it and renamed into
   // place by finish(): no journal or sync is needed (a crash leaves no half
   // index behind), which makes a cold build's writes several times faster.
-  bool Fresh = !sys::fs::exists(Path);
+  uint64_t ExistingSize = 0;
+  bool Fresh = sys::fs::file_size(Path, ExistingSize) || ExistingSize == 0;
+  StringRef Parent = sys::path::parent_path(Path);
+  if (!Parent.empty() && !sys::fs::is_directory(Parent))
+    return makeError("cannot write index '" + Path + "': directory '" + Parent +
+                     "' does not exist");
+  removeStaleTemporaries(Path);
   std::string WritePath =
       Fresh ? (Path + ".tmp-" + Twine(sys::Process::getProcessId())).str() : Path.str();
   auto Db = SQLiteDatabase::open(WritePath, SQLiteDatabase::Mode::ReadWriteCreate);
-  if (!Db)
-    return Db.takeError();
+  if (!Db) {
+    consumeError(Db.takeError());
+    return makeError("cannot write index '" + Path + "'");
+  }
   std::unique_ptr<CodeIndex> Index(new CodeIndex(std::move(*Db)));
   if (Fresh) {
     Index->TempPath = WritePath;
@@ -156,9 +197,11 @@ Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForWriting(StringRef Path) {
       return NotAnIndex(Row.takeError());
     bool Empty = Tables->columnInt(0) == 0;
     *Tables = SQLiteStatement();
-    if (!Empty)
-      if (Error E = Index->checkFormat())
-        return E;
+    if (Empty)
+      return makeError("'" + Path + "' is not an Ekka code index (an SQLite "
+                       "database without its tables)");
+    if (Error E = Index->checkFormat())
+      return E;
     if (Error E = Index->Db->exec("PRAGMA synchronous=NORMAL"))
       return E;
   }
@@ -247,7 +290,7 @@ Error CodeIndex::commitBatch() { return Db->exec("COMMIT"); }
 
 Expected<StringMap<IndexedFileState>> CodeIndex::fileStates() {
   StringMap<IndexedFileState> States;
-  auto S = Db->prepare("SELECT path, size, mtime_ns, hash, status FROM files");
+  auto S = Db->prepare("SELECT path, size, mtime_ns, hash, status, module FROM files");
   if (!S)
     return S.takeError();
   if (Error E = S->forEachRow([&](const SQLiteStatement &R) {
@@ -256,6 +299,7 @@ Expected<StringMap<IndexedFileState>> CodeIndex::fileStates() {
         St.MTimeNs = R.columnInt(2);
         St.Hash = R.columnText(3).str();
         St.Status = R.columnText(4).str();
+        St.Module = R.columnText(5).str();
       }))
     return E;
   return States;
@@ -421,7 +465,15 @@ Error CodeIndex::rebuildSubclassLinks() {
         Imports[R.columnInt(0)][R.columnText(1)] = R.columnText(2).str();
       }))
     return E;
-  std::vector<SubclassLink> Links = resolveSubclasses(Classes, Imports);
+  StringMap<int64_t> ModuleFiles;
+  auto M = Db->prepare("SELECT id, module FROM files WHERE module IS NOT NULL");
+  if (!M)
+    return M.takeError();
+  if (Error E = M->forEachRow([&](const SQLiteStatement &R) {
+        ModuleFiles[R.columnText(1)] = R.columnInt(0);
+      }))
+    return E;
+  std::vector<SubclassLink> Links = resolveSubclasses(Classes, Imports, ModuleFiles);
   if (Error E = Db->exec("DELETE FROM subclass_links"))
     return E;
   auto Ins = Db->prepare(
@@ -486,8 +538,9 @@ CodeIndex::classDefinitions(StringRef Name) {
   std::vector<std::string> Params = {N};
   if (Name.contains('.') || Name.contains("::")) {
     Where += " OR d.qualified_name GLOB ?2 OR d.qualified_name GLOB ?3";
-    Params.push_back("*." + N);
-    Params.push_back("*::" + N);
+    std::string Literal = globLiteral(Name);
+    Params.push_back("*." + Literal);
+    Params.push_back("*::" + Literal);
   }
   Where += ")";
   return selectDefinitions(Where, Params);
@@ -551,7 +604,8 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findKernel(StringRef Symbol)
   if (!ByName || !ByName->empty())
     return Tag(std::move(ByName), "name");
   // Triton kernels are Python functions; CUPTI reports their plain name.
-  return Tag(selectDefinitions("d.kind = 'function' AND d.name = ?1", {Base.str()}),
+  return Tag(selectDefinitions("d.kind = 'function' AND d.language = 'python' AND d.name = ?1",
+                               {Base.str()}),
              "function-name");
 }
 

@@ -99,6 +99,9 @@ public:
       return E;
     phase("write");
 
+    if (Options.Log)
+      for (const auto &[Path, Why] : Walk.Skipped)
+        *Options.Log << "skipped " << Path << " (" << Why << ")\n";
     Summary.Skipped += Walk.SymlinkLoops + Walk.Unreadable;
     if (Walk.SymlinkLoops)
       Summary.SkipReasons["symlink-loop"] += Walk.SymlinkLoops;
@@ -138,23 +141,23 @@ private:
     for (const SourceFile &F : Files) {
       if (!wanted(F.Language))
         continue;
+      std::string Module;
+      if (F.Language == SourceLanguage::Python)
+        Module = Namer.moduleName(F.Path);
       auto It = Stored.find(F.Path);
+      // Unchanged: same size and time stamp, indexed last time (a skipped
+      // file is looked at again: the limits may have changed), and for
+      // Python the same module name (an __init__.py may have appeared).
       if (It != Stored.end() && It->second.Size == F.Size &&
-          It->second.MTimeNs == F.MTimeNs) {
-        if (It->second.Status == "indexed") {
-          ++Summary.Unchanged;
-        } else {
-          ++Summary.Skipped;
-          ++Summary.SkipReasons[It->second.Status];
-        }
+          It->second.MTimeNs == F.MTimeNs && It->second.Status == "indexed" &&
+          It->second.Module == Module) {
+        ++Summary.Unchanged;
         continue;
       }
       FileWork W;
       W.File = &F;
-      if (F.Language == SourceLanguage::Python) {
-        W.Module = Namer.moduleName(F.Path);
-        W.IsPackageInit = sys::path::filename(F.Path) == "__init__.py";
-      }
+      W.Module = std::move(Module);
+      W.IsPackageInit = sys::path::filename(F.Path) == "__init__.py";
       Work.push_back(std::move(W));
     }
   }
@@ -174,9 +177,9 @@ private:
     W.Text = (*Buffer)->getBuffer().str();
     W.Hash = hashText(W.Text);
     auto It = Stored.find(F.Path);
-    if (It != Stored.end() && It->second.Hash == W.Hash) {
+    if (It != Stored.end() && It->second.Hash == W.Hash &&
+        It->second.Status == "indexed" && It->second.Module == W.Module) {
       W.Result = FileWork::Outcome::Touched;
-      W.Status = It->second.Status;
       return;
     }
     switch (classifyContent(W.Text)) {
@@ -321,22 +324,22 @@ private:
       Error E = Error::success();
       switch (W.Result) {
       case FileWork::Outcome::Touched:
-        if (W.Status == "indexed") {
-          ++Summary.Unchanged;
-        } else {
-          ++Summary.Skipped;
-          ++Summary.SkipReasons[W.Status];
-        }
+        ++Summary.Unchanged;
         E = Index.updateFileTime(F.Path, F.MTimeNs);
         break;
-      case FileWork::Outcome::Skipped:
+      case FileWork::Outcome::Skipped: {
         ++Summary.Skipped;
         ++Summary.SkipReasons[W.Status];
         if (Options.Log)
           *Options.Log << "skipped " << F.Path << " (" << W.Status << ")\n";
+        auto It = Stored.find(F.Path);
+        if (It != Stored.end() && It->second.Status == W.Status &&
+            It->second.Size == F.Size && It->second.MTimeNs == F.MTimeNs)
+          break; // skipped last time too, for the same reason
         E = Index.storeSkippedFile(F);
         Changed = true;
         break;
+      }
       case FileWork::Outcome::Parse:
         ++Summary.Parsed;
         E = Index.storeFile(F, W.Text, W.Defs);

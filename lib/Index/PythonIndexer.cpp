@@ -1,6 +1,7 @@
 //===- PythonIndexer.cpp - Python definitions via tree-sitter ------------===//
 #include "ekka/Index/PythonIndexer.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -24,7 +25,8 @@ struct PythonGrammar {
   TSSymbol Module, Block, ClassDef, FunctionDef, Decorated, Decorator, If,
       Elif, Else, Try, Except, ExceptGroup, Finally, With, For, While, Match,
       Case, Error, Import, ImportFrom, DottedName, AliasedImport,
-      RelativeImport, ImportPrefix, KeywordArgument, Comment, Identifier;
+      RelativeImport, ImportPrefix, KeywordArgument, DictionarySplat, Comment,
+      Identifier;
   TSFieldId Name, Body, Superclasses, Definition, ModuleName, Alias;
 
   PythonGrammar() {
@@ -60,6 +62,7 @@ struct PythonGrammar {
     RelativeImport = Sym("relative_import");
     ImportPrefix = Sym("import_prefix");
     KeywordArgument = Sym("keyword_argument");
+    DictionarySplat = Sym("dictionary_splat");
     Comment = Sym("comment");
     Identifier = Sym("identifier");
     Name = Field("name");
@@ -200,17 +203,22 @@ private:
       if (!ts_node_is_null(Args))
         forEachChild(Args, [&](TSNode A) {
           TSSymbol AS = ts_node_symbol(A);
-          // `metaclass=M` and other keywords configure the class; they are
-          // not bases.
-          if (ts_node_is_named(A) && AS != G.KeywordArgument && AS != G.Comment)
+          // `metaclass=M`, other keywords and `**kw` configure the class;
+          // they are not bases.
+          if (ts_node_is_named(A) && AS != G.KeywordArgument &&
+              AS != G.DictionarySplat && AS != G.Comment)
             D.Bases.push_back(text(A).str());
         });
     } else {
       TSNode First = ts_node_child(Def, 0);
       D.IsAsync = !ts_node_is_null(First) && !ts_node_is_named(First) &&
                   text(First) == "async";
-      if (S.ClassIndex >= 0)
-        Out.Definitions[S.ClassIndex].Methods.push_back(D.Name);
+      if (S.ClassIndex >= 0) {
+        // A property's setter and @overload variants are one method.
+        std::vector<std::string> &Methods = Out.Definitions[S.ClassIndex].Methods;
+        if (llvm::find(Methods, D.Name) == Methods.end())
+          Methods.push_back(D.Name);
+      }
     }
 
     Scope Inner;
@@ -229,7 +237,7 @@ private:
 
   /// The absolute module that a `from` clause names, resolving leading dots
   /// against this file's package.
-  std::string resolveFromModule(TSNode ModNode) {
+  std::optional<std::string> resolveFromModule(TSNode ModNode) {
     if (ts_node_symbol(ModNode) != G.RelativeImport)
       return text(ModNode).str();
     unsigned Dots = 0;
@@ -248,10 +256,13 @@ private:
     };
     if (!IsPackageInit)
       Package = Parent(Package);
-    for (unsigned I = 1; I < Dots && !Package.empty(); ++I)
+    for (unsigned I = 1; I < Dots; ++I) {
+      if (Package.empty())
+        return std::nullopt; // beyond the top-level package: binds nothing
       Package = Parent(Package);
+    }
     if (Package.empty())
-      return Rest;
+      return Dots ? std::optional<std::string>() : Rest;
     return Rest.empty() ? Package.str() : (Package + "." + Rest).str();
   }
 
@@ -261,7 +272,10 @@ private:
     if (IsFrom) {
       if (ts_node_is_null(ModNode))
         return;
-      FromModule = resolveFromModule(ModNode);
+      std::optional<std::string> Resolved = resolveFromModule(ModNode);
+      if (!Resolved)
+        return;
+      FromModule = std::move(*Resolved);
     }
     forEachChild(N, [&](TSNode C) {
       if (IsFrom && ts_node_eq(C, ModNode))

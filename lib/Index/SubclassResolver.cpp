@@ -2,6 +2,7 @@
 #include "ekka/Index/SubclassResolver.h"
 
 #include "llvm/ADT/StringRef.h"
+#include "llvm/ADT/StringSet.h"
 
 using namespace llvm;
 
@@ -11,13 +12,18 @@ namespace {
 
 class Resolver {
 public:
-  Resolver(ArrayRef<ClassInfo> Classes, const ImportTable &Imports)
-      : Classes(Classes), Imports(Imports) {
+  Resolver(ArrayRef<ClassInfo> Classes, const ImportTable &Imports,
+           const StringMap<int64_t> &ModuleFiles)
+      : Classes(Classes), Imports(Imports), ModuleFiles(ModuleFiles) {
     for (size_t I = 0; I < Classes.size(); ++I) {
       const ClassInfo &C = Classes[I];
       ByQualified[key(C.IsPython, C.QualifiedName)].push_back(I);
       ByName[key(C.IsPython, C.Name)].push_back(I);
+      if (C.IsPython)
+        Packages.insert(StringRef(C.Module).split('.').first);
     }
+    for (const auto &M : ModuleFiles)
+      Packages.insert(M.getKey().split('.').first);
   }
 
   void resolve(std::vector<SubclassLink> &Out) {
@@ -59,6 +65,28 @@ private:
     return SubclassLink{Classes[Target].Id, Sub.Id, Base.str(), How.str()};
   }
 
+  /// The class a dotted Python name denotes, following re-exports: when
+  /// `pkg.Model` is no class, but module `pkg` imports `Model` from
+  /// `pkg.modeling`, it is `pkg.modeling.Model`.
+  std::optional<size_t> resolvePython(StringRef Full, const ClassInfo &Sub,
+                                      unsigned Depth = 0) const {
+    if (auto T = single(lookup(ByQualified, true, Full), Sub))
+      return T;
+    auto [Module, Name] = Full.rsplit('.');
+    if (Name.empty() || Depth > 8)
+      return std::nullopt;
+    auto File = ModuleFiles.find(Module);
+    if (File == ModuleFiles.end())
+      return std::nullopt;
+    auto FileImports = Imports.find(File->second);
+    if (FileImports == Imports.end())
+      return std::nullopt;
+    auto Bound = FileImports->second.find(Name);
+    if (Bound == FileImports->second.end() || Bound->second == Full)
+      return std::nullopt;
+    return resolvePython(Bound->second, Sub, Depth + 1);
+  }
+
   std::optional<SubclassLink> resolveBase(const ClassInfo &Sub,
                                           StringRef Written) const {
     // `Generic[T]`, `Base<T>`: the class is what comes before the arguments.
@@ -81,8 +109,12 @@ private:
           std::string Full = Bound->second;
           if (!Rest.empty())
             Full += "." + Rest.str();
-          if (auto T = single(lookup(ByQualified, true, Full), Sub))
+          if (auto T = resolvePython(Full, Sub))
             return link(Sub, Written, *T, "import");
+          // Bound to a package the index does not hold: whatever class of
+          // that name the index has, it is not this one.
+          if (!Packages.count(StringRef(Full).split('.').first))
+            return std::nullopt;
         }
       }
     } else {
@@ -96,15 +128,18 @@ private:
 
   ArrayRef<ClassInfo> Classes;
   const ImportTable &Imports;
+  const StringMap<int64_t> &ModuleFiles;
   StringMap<std::vector<size_t>> ByQualified, ByName;
+  StringSet<> Packages; ///< Top-level Python packages in the index.
 };
 
 } // namespace
 
 std::vector<SubclassLink> resolveSubclasses(ArrayRef<ClassInfo> Classes,
-                                            const ImportTable &Imports) {
+                                            const ImportTable &Imports,
+                                            const StringMap<int64_t> &ModuleFiles) {
   std::vector<SubclassLink> Links;
-  Resolver(Classes, Imports).resolve(Links);
+  Resolver(Classes, Imports, ModuleFiles).resolve(Links);
   return Links;
 }
 

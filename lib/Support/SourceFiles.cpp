@@ -64,6 +64,11 @@ public:
   TreeWalker(std::vector<SourceFile> &Out, WalkStats &Stats)
       : Out(Out), Stats(Stats) {}
 
+  void skip(StringRef Path, StringRef Why, unsigned &Counter) {
+    ++Counter;
+    Stats.Skipped.push_back({Path.str(), Why.str()});
+  }
+
   void addFile(StringRef Path, const sys::fs::file_status &St) {
     auto Lang = languageForPath(Path);
     if (!Lang) {
@@ -72,7 +77,7 @@ public:
     }
     SmallString<256> Real;
     if (sys::fs::real_path(Path, Real)) {
-      ++Stats.Unreadable;
+      skip(Path, "unreadable", Stats.Unreadable);
       return;
     }
     SourceFile F;
@@ -84,38 +89,44 @@ public:
     Out.push_back(std::move(F));
   }
 
-  void walkDirectory(StringRef Dir) {
+  void walkDirectory(StringRef Dir, bool ViaLink) {
     SmallString<256> Real;
     if (sys::fs::real_path(Dir, Real)) {
-      ++Stats.Unreadable;
+      skip(Dir, "unreadable", Stats.Unreadable);
       return;
     }
-    // A directory reached a second time (through a symlink) is a loop or an
-    // alias; either way its files are already listed.
+    // A directory reached a second time through a symlink is a loop (or an
+    // alias); either way its files are listed already. Reached again as a
+    // root, or as a root's subdirectory, it is simply not walked twice.
     if (!SeenDirs.insert(Real).second) {
-      ++Stats.SymlinkLoops;
+      if (ViaLink)
+        skip(Dir, "symlink-loop", Stats.SymlinkLoops);
       return;
     }
     std::error_code EC;
-    for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC;
-         It.increment(EC)) {
+    for (sys::fs::directory_iterator It(Dir, EC, /*follow_symlinks=*/false), End;
+         It != End && !EC; It.increment(EC)) {
       StringRef Path = It->path();
       StringRef Name = sys::path::filename(Path);
-      sys::fs::file_status St;
-      // status() follows symlinks; a dangling link is unreadable.
+      sys::fs::file_status Link, St;
+      bool IsLink = !sys::fs::status(Path, Link, /*follow=*/false) &&
+                    sys::fs::is_symlink_file(Link);
       if (sys::fs::status(Path, St)) {
-        ++Stats.Unreadable;
+        // A dangling link or an entry we may not stat: worth a count only
+        // if it names source code.
+        if (languageForPath(Path))
+          skip(Path, "unreadable", Stats.Unreadable);
         continue;
       }
       if (sys::fs::is_directory(St)) {
         if (!isSkippedDirectory(Name))
-          walkDirectory(Path);
+          walkDirectory(Path, IsLink);
       } else if (sys::fs::is_regular_file(St)) {
         addFile(Path, St);
       }
     }
     if (EC)
-      ++Stats.Unreadable;
+      skip(Dir, "unreadable", Stats.Unreadable);
   }
 
 private:
@@ -139,7 +150,7 @@ collectSourceFiles(ArrayRef<std::string> Roots, WalkStats &Stats) {
     if (std::error_code EC = sys::fs::status(Abs, St))
       return makeError("cannot read '" + Root + "': " + EC.message());
     if (sys::fs::is_directory(St))
-      Walker.walkDirectory(Abs);
+      Walker.walkDirectory(Abs, /*ViaLink=*/false);
     else if (sys::fs::is_regular_file(St))
       Walker.addFile(Abs, St);
     else

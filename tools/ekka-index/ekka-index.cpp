@@ -46,10 +46,10 @@ cl::SubCommand QueryCmd(
 cl::SubCommand InfoCmd("info", "Print what an index holds.\n  ekka-index info INDEX");
 
 // build
-cl::list<std::string> BuildPaths(cl::Positional, cl::OneOrMore, cl::sub(BuildCmd),
+cl::list<std::string> BuildPaths(cl::Positional, cl::sub(BuildCmd),
                                  cl::desc("<repository or file>..."),
                                  cl::cat(BuildCategory));
-cl::opt<std::string> OutputIndex("o", cl::Required, cl::sub(BuildCmd),
+cl::opt<std::string> OutputIndex("o", cl::sub(BuildCmd),
                                  cl::value_desc("INDEX"),
                                  cl::desc("The index to create or update (SQLite)"),
                                  cl::cat(BuildCategory));
@@ -77,7 +77,7 @@ cl::opt<bool> Verbose("verbose", cl::sub(BuildCmd),
                       cl::cat(BuildCategory));
 
 // query and info
-cl::list<std::string> QueryArgs(cl::Positional, cl::OneOrMore, cl::sub(QueryCmd),
+cl::list<std::string> QueryArgs(cl::Positional, cl::sub(QueryCmd),
                                 cl::desc("INDEX QUERY ARGUMENT"), cl::cat(QueryCategory));
 cl::opt<bool> Json("json", cl::sub(QueryCmd),
                    cl::desc("Print a JSON list of definitions (name, qualified_name, "
@@ -90,7 +90,7 @@ cl::opt<bool> Transitive("transitive", cl::sub(QueryCmd),
 cl::opt<unsigned> Limit("limit", cl::sub(QueryCmd), cl::init(50),
                         cl::desc("search: at most this many results (default 50)"),
                         cl::cat(QueryCategory));
-cl::list<std::string> InfoArgs(cl::Positional, cl::OneOrMore, cl::sub(InfoCmd),
+cl::list<std::string> InfoArgs(cl::Positional, cl::sub(InfoCmd),
                                cl::desc("INDEX"), cl::cat(QueryCategory));
 
 json::Value toJSON(const IndexedDefinition &R, StringRef Query) {
@@ -150,6 +150,10 @@ void printWithSource(raw_ostream &OS, const IndexedDefinition &R) {
 }
 
 int runBuild() {
+  if (BuildPaths.empty())
+    exitWithError(Tool, makeError("build needs at least one PATH to index (see ekka-index build --help)"));
+  if (OutputIndex.empty())
+    exitWithError(Tool, makeError("build needs -o INDEX, the index to write (see ekka-index build --help)"));
   IndexBuildOptions Options;
   Options.Roots.assign(BuildPaths.begin(), BuildPaths.end());
   Options.IndexPath = OutputIndex;
@@ -169,6 +173,8 @@ int runBuild() {
       exitWithError(Tool, makeError("--languages: unknown language '" + L +
                                     "' (expected python, cxx or both)"));
   }
+  if (!Options.IndexPython && !Options.IndexCxx)
+    exitWithError(Tool, makeError("--languages: nothing to index (expected python, cxx or both)"));
   if (Verbose)
     Options.Log = &outs();
   IndexBuildSummary S = unwrapOrExit(Tool, buildIndex(Options));
@@ -195,6 +201,8 @@ int runQuery() {
                                   Twine(QueryArgs.size()) +
                                   " arguments (see ekka-index query --help)"));
   StringRef Query = QueryArgs[1], Arg = QueryArgs[2];
+  if (Limit == 0)
+    exitWithError(Tool, makeError("--limit must be at least 1"));
   auto Index = unwrapOrExit(Tool, CodeIndex::openForReading(QueryArgs[0]));
   Expected<std::vector<IndexedDefinition>> Results =
       StringSwitch<std::function<Expected<std::vector<IndexedDefinition>>()>>(Query)
@@ -232,6 +240,9 @@ int runQuery() {
 }
 
 int runInfo() {
+  if (InfoArgs.size() != 1)
+    exitWithError(Tool, makeError("info takes one INDEX, got " + Twine(InfoArgs.size()) +
+                                  " arguments"));
   auto Index = unwrapOrExit(Tool, CodeIndex::openForReading(InfoArgs[0]));
   IndexCounts C = unwrapOrExit(Tool, Index->counts());
   outs() << "files: " << C.Files << "\nskipped files: " << C.Skipped
@@ -265,8 +276,10 @@ int main(int argc, char **argv) {
       "Run 'ekka-index build --help' or 'ekka-index query --help' for each command.\n",
       &ErrOS);
   if (!OK) {
+    // Some option errors LLVM prints itself; the rest are in ParseErrors.
     StringRef First = StringRef(ParseErrors).trim().split('\n').first;
-    errs() << First << "\n";
+    if (!First.empty())
+      errs() << First << "\n";
     return ExitInputError;
   }
   if (BuildCmd)

@@ -41,6 +41,7 @@ struct IndexedFileState {
   int64_t MTimeNs = 0;
   std::string Hash;
   std::string Status; ///< indexed | binary | not-utf8 | too-large | unreadable
+  std::string Module; ///< Python module name; empty otherwise.
 };
 
 /// A file about to be stored.

@@ -37,13 +37,19 @@ using ImportTable = llvm::DenseMap<int64_t, llvm::StringMap<std::string>>;
 /// Resolves each base of each class to an indexed class, when the evidence is
 /// unambiguous, trying in order: a class of that name at the top of the same
 /// file (Python); what an import binds the name to, matched by qualified name
-/// (`nn.Module` with `from torch import nn` -> `torch.nn.Module`); the exact
-/// qualified name (C++, where Clang resolved it); a name that only one class
-/// in the index has (re-exports, star imports). Bases that resolve to nothing
-/// (library classes outside the index, or ambiguous names) get no link:
-/// a guessed link would send a diagnosis to the wrong source.
+/// (`nn.Module` with `from torch import nn` -> `torch.nn.Module`) and followed
+/// through re-exports (a package's `__init__` importing the class from a
+/// submodule); the exact qualified name (C++, where Clang resolved it); a name
+/// that only one class in the index has (star imports, re-exports the
+/// imports do not show). A name bound by an import of a package that is not
+/// in the index (`torch` when only transformers is indexed) never falls back
+/// to the unique-name rule. Bases that resolve to nothing get no link: a
+/// guessed link would send a diagnosis to the wrong source.
+///
+/// \p ModuleFiles maps each indexed Python module to its file.
 std::vector<SubclassLink> resolveSubclasses(llvm::ArrayRef<ClassInfo> Classes,
-                                            const ImportTable &Imports);
+                                            const ImportTable &Imports,
+                                            const llvm::StringMap<int64_t> &ModuleFiles = {});
 
 } // namespace ekka
 

@@ -43,13 +43,17 @@ struct SourceFile {
 
 struct WalkStats {
   unsigned SymlinkLoops = 0;   ///< Directories reached again through a link.
-  unsigned Unreadable = 0;     ///< Entries that could not be listed or stat'ed.
+  unsigned Unreadable = 0;     ///< Source files or directories that could not be read.
   unsigned OtherFiles = 0;     ///< Files that are not source code.
+  /// Each skipped path and why ("symlink-loop", "unreadable").
+  std::vector<std::pair<std::string, std::string>> Skipped;
 };
 
 /// Lists the source files under \p Roots (each a directory or a file), sorted
-/// by path, duplicates removed. Hidden directories (.git, .venv, ...) and
-/// __pycache__ are not entered. A root that does not exist is an error.
+/// by path, duplicates removed (a root given twice, or inside another, is
+/// walked once). Hidden directories (.git, .venv, ...) and __pycache__ are not
+/// entered; a symlink back into a directory already walked is counted as a
+/// loop. A root that does not exist is an error.
 llvm::Expected<std::vector<SourceFile>>
 collectSourceFiles(llvm::ArrayRef<std::string> Roots, WalkStats &Stats);
 
