@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS definitions(
   is_async INTEGER NOT NULL DEFAULT 0,
   is_template INTEGER NOT NULL DEFAULT 0,
   found_by TEXT NOT NULL DEFAULT 'parser',
+  is_declaration INTEGER NOT NULL DEFAULT 0,
   usr TEXT,
   mangled_name TEXT);
 CREATE INDEX IF NOT EXISTS definitions_name ON definitions(name);
@@ -78,6 +79,7 @@ constexpr const char *DefinitionColumns =
     "d.id, d.name, d.qualified_name, d.kind, d.line_start, d.line_end, "
     "d.byte_start, d.byte_end, d.bases, d.methods, d.decorators, d.is_async, "
     "d.is_template, d.usr, d.mangled_name, f.path, d.language, d.found_by, "
+    "d.is_declaration, "
     "substr(f.text, d.byte_start + 1, d.byte_end - d.byte_start)";
 
 std::string toJSONList(const std::vector<std::string> &Items) {
@@ -383,8 +385,9 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
   auto Ins = cached(
       "INSERT OR IGNORE INTO definitions(file_id, name, qualified_name, language, "
       "kind, line_start, line_end, byte_start, byte_end, bases, methods, "
-      "decorators, is_async, is_template, usr, mangled_name, found_by) VALUES(?1, "
-      "?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)");
+      "decorators, is_async, is_template, usr, mangled_name, found_by, "
+      "is_declaration) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
+      "?13, ?14, ?15, ?16, ?17, ?18)");
   if (!Ins)
     return Ins.takeError();
   for (const Definition &D : Defs.Definitions) {
@@ -404,6 +407,7 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
     else
       (*Ins)->bind(16, D.MangledName);
     (*Ins)->bind(17, D.FoundByLexer ? "lexer" : "parser");
+    (*Ins)->bind(18, int64_t(D.IsDeclaration));
     if (Error E = (*Ins)->run())
       return E;
   }
@@ -521,7 +525,8 @@ CodeIndex::selectDefinitions(StringRef Where, ArrayRef<std::string> Params,
         R.File = Row.columnText(15).str();
         R.Language = Row.columnText(16).str();
         D.FoundByLexer = Row.columnText(17) == "lexer";
-        R.Source = Row.columnText(18).str();
+        D.IsDeclaration = Row.columnInt(18) != 0;
+        R.Source = Row.columnText(19).str();
         Out.push_back(std::move(R));
       }))
     return E;
@@ -579,11 +584,16 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::subclasses(StringRef Name,
 }
 
 Expected<std::vector<IndexedDefinition>> CodeIndex::findKernel(StringRef Symbol) {
+  // Each rule's matches, definitions only when there are any (a prototype
+  // in a header is not where the kernel's code is).
   auto Tag = [](Expected<std::vector<IndexedDefinition>> R, StringRef How)
       -> Expected<std::vector<IndexedDefinition>> {
-    if (R)
-      for (IndexedDefinition &D : *R)
-        D.Relation = How.str();
+    if (!R)
+      return R;
+    if (llvm::any_of(*R, [](const IndexedDefinition &D) { return !D.Def.IsDeclaration; }))
+      llvm::erase_if(*R, [](const IndexedDefinition &D) { return D.Def.IsDeclaration; });
+    for (IndexedDefinition &D : *R)
+      D.Relation = How.str();
     return R;
   };
   Symbol = Symbol.trim();

@@ -190,6 +190,7 @@ public:
       return true;
     Def->IsTemplate = FD->getDescribedFunctionTemplate() != nullptr ||
                       FD->isDependentContext();
+    Def->IsDeclaration = !IsDefinition;
     if (IsKernel && !Def->IsTemplate && !FD->isInvalidDecl()) {
       std::string Mangled;
       raw_string_ostream OS(Mangled);
@@ -233,21 +234,30 @@ private:
   SourceLocation skippedBodyEnd(SourceLocation DeclEnd) const {
     FileID FID = SM.getFileID(DeclEnd);
     bool Invalid = false;
-    StringRef Buffer = SM.getBufferData(FID, &Invalid);
+    SM.getBufferData(FID, &Invalid);
     if (Invalid)
       return {};
-    unsigned Offset = SM.getFileOffset(DeclEnd);
-    Lexer Raw(SM.getLocForStartOfFile(FID), Ctx.getLangOpts(), Buffer.begin(),
-              Buffer.begin() + Offset, Buffer.end());
+    DirectiveAwareLexer Stream(FID, SM, Ctx.getLangOpts(), SM.getFileOffset(DeclEnd));
     Token Tok;
-    auto Next = [&] { return !Raw.LexFromRawLexer(Tok) || Tok.isNot(tok::eof); };
-    // Skips a balanced group that starts at the current token.
+    SmallVector<Conditional, 2> Conds;
+    unsigned Depth = 0;
+    BranchTracker<unsigned> Branches;
+    // Advances; keeps Depth right across #if/#else branches that each open
+    // a brace.
+    auto Next = [&] {
+      Conds.clear();
+      bool More = Stream.next(Tok, Conds);
+      for (Conditional C : Conds)
+        Branches.apply(C, Depth);
+      return More;
+    };
+    // Skips the balanced group that starts at the current token.
     auto SkipGroup = [&]() -> bool {
       tok::TokenKind Open = Tok.getKind();
-      tok::TokenKind Close = Open == tok::l_brace ? tok::r_brace
+      tok::TokenKind Close = Open == tok::l_brace   ? tok::r_brace
                              : Open == tok::l_paren ? tok::r_paren
                                                     : tok::r_square;
-      unsigned Depth = 1;
+      Depth = 1;
       while (Next()) {
         if (Tok.is(Open))
           ++Depth;
@@ -275,8 +285,22 @@ private:
         AfterGroup = true;
         continue;
       }
-      if (Tok.is(tok::l_brace))
-        return SkipGroup() ? Tok.getLocation() : SourceLocation();
+      if (Tok.is(tok::l_brace)) {
+        if (!SkipGroup())
+          return {};
+        SourceLocation End = Tok.getLocation();
+        // A function-try-block ends with its last handler:
+        // `void f() try { ... } catch (E&) { ... }`.
+        while (Next() && Tok.is(tok::raw_identifier) &&
+               Tok.getRawIdentifier() == "catch") {
+          if (!Next() || Tok.isNot(tok::l_paren) || !SkipGroup())
+            break;
+          if (!Next() || Tok.isNot(tok::l_brace) || !SkipGroup())
+            break;
+          End = Tok.getLocation();
+        }
+        return End;
+      }
       AfterGroup = false;
     }
     return {};

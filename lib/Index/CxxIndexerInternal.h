@@ -6,10 +6,76 @@
 
 #include "clang/Basic/LangOptions.h"
 #include "clang/Basic/SourceManager.h"
+#include "clang/Lex/Lexer.h"
+#include "llvm/ADT/SmallVector.h"
 
+#include <optional>
 #include <vector>
 
 namespace ekka {
+
+/// A conditional directive a raw token stream stepped over.
+enum class Conditional { If, Else, EndIf, Other };
+
+/// Raw tokens of one file, without the preprocessor: directive lines are
+/// stepped over (their conditionals reported), everything else — inactive
+/// branches included — comes out as written.
+class DirectiveAwareLexer {
+public:
+  DirectiveAwareLexer(clang::FileID FID, const clang::SourceManager &SM,
+                      const clang::LangOptions &LangOpts, unsigned Offset = 0);
+
+  /// The next token outside directives; false at the end of the file.
+  /// \p Conds receives the conditionals passed on the way, in order.
+  bool next(clang::Token &Tok, llvm::SmallVectorImpl<Conditional> &Conds);
+  unsigned offset(const clang::Token &Tok) const {
+    return SM.getFileOffset(Tok.getLocation());
+  }
+
+private:
+  const clang::SourceManager &SM;
+  clang::Lexer Raw;
+  clang::Token Pending;
+  bool HavePending = false;
+};
+
+/// Keeps a piece of parse state (a brace depth, a scope stack) consistent
+/// across `#if`/`#else` branches that each open or close braces: every branch
+/// starts from the state at its `#if`, and after `#endif` the state is the
+/// one the first branch left.
+template <typename T> class BranchTracker {
+public:
+  void apply(Conditional C, T &Value) {
+    switch (C) {
+    case Conditional::If:
+      Frames.push_back({Value, std::nullopt});
+      break;
+    case Conditional::Else:
+      if (!Frames.empty()) {
+        if (!Frames.back().FirstEnd)
+          Frames.back().FirstEnd = Value;
+        Value = Frames.back().AtIf;
+      }
+      break;
+    case Conditional::EndIf:
+      if (!Frames.empty()) {
+        if (Frames.back().FirstEnd)
+          Value = *Frames.back().FirstEnd;
+        Frames.pop_back();
+      }
+      break;
+    case Conditional::Other:
+      break;
+    }
+  }
+
+private:
+  struct Frame {
+    T AtIf;
+    std::optional<T> FirstEnd;
+  };
+  std::vector<Frame> Frames;
+};
 
 /// Adds to \p Defs the `__global__` kernels and the class/struct/union
 /// definitions of file \p FID that the parse did not see — in inactive

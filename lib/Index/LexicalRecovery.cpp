@@ -73,8 +73,7 @@ class LexicalScanner {
 public:
   LexicalScanner(FileID FID, const SourceManager &SM, const LangOptions &LangOpts,
                  std::vector<Definition> &Defs)
-      : FID(FID), SM(SM), Defs(Defs),
-        Raw(FID, SM.getBufferOrFake(FID), SM, LangOpts) {
+      : FID(FID), SM(SM), Defs(Defs), Stream(FID, SM, LangOpts) {
     Buffer = SM.getBufferData(FID);
     for (size_t I = 0; I < Defs.size(); ++I)
       if (Defs[I].Kind == DefinitionKind::Kernel || isRecordKind(Defs[I].Kind))
@@ -84,11 +83,6 @@ public:
   void run() {
     lex();
     while (Tok.isNot(tok::eof)) {
-      if (Tok.is(tok::hash) && Tok.isAtStartOfLine()) {
-        skipDirective();
-        StatementStart = std::nullopt;
-        continue;
-      }
       if (!StatementStart)
         StatementStart = offset();
       if (Tok.is(tok::raw_identifier)) {
@@ -127,8 +121,20 @@ private:
     std::optional<size_t> Record; ///< A lexer-found record awaiting its end.
   };
 
-  void lex() { Raw.LexFromRawLexer(Tok); }
-  unsigned offset() const { return SM.getFileOffset(Tok.getLocation()); }
+  /// Next token. Conditionals passed on the way keep the brace structure:
+  /// the scope stack in the main scan, the depth inside a skipped group.
+  void lex() {
+    Conds.clear();
+    Stream.next(Tok, Conds);
+    for (Conditional C : Conds) {
+      if (GroupDepth)
+        GroupBranches->apply(C, *GroupDepth);
+      else
+        ScopeBranches.apply(C, Scopes);
+      StatementStart = std::nullopt;
+    }
+  }
+  unsigned offset() const { return Stream.offset(Tok); }
   unsigned line(unsigned Offset) const { return SM.getLineNumber(FID, Offset); }
 
   std::string qualified(StringRef Name) const {
@@ -137,12 +143,6 @@ private:
       if (!S.Name.empty())
         Q += S.Name + "::";
     return Q + Name.str();
-  }
-
-  void skipDirective() {
-    do
-      lex();
-    while (Tok.isNot(tok::eof) && !Tok.isAtStartOfLine());
   }
 
   void closeScope() {
@@ -178,17 +178,26 @@ private:
                            : Open == tok::l_paren ? tok::r_paren
                                                   : tok::r_square;
     unsigned Depth = 1;
+    BranchTracker<unsigned> Branches;
+    unsigned *SavedDepth = GroupDepth;
+    BranchTracker<unsigned> *SavedBranches = GroupBranches;
+    GroupDepth = &Depth;
+    GroupBranches = &Branches;
+    bool Closed = false;
     while (true) {
       lex();
-      if (Tok.is(tok::hash) && Tok.isAtStartOfLine())
-        skipDirective();
       if (Tok.is(tok::eof))
-        return false;
+        break;
       if (Tok.is(Open))
         ++Depth;
-      else if (Tok.is(Close) && --Depth == 0)
-        return true;
+      else if (Tok.is(Close) && --Depth == 0) {
+        Closed = true;
+        break;
+      }
     }
+    GroupDepth = SavedDepth;
+    GroupBranches = SavedBranches;
+    return Closed;
   }
 
   /// Skips template arguments `<...>` starting at the current token, nested
@@ -211,16 +220,25 @@ private:
     return true;
   }
 
-  /// The parsed definition of this kind family and name whose span covers
-  /// \p Line, if any.
-  Definition *parsedCovering(StringRef Name, unsigned Line, bool Kernel) {
+  /// The parsed record of this name whose span covers \p Line, if any.
+  Definition *parsedRecordCovering(StringRef Name, unsigned Line) {
     for (size_t I : Parsed) {
       Definition &D = Defs[I];
-      if ((D.Kind == DefinitionKind::Kernel) == Kernel && D.Name == Name &&
-          D.LineStart <= Line && Line <= D.LineEnd)
+      if (isRecordKind(D.Kind) && D.Name == Name && D.LineStart <= Line &&
+          Line <= D.LineEnd)
         return &D;
     }
     return nullptr;
+  }
+
+  /// Whether a parsed kernel spans \p Line. Kernels do not nest, so any
+  /// kernel there is this one, whatever name a macro gave it
+  /// (`__global__ void KNAME(foo)(int*)`).
+  bool parsedKernelCovers(unsigned Line) const {
+    return llvm::any_of(Parsed, [&](size_t I) {
+      const Definition &D = Defs[I];
+      return D.Kind == DefinitionKind::Kernel && D.LineStart <= Line && Line <= D.LineEnd;
+    });
   }
 
   Definition &add(StringRef Name, DefinitionKind Kind, unsigned Start) {
@@ -248,10 +266,6 @@ private:
     std::optional<unsigned> BasesBegin;
     lex();
     while (Tok.isNot(tok::eof)) {
-      if (Tok.is(tok::hash) && Tok.isAtStartOfLine()) {
-        skipDirective();
-        continue;
-      }
       if (Tok.is(tok::less)) {
         ++Angles;
       } else if (Tok.is(tok::greater) && Angles > 0) {
@@ -301,7 +315,7 @@ private:
     Scope S{Short.str(), std::nullopt};
     if (Name.empty() || isAttributeLike(Name)) {
       S.Name.clear(); // an anonymous struct
-    } else if (Definition *P = parsedCovering(Short, KeywordLine, false)) {
+    } else if (Definition *P = parsedRecordCovering(Short, KeywordLine)) {
       if (P->Bases.empty())
         P->Bases = std::move(Bases);
     } else {
@@ -324,10 +338,6 @@ private:
     std::string Name, Pending;
     lex();
     while (Tok.isNot(tok::eof) && !Tok.isOneOf(tok::semi, tok::l_brace)) {
-      if (Tok.is(tok::hash) && Tok.isAtStartOfLine()) {
-        skipDirective();
-        continue;
-      }
       if (Tok.is(tok::raw_identifier)) {
         if (!StringRef(Pending).ends_with("::"))
           Pending.clear();
@@ -350,14 +360,13 @@ private:
     }
     if (Name.empty())
       return;
-    StringRef Short = StringRef(Name).rsplit("::").second;
-    bool Known = parsedCovering(Short.empty() ? StringRef(Name) : Short,
-                                GlobalLine, true) != nullptr;
+    bool Known = parsedKernelCovers(GlobalLine);
     std::optional<size_t> Index;
     if (!Known) {
       Definition &D = add(Name, DefinitionKind::Kernel, Start);
       D.ByteEnd = offset() + Tok.getLength();
       D.LineEnd = line(D.ByteEnd - 1);
+      D.IsDeclaration = Tok.isNot(tok::l_brace);
       Index = Defs.size() - 1;
     }
     StatementStart = std::nullopt;
@@ -373,7 +382,11 @@ private:
   FileID FID;
   const SourceManager &SM;
   std::vector<Definition> &Defs;
-  Lexer Raw;
+  DirectiveAwareLexer Stream;
+  SmallVector<Conditional, 2> Conds;
+  BranchTracker<std::vector<Scope>> ScopeBranches;
+  unsigned *GroupDepth = nullptr; ///< Set while a group is being skipped.
+  BranchTracker<unsigned> *GroupBranches = nullptr;
   StringRef Buffer;
   Token Tok;
   StringRef PrevIdentifier;

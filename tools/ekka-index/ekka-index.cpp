@@ -113,6 +113,7 @@ json::Value toJSON(const IndexedDefinition &R, StringRef Query) {
   if (!D.MangledName.empty())
     O["mangled_name"] = D.MangledName;
   O["found_by"] = D.FoundByLexer ? "lexer" : "parser";
+  O["is_declaration"] = D.IsDeclaration;
   if (Query == "subclasses")
     O["derives_from"] = R.Relation;
   if (Query == "find_kernel")
@@ -130,7 +131,8 @@ std::string joined(const std::vector<std::string> &Items) {
 void printHeader(raw_ostream &OS, const IndexedDefinition &R) {
   const Definition &D = R.Def;
   OS << D.QualifiedName << "  " << R.Language << ' ' << (D.IsAsync ? "async " : "")
-     << (D.IsTemplate ? "template " : "") << kindName(D.Kind) << "  " << R.File
+     << (D.IsTemplate ? "template " : "") << kindName(D.Kind)
+     << (D.IsDeclaration ? " declaration" : "") << "  " << R.File
      << ':' << D.LineStart << '-' << D.LineEnd;
 }
 
@@ -145,7 +147,8 @@ void printWithSource(raw_ostream &OS, const IndexedDefinition &R) {
   if (!R.Def.MangledName.empty())
     OS << "# mangled: " << R.Def.MangledName << '\n';
   if (R.Def.FoundByLexer)
-    OS << "# found by the lexer: in code the parser did not see (an inactive #if branch)\n";
+    OS << "# found by the lexer: in code the parser did not see (an inactive #if branch, "
+          "or names from a missing header)\n";
   OS << R.Source << "\n\n";
 }
 

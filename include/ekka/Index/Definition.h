@@ -36,6 +36,9 @@ struct Definition {
   /// Found by the raw lexer in code the parser did not see (an inactive
   /// `#if` branch): the span and name are reliable, bases and types are not.
   bool FoundByLexer = false;
+  /// A kernel declared (a prototype) but not defined here; find_kernel
+  /// prefers definitions.
+  bool IsDeclaration = false;
   std::string USR;                     ///< Clang's unified symbol resolution.
   std::string MangledName;             ///< Itanium name of a non-template kernel.
 };

@@ -1,0 +1,5 @@
+import pkg
+
+
+class Gadget(pkg.Widget):
+    pass
