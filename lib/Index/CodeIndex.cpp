@@ -6,6 +6,7 @@
 #include "ekka/Support/Error.h"
 
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
@@ -34,7 +35,14 @@ CREATE TABLE IF NOT EXISTS files(
   hash TEXT,
   status TEXT NOT NULL,
   parse_errors INTEGER NOT NULL DEFAULT 0,
+  recorded_by TEXT,
   text BLOB);
+-- What each C++ translation unit included, to re-parse it when one changes.
+CREATE TABLE IF NOT EXISTS file_includes(
+  file_id INTEGER NOT NULL REFERENCES files(id),
+  included_path TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS file_includes_path ON file_includes(included_path);
+CREATE INDEX IF NOT EXISTS file_includes_file ON file_includes(file_id);
 CREATE TABLE IF NOT EXISTS definitions(
   id INTEGER PRIMARY KEY,
   file_id INTEGER NOT NULL REFERENCES files(id),
@@ -334,7 +342,8 @@ Expected<int64_t> CodeIndex::fileId(StringRef Path) {
 
 Error CodeIndex::deleteFileContents(int64_t Id) {
   for (const char *SQL : {"DELETE FROM definitions WHERE file_id = ?1",
-                          "DELETE FROM imports WHERE file_id = ?1"}) {
+                          "DELETE FROM imports WHERE file_id = ?1",
+                          "DELETE FROM file_includes WHERE file_id = ?1"}) {
     auto S = cached(SQL);
     if (!S)
       return S.takeError();
@@ -358,9 +367,10 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
       return E;
   auto Up = cached(
       "INSERT INTO files(path, language, module, size, mtime_ns, hash, status, "
-      "parse_errors, text) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
+      "parse_errors, text, recorded_by) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) "
       "ON CONFLICT(path) DO UPDATE SET language = ?2, module = ?3, size = ?4, "
-      "mtime_ns = ?5, hash = ?6, status = ?7, parse_errors = ?8, text = ?9");
+      "mtime_ns = ?5, hash = ?6, status = ?7, parse_errors = ?8, text = ?9, "
+      "recorded_by = ?10");
   if (!Up)
     return Up.takeError();
   (*Up)->bind(1, F.Path).bind(2, languageName(F.Language)).bind(4, int64_t(F.Size));
@@ -376,6 +386,10 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
     (*Up)->bindNull(9);
   else
     (*Up)->bindBlob(9, Text);
+  if (F.RecordedBy.empty())
+    (*Up)->bindNull(10);
+  else
+    (*Up)->bind(10, F.RecordedBy);
   if (Error E = (*Up)->run())
     return E;
   Expected<int64_t> Id = fileId(F.Path);
@@ -417,7 +431,47 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
   for (const ImportBinding &B : Defs.Imports)
     if (Error E = (*Imp)->bind(1, *Id).bind(2, B.Alias).bind(3, B.Target).run())
       return E;
+  auto Inc = cached("INSERT INTO file_includes(file_id, included_path) VALUES(?1, ?2)");
+  if (!Inc)
+    return Inc.takeError();
+  for (const std::string &P : F.Includes)
+    if (Error E = (*Inc)->bind(1, *Id).bind(2, P).run())
+      return E;
   return Error::success();
+}
+
+namespace {
+/// Runs a one-column query once per key and collects the distinct results.
+Expected<std::vector<std::string>> collectPerKey(SQLiteDatabase &Db, StringRef SQL,
+                                                 const std::vector<std::string> &Keys) {
+  auto S = Db.prepare(SQL);
+  if (!S)
+    return S.takeError();
+  StringSet<> Seen;
+  std::vector<std::string> Out;
+  for (const std::string &K : Keys) {
+    S->bind(1, K);
+    if (Error E = S->forEachRow([&](const SQLiteStatement &R) {
+          if (Seen.insert(R.columnText(0)).second)
+            Out.push_back(R.columnText(0).str());
+        }))
+      return E;
+  }
+  return Out;
+}
+} // namespace
+
+Expected<std::vector<std::string>>
+CodeIndex::includersOf(const std::vector<std::string> &RealPaths) {
+  return collectPerKey(*Db,
+                       "SELECT f.path FROM file_includes i JOIN files f ON f.id = i.file_id "
+                       "WHERE i.included_path = ?1",
+                       RealPaths);
+}
+
+Expected<std::vector<std::string>>
+CodeIndex::filesRecordedBy(const std::vector<std::string> &Mains) {
+  return collectPerKey(*Db, "SELECT path FROM files WHERE recorded_by = ?1", Mains);
 }
 
 Error CodeIndex::updateFileTime(StringRef Path, int64_t MTimeNs) {

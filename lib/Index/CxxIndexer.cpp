@@ -106,7 +106,7 @@ using ClaimedFiles = DenseMap<FileID, unsigned>;
 class DefinitionCollector : public RecursiveASTVisitor<DefinitionCollector> {
 public:
   DefinitionCollector(ASTContext &Ctx, const ClaimedFiles &Claimed,
-                      std::vector<CxxFileDefinitions> &Out)
+                      CxxTranslationUnit &Out)
       : Ctx(Ctx), SM(Ctx.getSourceManager()), Claimed(Claimed), Out(Out),
         Mangler(ItaniumMangleContext::create(Ctx, Ctx.getDiagnostics())) {}
 
@@ -341,7 +341,7 @@ private:
     SmallString<128> USR;
     if (!index::generateUSRForDecl(D, USR))
       Def.USR = USR.str().str();
-    auto &Defs = Out[*Slot].Definitions.Definitions;
+    auto &Defs = Out.Files[*Slot].Definitions.Definitions;
     Defs.push_back(std::move(Def));
     return &Defs.back();
   }
@@ -349,14 +349,14 @@ private:
   ASTContext &Ctx;
   SourceManager &SM;
   const ClaimedFiles &Claimed;
-  std::vector<CxxFileDefinitions> &Out;
+  CxxTranslationUnit &Out;
   std::unique_ptr<MangleContext> Mangler;
 };
 
 class IndexConsumer : public ASTConsumer {
 public:
   IndexConsumer(function_ref<bool(StringRef)> Claim,
-                std::vector<CxxFileDefinitions> &Out)
+                CxxTranslationUnit &Out)
       : Claim(Claim), Out(Out) {}
 
   void HandleTranslationUnit(ASTContext &Ctx) override {
@@ -372,33 +372,40 @@ public:
       std::string Path = Real.empty() ? FE->getName().str() : Real.str();
       if (!Claim(Path))
         return;
-      Claimed[FID] = unsigned(Out.size());
-      Out.push_back({std::move(Path), {}});
+      Claimed[FID] = unsigned(Out.Files.size());
+      Out.Files.push_back({std::move(Path), {}});
     };
     ClaimFile(SM.getMainFileID());
+    StringSet<> Seen;
     for (unsigned I = 1, E = SM.local_sloc_entry_size(); I < E; ++I) {
       const SrcMgr::SLocEntry &Entry = SM.getLocalSLocEntry(I);
       if (!Entry.isFile() || !Entry.getFile().getIncludeLoc().isValid())
         continue;
-      ClaimFile(SM.getFileID(SourceLocation::getFromRawEncoding(Entry.getOffset())));
+      FileID FID = SM.getFileID(SourceLocation::getFromRawEncoding(Entry.getOffset()));
+      if (OptionalFileEntryRef FE = SM.getFileEntryRefForID(FID)) {
+        StringRef Real = FE->getFileEntry().tryGetRealPathName();
+        if (!Real.empty() && Seen.insert(Real).second)
+          Out.Includes.push_back(Real.str());
+      }
+      ClaimFile(FID);
     }
     if (Claimed.empty())
       return;
     DefinitionCollector(Ctx, Claimed, Out).TraverseDecl(Ctx.getTranslationUnitDecl());
     for (const auto &[FID, Slot] : Claimed)
       recoverDefinitionsMissedByParser(FID, SM, Ctx.getLangOpts(),
-                               Out[Slot].Definitions.Definitions);
+                               Out.Files[Slot].Definitions.Definitions);
   }
 
 private:
   function_ref<bool(StringRef)> Claim;
-  std::vector<CxxFileDefinitions> &Out;
+  CxxTranslationUnit &Out;
 };
 
 class IndexAction : public ASTFrontendAction {
 public:
   IndexAction(function_ref<bool(StringRef)> Claim,
-              std::vector<CxxFileDefinitions> &Out)
+              CxxTranslationUnit &Out)
       : Claim(Claim), Out(Out) {}
 
   std::unique_ptr<ASTConsumer> CreateASTConsumer(CompilerInstance &,
@@ -418,14 +425,14 @@ public:
 
 private:
   function_ref<bool(StringRef)> Claim;
-  std::vector<CxxFileDefinitions> &Out;
+  CxxTranslationUnit &Out;
 };
 
 /// Runs IndexAction with the lenient frontend settings an index wants.
 class IndexActionFactory : public tooling::FrontendActionFactory {
 public:
   IndexActionFactory(function_ref<bool(StringRef)> Claim,
-                     std::vector<CxxFileDefinitions> &Out)
+                     CxxTranslationUnit &Out)
       : Claim(Claim), Out(Out) {}
 
   std::unique_ptr<FrontendAction> create() override {
@@ -448,7 +455,7 @@ public:
 
 private:
   function_ref<bool(StringRef)> Claim;
-  std::vector<CxxFileDefinitions> &Out;
+  CxxTranslationUnit &Out;
 };
 
 /// Builds the precompiled prelude, with the same lenient settings as the
@@ -558,10 +565,10 @@ bool CxxIndexer::precompilePrelude(StringRef PCHPath) {
   return OK;
 }
 
-std::vector<CxxFileDefinitions>
+CxxTranslationUnit
 CxxIndexer::indexTranslationUnit(StringRef MainFile, SourceLanguage Language,
                                  function_ref<bool(StringRef)> Claim) {
-  std::vector<CxxFileDefinitions> Out;
+  CxxTranslationUnit Out;
   IndexActionFactory Factory(Claim, Out);
   CountingDiagConsumer Diags;
   tooling::ToolInvocation Invocation(commandLine(MainFile, Language), &Factory,
@@ -569,8 +576,10 @@ CxxIndexer::indexTranslationUnit(StringRef MainFile, SourceLanguage Language,
                                      std::make_shared<PCHContainerOperations>());
   Invocation.setDiagnosticConsumer(&Diags);
   Invocation.run();
-  if (!Out.empty())
-    Out.front().Definitions.ParseErrors = Diags.Errors;
+  Out.ParseErrors = Diags.Errors;
+  // The main file, if wanted, is claimed first.
+  if (!Out.Files.empty())
+    Out.Files.front().Definitions.ParseErrors = Diags.Errors;
   return Out;
 }
 

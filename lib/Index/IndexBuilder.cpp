@@ -63,7 +63,10 @@ struct FileWork {
   /// never become work.
   enum class Outcome { Touched, Skipped, Parse } Result = Outcome::Parse;
   FileDefinitions Defs;
-  bool Claimed = false; ///< C++: some translation unit recorded it.
+  bool Claimed = false;   ///< C++: some translation unit recorded it.
+  bool ForceParse = false; ///< C++: unchanged, but an included file changed.
+  std::string RecordedBy; ///< C++: the unit (main file path) that recorded it.
+  std::vector<std::string> Includes; ///< C++ main files: what the unit read.
 };
 
 std::string hashText(StringRef Text) {
@@ -92,6 +95,8 @@ public:
     DefaultThreadPool Pool(Strategy);
     phase("walk");
     readAndParsePython(Pool, *Stored);
+    if (Error E = addDependentWork(**Index, *Files, *Stored))
+      return E;
     phase("read+python");
     parseCxx(Pool);
     phase("c++");
@@ -177,7 +182,7 @@ private:
     W.Text = (*Buffer)->getBuffer().str();
     W.Hash = hashText(W.Text);
     auto It = Stored.find(F.Path);
-    if (It != Stored.end() && It->second.Hash == W.Hash &&
+    if (!W.ForceParse && It != Stored.end() && It->second.Hash == W.Hash &&
         It->second.Status == "indexed" && It->second.Module == W.Module) {
       W.Result = FileWork::Outcome::Touched;
       return;
@@ -252,52 +257,101 @@ private:
         sys::fs::remove_directories(TempDir);
     });
 
-    std::mutex ClaimMutex;
-    // A file is claimed by the first translation unit that contains it and
-    // needs indexing; later ones skip its declarations.
-    auto Claim = [&](StringRef RealPath) {
-      std::lock_guard<std::mutex> Lock(ClaimMutex);
-      auto It = ByRealPath.find(RealPath);
-      if (It == ByRealPath.end() || It->second->Claimed)
-        return false;
-      It->second->Claimed = true;
-      return true;
-    };
+    // Every translation unit records every wanted file it contains; of
+    // those records, a file keeps the one of its own unit, else the one of
+    // the includer whose path sorts first. So the index does not depend on
+    // which thread finished first, and an incremental build that re-parses
+    // a header's includers records it as a cold build would.
+    std::mutex ResultMutex;
+    auto Wanted = [&](StringRef RealPath) { return ByRealPath.count(RealPath) != 0; };
     ProgressBar Bar("parsing C/C++/CUDA", Sources.size() + Headers.size());
     auto ParseOne = [&](FileWork *W) {
-      {
-        std::lock_guard<std::mutex> Lock(ClaimMutex);
-        if (W->Claimed) {
+      if (isHeaderPath(W->File->Path)) {
+        std::lock_guard<std::mutex> Lock(ResultMutex);
+        if (W->Claimed) { // recorded by a source that includes it
           Bar.advance();
           return;
         }
       }
       auto TUStart = std::chrono::steady_clock::now();
-      auto Results = Indexer.indexTranslationUnit(W->File->Path,
-                                                  W->File->Language, Claim);
+      CxxTranslationUnit TU =
+          Indexer.indexTranslationUnit(W->File->Path, W->File->Language, Wanted);
       double TUSeconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - TUStart).count();
-      std::lock_guard<std::mutex> Lock(ClaimMutex);
-      for (CxxFileDefinitions &R : Results) {
+      std::lock_guard<std::mutex> Lock(ResultMutex);
+      W->Includes = std::move(TU.Includes);
+      for (CxxFileDefinitions &R : TU.Files) {
         auto It = ByRealPath.find(R.RealPath);
-        if (It != ByRealPath.end())
-          It->second->Defs = std::move(R.Definitions);
+        if (It == ByRealPath.end())
+          continue;
+        FileWork *Target = It->second;
+        bool Own = Target == W;
+        bool Better = !Target->Claimed || Own ||
+                      (Target->RecordedBy != Target->File->Path &&
+                       W->File->Path < Target->RecordedBy);
+        if (!Better)
+          continue;
+        Target->Defs = std::move(R.Definitions);
+        Target->RecordedBy = W->File->Path;
+        Target->Claimed = true;
       }
       if (Options.Log)
         *Options.Log << "parsed " << W->File->Path << format(" in %.2f s", TUSeconds)
-                     << " (" << Results.size() << " files recorded, "
-                     << (Results.empty() ? 0 : Results.front().Definitions.ParseErrors)
+                     << " (" << TU.Files.size() << " files recorded, " << TU.ParseErrors
                      << " errors)\n";
       Bar.advance();
     };
     // Sources first: a header is cheapest to index as part of a translation
-    // unit that includes it anyway.
+    // unit that includes it anyway; headers no source includes come after.
     for (FileWork *W : Sources)
       Pool.async([&, W] { ParseOne(W); });
     Pool.wait();
     for (FileWork *W : Headers)
       Pool.async([&, W] { ParseOne(W); });
     Pool.wait();
+  }
+
+  /// C++ files whose record depends on a changed file: the translation
+  /// units that include it are parsed again, and with them every file they
+  /// recorded. Without this a changed macro in a header would leave the
+  /// kernels that use it, and the headers it reaches, as they were.
+  Error addDependentWork(CodeIndex &Index, const std::vector<SourceFile> &Files,
+                         const StringMap<IndexedFileState> &Stored) {
+    std::vector<std::string> Changed;
+    StringSet<> InWork;
+    for (FileWork &W : Work) {
+      InWork.insert(W.File->Path);
+      if (W.File->Language != SourceLanguage::Python &&
+          W.Result == FileWork::Outcome::Parse)
+        Changed.push_back(W.File->RealPath);
+    }
+    if (Changed.empty())
+      return Error::success();
+    auto Mains = Index.includersOf(Changed);
+    if (!Mains)
+      return Mains.takeError();
+    auto Recorded = Index.filesRecordedBy(*Mains);
+    if (!Recorded)
+      return Recorded.takeError();
+    StringMap<const SourceFile *> ByPath;
+    for (const SourceFile &F : Files)
+      ByPath[F.Path] = &F;
+    size_t Before = Work.size();
+    for (const std::vector<std::string> *List : {&*Mains, &*Recorded})
+      for (const std::string &Path : *List) {
+        auto It = ByPath.find(Path);
+        if (It == ByPath.end() || !wanted(It->second->Language) ||
+            !InWork.insert(Path).second)
+          continue;
+        FileWork W;
+        W.File = It->second;
+        W.ForceParse = true;
+        Work.push_back(std::move(W));
+        --Summary.Unchanged; // counted as unchanged by selectWork
+      }
+    for (size_t I = Before; I < Work.size(); ++I)
+      readOne(Work[I], Stored);
+    return Error::success();
   }
 
   static bool underRoot(StringRef Path, StringRef Root) {
@@ -321,6 +375,8 @@ private:
       F.MTimeNs = W.File->MTimeNs;
       F.Hash = W.Hash;
       F.Status = W.Status;
+      F.RecordedBy = W.RecordedBy;
+      F.Includes = std::move(W.Includes);
       Error E = Error::success();
       switch (W.Result) {
       case FileWork::Outcome::Touched:

@@ -40,12 +40,19 @@ TEST(Dependencies, RecordFunctionObservesOps) {
   EXPECT_EQ(MatMulsSeen.load(), 1);
 }
 
+TEST(Dependencies, CuptiHeadersHaveTheLaunchCallbacksTheTracerNeeds) {
 #if EKKA_HAVE_CUPTI
-TEST(Dependencies, CuptiHeadersDeclareTheCallbackApi) {
-  // libcupti is loaded at run time; only its declarations are built against.
-  EXPECT_GE(CUPTI_API_VERSION, 18);
-  EXPECT_NE(CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_CB_DOMAIN_DRIVER_API);
-}
+  // libcupti is loaded at run time; the tracer is built against these
+  // headers. CUDA 13 launches kernels through __cudaLaunchKernel, whose
+  // callback ids the tracer must know (505/506), besides the classic runtime
+  // and driver launch APIs (Triton uses the driver's).
+  EXPECT_EQ(int(CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000), 211);
+  EXPECT_EQ(int(CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000), 505);
+  EXPECT_EQ(int(CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000), 506);
+  EXPECT_EQ(int(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel), 307);
+#else
+  GTEST_SKIP() << "built without CUPTI headers: GPU kernel tracing is compiled out";
 #endif
+}
 
 } // namespace

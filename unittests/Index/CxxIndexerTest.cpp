@@ -34,12 +34,12 @@ protected:
     CxxIndexerOptions Opts;
     Opts.IncludeDirs.push_back(Dir.str().str());
     CxxIndexer Indexer(Opts);
-    auto Results = Indexer.indexTranslationUnit(Main, SourceLanguage::Cuda,
-                                                [](StringRef) { return true; });
-    for (CxxFileDefinitions &R : Results)
+    auto TU = Indexer.indexTranslationUnit(Main, SourceLanguage::Cuda,
+                                           [](StringRef) { return true; });
+    for (CxxFileDefinitions &R : TU.Files)
       if (R.RealPath == Main)
         return std::move(R.Definitions);
-    for (CxxFileDefinitions &R : Results)
+    for (CxxFileDefinitions &R : TU.Files)
       ADD_FAILURE() << "recorded " << R.RealPath;
     ADD_FAILURE() << "main file not recorded: " << Main.str();
     return {};
@@ -115,16 +115,17 @@ __global__ void __launch_bounds__(128) sm90_kernel(int* p) { *p = 1; }
   EXPECT_EQ(Kernels, 1u);
 }
 
-TEST_F(CxxIndexerTest, OnlyClaimedFilesAreRecorded) {
-  write("h.cuh", "struct InHeader {};\n");
+TEST_F(CxxIndexerTest, OnlyWantedFilesAreRecordedAndIncludesListed) {
+  std::string Header = write("h.cuh", "struct InHeader {};\n");
   std::string Main = write("s.cu", "#include \"h.cuh\"\nstruct InSource {};\n");
   CxxIndexer Indexer({});
-  auto Results = Indexer.indexTranslationUnit(
+  auto TU = Indexer.indexTranslationUnit(
       Main, SourceLanguage::Cuda, [&](StringRef P) { return P == Main; });
-  ASSERT_EQ(Results.size(), 1u);
-  EXPECT_EQ(Results[0].RealPath, Main);
-  ASSERT_EQ(Results[0].Definitions.Definitions.size(), 1u);
-  EXPECT_EQ(Results[0].Definitions.Definitions[0].Name, "InSource");
+  ASSERT_EQ(TU.Files.size(), 1u);
+  EXPECT_EQ(TU.Files[0].RealPath, Main);
+  ASSERT_EQ(TU.Files[0].Definitions.Definitions.size(), 1u);
+  EXPECT_EQ(TU.Files[0].Definitions.Definitions[0].Name, "InSource");
+  EXPECT_NE(llvm::find(TU.Includes, Header), TU.Includes.end());
 }
 
 } // namespace

@@ -53,6 +53,10 @@ struct IndexedFile {
   int64_t MTimeNs = 0;
   std::string Hash;
   std::string Status = "indexed";
+  /// C++: the translation unit (its main file's path) whose parse recorded
+  /// this file's definitions, and, for a main file, every file it included.
+  std::string RecordedBy;
+  std::vector<std::string> Includes;
 };
 
 struct IndexCounts {
@@ -89,6 +93,12 @@ public:
   /// Content unchanged, only the time stamp moved.
   llvm::Error updateFileTime(llvm::StringRef Path, int64_t MTimeNs);
   llvm::Error removeFile(llvm::StringRef Path);
+  /// Main files of the translation units that included any of \p RealPaths.
+  llvm::Expected<std::vector<std::string>>
+  includersOf(const std::vector<std::string> &RealPaths);
+  /// Files whose definitions the translation units of \p Mains recorded.
+  llvm::Expected<std::vector<std::string>>
+  filesRecordedBy(const std::vector<std::string> &Mains);
   /// Recomputes every subclass link from the stored bases and imports.
   llvm::Error rebuildSubclassLinks();
   llvm::Error setMeta(llvm::StringRef Key, llvm::StringRef Value);

@@ -38,6 +38,17 @@ struct CxxFileDefinitions {
   FileDefinitions Definitions;
 };
 
+/// What parsing one translation unit gave.
+struct CxxTranslationUnit {
+  /// The definitions of each wanted file the unit contains, the main file
+  /// (if wanted) first.
+  std::vector<CxxFileDefinitions> Files;
+  /// Real paths of every file the unit included: when one changes, the unit
+  /// must be parsed again.
+  std::vector<std::string> Includes;
+  unsigned ParseErrors = 0; ///< Errors Clang recovered from.
+};
+
 /// Indexes C, C++ and CUDA with Clang, without a compilation database.
 ///
 /// Every translation unit is parsed leniently: function bodies are skipped
@@ -50,9 +61,9 @@ struct CxxFileDefinitions {
 /// every `__global__` kernel, templates and macro-made ones included, at the
 /// place the macro was used.
 ///
-/// A translation unit records only the files that \p Claim accepts, so each
-/// header is indexed once no matter how many files include it; the caller
-/// decides (thread-safely) who gets a file first. One CxxIndexer may be used
+/// A translation unit records only the files that \p Wanted accepts (the ones
+/// that need indexing); the caller picks, among the units that include a
+/// header, the one whose record of it to keep. One CxxIndexer may be used
 /// from many threads at once.
 class CxxIndexer {
 public:
@@ -60,11 +71,10 @@ public:
   ~CxxIndexer();
 
   /// Parses \p MainFile (read as \p Language) and returns the definitions of
-  /// each claimed file. ParseErrors of the main file's entry counts the
-  /// errors Clang recovered from in the whole translation unit.
-  std::vector<CxxFileDefinitions>
+  /// each wanted file it contains and the files it included.
+  CxxTranslationUnit
   indexTranslationUnit(llvm::StringRef MainFile, SourceLanguage Language,
-                       llvm::function_ref<bool(llvm::StringRef RealPath)> Claim);
+                       llvm::function_ref<bool(llvm::StringRef RealPath)> Wanted);
 
   /// The compiler command line used for \p MainFile (for --verbose output).
   std::vector<std::string> commandLine(llvm::StringRef MainFile,
