@@ -1,0 +1,72 @@
+//===- SafeTensorsTest.cpp ------------------------------------------------===//
+#include "ekka/Trace/SafeTensors.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <unistd.h>
+
+using namespace ekka;
+using namespace llvm;
+
+namespace {
+
+class SafeTensorsTest : public ::testing::Test {
+protected:
+  void SetUp() override { ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-st", Dir)); }
+  void TearDown() override { sys::fs::remove_directories(Dir); }
+  std::string path(StringRef Name) { return (Dir + "/" + Name).str(); }
+  SmallString<128> Dir;
+};
+
+TEST_F(SafeTensorsTest, RoundTrip) {
+  float A[6] = {1, 2, 3, 4, 5, 6};
+  int64_t B[2] = {-7, 9};
+  SafeTensorsWriter W;
+  W.add("a", DType::F32, {2, 3}, StringRef(reinterpret_cast<char *>(A), sizeof(A)));
+  W.add("b", DType::I64, {2}, StringRef(reinterpret_cast<char *>(B), sizeof(B)));
+  ASSERT_FALSE(bool(W.writeTo(path("x.safetensors"), {{"format", "ekka-trace"}})));
+  EXPECT_FALSE(sys::fs::exists(path("x.safetensors.tmp")));
+
+  auto F = SafeTensorsFile::open(path("x.safetensors"));
+  ASSERT_TRUE(bool(F)) << toString(F.takeError());
+  ASSERT_EQ((*F)->tensors().size(), 2u);
+  const SafeTensorInfo *Info = (*F)->find("a");
+  ASSERT_TRUE(Info);
+  EXPECT_EQ(Info->Shape, (std::vector<int64_t>{2, 3}));
+  StringRef Bytes = (*F)->bytes(*Info);
+  ASSERT_EQ(Bytes.size(), sizeof(A));
+  EXPECT_EQ(std::memcmp(Bytes.data(), A, sizeof(A)), 0);
+  EXPECT_EQ((*F)->metadata().at("format"), "ekka-trace");
+}
+
+TEST_F(SafeTensorsTest, TruncatedFileIsAClearError) {
+  float A[64] = {};
+  SafeTensorsWriter W;
+  W.add("a", DType::F32, {64}, StringRef(reinterpret_cast<char *>(A), sizeof(A)));
+  ASSERT_FALSE(bool(W.writeTo(path("x.safetensors"))));
+  ASSERT_EQ(::truncate(path("x.safetensors").c_str(), 100), 0);
+  auto F = SafeTensorsFile::open(path("x.safetensors"));
+  ASSERT_FALSE(bool(F));
+  std::string Msg = toString(F.takeError());
+  EXPECT_NE(Msg.find("is not a valid safetensors file"), std::string::npos) << Msg;
+  EXPECT_NE(Msg.find("truncated"), std::string::npos) << Msg;
+}
+
+TEST_F(SafeTensorsTest, GarbageIsAClearError) {
+  {
+    std::error_code EC;
+    raw_fd_ostream OS(path("bad.safetensors"), EC);
+    OS << "\x10\0\0\0\0\0\0\0{not json at all";
+  }
+  auto F = SafeTensorsFile::open(path("bad.safetensors"));
+  ASSERT_FALSE(bool(F));
+  EXPECT_NE(toString(F.takeError()).find("is not a valid safetensors file"), std::string::npos);
+}
+
+} // namespace

@@ -1,0 +1,217 @@
+//===- TraceWriterTest.cpp - Writer and reader together -------------------===//
+#include "ekka/Trace/TraceReader.h"
+#include "ekka/Trace/TraceWriter.h"
+#include "ekka/Support/SQLite.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
+#include <gtest/gtest.h>
+
+using namespace ekka;
+using namespace llvm;
+
+namespace {
+
+class TraceTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-trace", Root));
+    Dir = (Root + "/trace").str();
+  }
+  void TearDown() override { sys::fs::remove_directories(Root); }
+
+  static std::string floats(std::initializer_list<float> V) {
+    return std::string(reinterpret_cast<const char *>(V.begin()), V.size() * sizeof(float));
+  }
+
+  /// A module call with one captured output and one op with stats only.
+  void writeSmallTrace(TraceWriter &W, float First) {
+    ModuleCallRecord Call;
+    Call.Id = W.nextModuleCallId();
+    Call.Seq = 0;
+    Call.Path = "model.layers.0.mlp";
+    Call.ClassName = "LlamaMLP";
+    Call.ClassQualname = "transformers.models.llama.modeling_llama.LlamaMLP";
+    W.addModuleCall(Call);
+    OpRecord Op;
+    Op.Id = W.nextOpId();
+    Op.ModuleCallId = Call.Id;
+    Op.Name = "aten::mm";
+    W.addOp(Op);
+    TensorRecord Out;
+    Out.Id = W.nextTensorId();
+    Out.Owner = TensorOwner::ModuleCall;
+    Out.OwnerId = Call.Id;
+    Out.Role = "output";
+    Out.Shape = {2, 2};
+    Out.Strides = {2, 1};
+    Out.Device = "cpu";
+    Out.Stats = TensorStats{First + 9, 0, First, 4, 0, 0};
+    W.addTensor(Out, floats({First, 2, 3, 4}));
+    TensorRecord OpOut = Out;
+    OpOut.Id = W.nextTensorId();
+    OpOut.Owner = TensorOwner::Op;
+    OpOut.OwnerId = Op.Id;
+    W.addTensor(OpOut);
+  }
+
+  SmallString<128> Root;
+  std::string Dir;
+};
+
+TEST_F(TraceTest, WriteThenRead) {
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W)) << toString(W.takeError());
+  (*W)->setMeta("framework", "hf");
+  writeSmallTrace(**W, 1);
+  ASSERT_FALSE(bool((*W)->close()));
+  TraceCounts C = (*W)->counts();
+  EXPECT_EQ(C.ModuleCalls, 1u);
+  EXPECT_EQ(C.Tensors, 2u);
+  EXPECT_EQ(C.CapturedTensors, 1u);
+  EXPECT_EQ(C.CapturedBytes, 16u);
+  EXPECT_EQ(C.Shards, 1u);
+
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  EXPECT_EQ((*R)->meta().at("framework"), "hf");
+  EXPECT_EQ((*R)->meta().at("format"), "ekka-trace 1.0");
+  auto Calls = (*R)->moduleCalls();
+  ASSERT_TRUE(Calls && Calls->size() == 1u);
+  EXPECT_EQ((*Calls)[0].Path, "model.layers.0.mlp");
+  EXPECT_FALSE((*Calls)[0].ParentId.has_value());
+  auto Tensors = (*R)->tensors();
+  ASSERT_TRUE(Tensors && Tensors->size() == 2u);
+  const TensorRecord &T = (*Tensors)[0];
+  EXPECT_EQ(T.Shard, "tensors-0000.safetensors");
+  ASSERT_TRUE(T.Stats.has_value());
+  EXPECT_DOUBLE_EQ(T.Stats->Sum, 10);
+  auto Bytes = (*R)->tensorBytes(T);
+  ASSERT_TRUE(bool(Bytes));
+  EXPECT_EQ(*Bytes, floats({1, 2, 3, 4}));
+  // Statistics only: no bytes, and asking for them says why.
+  EXPECT_TRUE((*Tensors)[1].Shard.empty());
+  auto None = (*R)->tensorBytes((*Tensors)[1]);
+  ASSERT_FALSE(bool(None));
+  EXPECT_NE(toString(None.takeError()).find("was not captured"), std::string::npos);
+}
+
+TEST_F(TraceTest, SmallShardsRollOver) {
+  TraceWriterOptions O;
+  O.ShardBytes = 8; // every capture fills a shard
+  auto W = TraceWriter::create(Dir, O);
+  ASSERT_TRUE(bool(W));
+  for (int I = 0; I < 3; ++I)
+    writeSmallTrace(**W, float(I));
+  ASSERT_FALSE(bool((*W)->close()));
+  EXPECT_GE((*W)->counts().Shards, 1u);
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R));
+  auto Tensors = (*R)->tensors();
+  ASSERT_TRUE(bool(Tensors));
+  unsigned Checked = 0;
+  for (const TensorRecord &T : *Tensors) {
+    if (T.Shard.empty())
+      continue;
+    auto Bytes = (*R)->tensorBytes(T);
+    ASSERT_TRUE(bool(Bytes)) << toString(Bytes.takeError());
+    EXPECT_EQ(*Bytes, floats({float(T.Stats->Min), 2, 3, 4}));
+    ++Checked;
+  }
+  EXPECT_EQ(Checked, 3u);
+}
+
+TEST_F(TraceTest, ExistingTraceNeedsForce) {
+  {
+    auto W = TraceWriter::create(Dir);
+    ASSERT_TRUE(bool(W));
+    writeSmallTrace(**W, 1);
+    ASSERT_FALSE(bool((*W)->close()));
+  }
+  auto Again = TraceWriter::create(Dir);
+  ASSERT_FALSE(bool(Again));
+  EXPECT_NE(toString(Again.takeError()).find("already holds a trace (use --force"),
+            std::string::npos);
+  TraceWriterOptions O;
+  O.Force = true;
+  auto Forced = TraceWriter::create(Dir, O);
+  ASSERT_TRUE(bool(Forced));
+  ASSERT_FALSE(bool((*Forced)->close()));
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R));
+  auto Calls = (*R)->moduleCalls();
+  ASSERT_TRUE(bool(Calls));
+  EXPECT_TRUE(Calls->empty()) << "--force replaces the old trace";
+}
+
+TEST_F(TraceTest, NewerMajorFormatIsRefused) {
+  {
+    auto W = TraceWriter::create(Dir);
+    ASSERT_TRUE(bool(W));
+    (*W)->setMeta("format", "ekka-trace 2.0");
+    ASSERT_FALSE(bool((*W)->close()));
+  }
+  auto R = TraceReader::open(Dir);
+  ASSERT_FALSE(bool(R));
+  EXPECT_NE(toString(R.takeError()).find("is a trace of format 2.0; this Ekka reads format 1.x"),
+            std::string::npos);
+}
+
+TEST_F(TraceTest, MultiRankDirectoriesOpenInRankOrder) {
+  for (int Rank : {0, 1}) {
+    auto W = TraceWriter::create(Dir + "/rank-" + std::to_string(Rank));
+    ASSERT_TRUE(bool(W));
+    (*W)->setMeta("rank", std::to_string(Rank));
+    ASSERT_FALSE(bool((*W)->close()));
+  }
+  auto Ranks = TraceReader::openRanks(Dir);
+  ASSERT_TRUE(bool(Ranks)) << toString(Ranks.takeError());
+  ASSERT_EQ(Ranks->size(), 2u);
+  EXPECT_EQ((*Ranks)[1]->meta().at("rank"), "1");
+}
+
+TEST_F(TraceTest, CorruptDatabaseIsAClearError) {
+  ASSERT_FALSE(sys::fs::create_directories(Dir));
+  {
+    std::error_code EC;
+    raw_fd_ostream OS(Dir + "/trace.db", EC);
+    OS << "this is not an SQLite database, but long enough to have a header";
+  }
+  auto R = TraceReader::open(Dir);
+  ASSERT_FALSE(bool(R));
+  EXPECT_NE(toString(R.takeError()).find("is not an Ekka trace (file is not a database)"),
+            std::string::npos);
+}
+
+TEST_F(TraceTest, AKilledWriterLeavesOnlyCompleteShards) {
+  // Simulate a writer that died after committing rows but before writing its
+  // last shard: captured rows are written only after their shard, so what
+  // the database says was captured is on disk.
+  TraceWriterOptions O;
+  O.ShardBytes = 1 << 20;
+  auto W = TraceWriter::create(Dir, O);
+  ASSERT_TRUE(bool(W));
+  writeSmallTrace(**W, 1);
+  // Rows without data are committed by the background thread in batches;
+  // wait until the call row is visible, then look without closing.
+  auto Db = SQLiteDatabase::open(Dir + "/trace.db", SQLiteDatabase::Mode::ReadOnly);
+  ASSERT_TRUE(bool(Db));
+  int64_t Calls = 0, Captured = 0;
+  for (int Try = 0; Try < 200 && Calls == 0; ++Try) {
+    auto S = (*Db)->prepare("SELECT (SELECT count(*) FROM module_calls), "
+                            "(SELECT count(*) FROM tensors WHERE shard IS NOT NULL)");
+    ASSERT_TRUE(bool(S));
+    ASSERT_TRUE(S->step() && true);
+    Calls = S->columnInt(0);
+    Captured = S->columnInt(1);
+    if (Calls == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Calls, 1);
+  EXPECT_EQ(Captured, 0) << "no captured row before its shard is on disk";
+  ASSERT_FALSE(bool((*W)->close()));
+}
+
+} // namespace
