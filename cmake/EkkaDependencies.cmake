@@ -20,15 +20,27 @@ find_package(Clang REQUIRED CONFIG
   PATHS ${EKKA_LLVM_ROOT}/lib/cmake/clang NO_DEFAULT_PATH)
 message(STATUS "Ekka: LLVM ${LLVM_PACKAGE_VERSION} in ${LLVM_INSTALL_PREFIX}")
 
+# Headers only: what Support and Trace compile against. Who links which LLVM
+# is decided at the final link: tools take the shared libLLVM that
+# libclang-cpp needs anyway; the runtime, which lives inside somebody else's
+# Python process next to Triton's own LLVM, takes the static LLVMSupport with
+# its symbols hidden (Ekka::LLVMSupportStatic).
+add_library(Ekka::LLVMHeaders INTERFACE IMPORTED)
+target_include_directories(Ekka::LLVMHeaders SYSTEM INTERFACE ${LLVM_INCLUDE_DIRS})
+target_compile_definitions(Ekka::LLVMHeaders INTERFACE ${LLVM_DEFINITIONS_LIST})
+
 add_library(Ekka::LLVM INTERFACE IMPORTED)
-target_include_directories(Ekka::LLVM SYSTEM INTERFACE ${LLVM_INCLUDE_DIRS})
-target_compile_definitions(Ekka::LLVM INTERFACE ${LLVM_DEFINITIONS_LIST})
 if(TARGET LLVM)
-  target_link_libraries(Ekka::LLVM INTERFACE LLVM)
+  target_link_libraries(Ekka::LLVM INTERFACE Ekka::LLVMHeaders LLVM)
 else()
   llvm_map_components_to_libnames(ekka_llvm_libs support demangle option)
-  target_link_libraries(Ekka::LLVM INTERFACE ${ekka_llvm_libs})
+  target_link_libraries(Ekka::LLVM INTERFACE Ekka::LLVMHeaders ${ekka_llvm_libs})
 endif()
+
+add_library(Ekka::LLVMSupportStatic INTERFACE IMPORTED)
+target_link_libraries(Ekka::LLVMSupportStatic INTERFACE Ekka::LLVMHeaders
+  ${LLVM_LIBRARY_DIR}/libLLVMSupport.a ${LLVM_LIBRARY_DIR}/libLLVMDemangle.a)
+target_link_options(Ekka::LLVMSupportStatic INTERFACE "-Wl,--exclude-libs,ALL")
 
 add_library(Ekka::ClangTooling INTERFACE IMPORTED)
 target_include_directories(Ekka::ClangTooling SYSTEM INTERFACE ${CLANG_INCLUDE_DIRS})

@@ -1,0 +1,52 @@
+//===- TraceSession.h - The recorder inside a traced process ---*- C++ -*-===//
+//
+// One per traced process: the open module calls (fed by the Python shim's
+// global hooks), a RecordFunction observer that records every ATen/custom op
+// under the module call that is open when it runs, and the capture policy.
+// Everything is handed to a TraceWriter, whose thread does the I/O. Nothing
+// here throws into PyTorch: errors end tracing and are reported at stop().
+//
+//===----------------------------------------------------------------------===//
+#ifndef EKKA_RUNTIME_TRACESESSION_H
+#define EKKA_RUNTIME_TRACESESSION_H
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace ekka {
+
+/// What to record and capture. Parsed from EKKA_TRACE_OPTIONS (key=value
+/// pairs separated by ';'), which ekka-trace sets from its flags.
+struct CaptureOptions {
+  bool CaptureModules = true;       ///< Module outputs (and the root's inputs).
+  std::optional<std::regex> ModuleFilter; ///< Only module paths matching.
+  std::optional<std::regex> OpFilter;     ///< Capture outputs of ops matching.
+  bool OpStats = false;              ///< Statistics of every op's tensors.
+  int64_t MaxSteps = -1;             ///< Capture only the first N steps.
+  uint64_t ByteBudget = 0;           ///< Stop capturing past this many bytes (0: none).
+  std::string Framework;             ///< A label: "hf", "vllm", "zoo" ...
+
+  static CaptureOptions parse(const std::string &Text, std::string &Error);
+};
+
+/// Starts tracing into \p Dir. Returns an error message, or empty.
+std::string startTrace(const std::string &Dir, const std::string &Options,
+                       const std::string &CommandLine);
+/// Opens a module call; returns its id (0 when not tracing).
+int64_t enterModule(const std::string &Path, const std::string &ClassName,
+                    const std::string &ClassQualname, const std::string &SourceFile,
+                    int64_t SourceLine, bool IsRoot, const std::vector<at::Tensor> &Inputs);
+/// Closes module call \p Id with its outputs.
+void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs);
+/// Flushes and closes the trace; returns a one-line summary or an error
+/// message starting with "error: ".
+std::string stopTrace();
+
+} // namespace ekka
+
+#endif

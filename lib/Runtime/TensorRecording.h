@@ -1,0 +1,26 @@
+//===- TensorRecording.h - From at::Tensor to a trace record ---*- C++ -*-===//
+#ifndef EKKA_LIB_RUNTIME_TENSORRECORDING_H
+#define EKKA_LIB_RUNTIME_TENSORRECORDING_H
+
+#include "ekka/Trace/TraceFormat.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+
+namespace ekka {
+
+/// The trace dtype of a tensor, if the trace can hold it.
+std::optional<DType> traceDType(const at::Tensor &T);
+/// Shape, strides, dtype and device of \p T into \p R.
+bool describeTensor(const at::Tensor &T, TensorRecord &R);
+/// Sum, sum of squares, min, max (in double precision) and NaN/Inf counts.
+TensorStats tensorStats(const at::Tensor &T);
+/// A contiguous CPU copy of \p T's bytes: what it holds now, even if an op
+/// later changes it in place.
+std::string tensorBytes(const at::Tensor &T);
+
+} // namespace ekka
+
+#endif

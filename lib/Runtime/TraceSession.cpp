@@ -1,0 +1,286 @@
+//===- TraceSession.cpp - The recorder inside a traced process ------------===//
+#include "ekka/Runtime/TraceSession.h"
+#include "TensorRecording.h"
+#include "ekka/Trace/TraceWriter.h"
+
+#include <ATen/record_function.h>
+#include <ATen/core/function_schema.h>
+
+#include <atomic>
+#include <mutex>
+#include <sstream>
+#include <unistd.h>
+
+namespace ekka {
+
+CaptureOptions CaptureOptions::parse(const std::string &Text, std::string &Error) {
+  CaptureOptions O;
+  std::stringstream In(Text);
+  std::string Item;
+  while (std::getline(In, Item, ';')) {
+    if (Item.empty())
+      continue;
+    size_t Eq = Item.find('=');
+    std::string Key = Item.substr(0, Eq);
+    std::string Value = Eq == std::string::npos ? "" : Item.substr(Eq + 1);
+    try {
+      if (Key == "capture")
+        O.CaptureModules = Value != "none";
+      else if (Key == "modules")
+        O.ModuleFilter.emplace(Value);
+      else if (Key == "ops")
+        O.OpFilter.emplace(Value);
+      else if (Key == "op_stats")
+        O.OpStats = Value == "1";
+      else if (Key == "steps")
+        O.MaxSteps = std::stoll(Value);
+      else if (Key == "budget")
+        O.ByteBudget = std::stoull(Value);
+      else if (Key == "framework")
+        O.Framework = Value;
+      else
+        Error = "unknown trace option '" + Key + "'";
+    } catch (const std::exception &E) {
+      Error = "bad value for trace option '" + Key + "': " + E.what();
+    }
+  }
+  return O;
+}
+
+namespace {
+
+struct OpenCall {
+  int64_t Id;
+};
+
+/// The process-wide state. Hot paths take no lock but the writer's queue.
+struct Session {
+  std::unique_ptr<TraceWriter> Writer;
+  CaptureOptions Options;
+  std::string OptionsText;
+  std::atomic<int64_t> CallSeq{0}, OpSeq{0};
+  std::atomic<int64_t> Step{0};
+  std::atomic<uint64_t> CapturedBytes{0};
+  std::atomic<int64_t> LastOpenCall{0}; ///< For ops on threads without hooks.
+  std::optional<at::CallbackHandle> Observer;
+  std::string Error;
+};
+
+std::mutex SessionMutex;
+Session *Current = nullptr;
+
+thread_local std::vector<OpenCall> CallStack;
+thread_local bool InsideEkka = false;
+
+int64_t openCall() {
+  if (!CallStack.empty())
+    return CallStack.back().Id;
+  return Current ? Current->LastOpenCall.load() : 0;
+}
+
+bool withinCaptureBudget(Session &S, uint64_t Bytes) {
+  if (S.Options.ByteBudget && S.CapturedBytes + Bytes > S.Options.ByteBudget)
+    return false;
+  S.CapturedBytes += Bytes;
+  return true;
+}
+
+bool stepCaptured(Session &S) {
+  return S.Options.MaxSteps < 0 || S.Step.load() <= S.Options.MaxSteps;
+}
+
+void recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t OwnerId,
+                  const char *Role, int64_t Index, bool Stats, bool Capture) {
+  if (!T.defined())
+    return;
+  TensorRecord R;
+  if (!describeTensor(T, R))
+    return;
+  R.Id = S.Writer->nextTensorId();
+  R.Owner = Owner;
+  R.OwnerId = OwnerId;
+  R.Role = Role;
+  R.Index = Index;
+  if (Stats)
+    R.Stats = tensorStats(T);
+  std::optional<std::string> Data;
+  if (Capture && withinCaptureBudget(S, uint64_t(T.numel()) * T.element_size()))
+    Data = tensorBytes(T);
+  S.Writer->addTensor(std::move(R), std::move(Data));
+}
+
+struct OpContext : at::ObserverContext {
+  int64_t OpId = 0;
+};
+
+std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction &Fn) {
+  Session *S = Current;
+  if (!S || InsideEkka)
+    return nullptr;
+  std::string_view Name = Fn.name();
+  if (Name.substr(0, 6) == "ekka::")
+    return nullptr;
+  auto Ctx = std::make_unique<OpContext>();
+  OpRecord R;
+  R.Id = Ctx->OpId = S->Writer->nextOpId();
+  if (int64_t Call = openCall())
+    R.ModuleCallId = Call;
+  R.Seq = S->OpSeq++;
+  R.Name = std::string(Name);
+  if (auto Schema = Fn.operator_schema()) {
+    std::ostringstream OS;
+    OS << *Schema;
+    R.Schema = OS.str();
+  }
+  S->Writer->addOp(std::move(R));
+  return Ctx;
+}
+
+void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
+  Session *S = Current;
+  if (!S || !Raw || InsideEkka)
+    return;
+  InsideEkka = true;
+  auto *Ctx = static_cast<OpContext *>(Raw);
+  bool Capture = S->Options.OpFilter && stepCaptured(*S) &&
+                 std::regex_search(std::string(Fn.name()), *S->Options.OpFilter);
+  bool Stats = S->Options.OpStats || Capture;
+  int64_t Index = 0;
+  for (const c10::IValue &V : Fn.outputs()) {
+    if (V.isTensor())
+      recordTensor(*S, V.toTensor(), TensorOwner::Op, Ctx->OpId, "output", Index++, Stats,
+                   Capture);
+    else if (V.isTensorList())
+      for (const at::Tensor &T : V.toTensorList().vec())
+        recordTensor(*S, T, TensorOwner::Op, Ctx->OpId, "output", Index++, Stats, Capture);
+  }
+  // Arguments the schema marks as written (`Tensor(a!)`): what the op did
+  // to them in place, as vLLM's fused kernels do.
+  if (auto Schema = Fn.operator_schema()) {
+    auto Inputs = Fn.inputs();
+    const auto &Args = Schema->arguments();
+    int64_t Mutated = 0;
+    for (size_t I = 0; I < Args.size() && I < Inputs.size(); ++I) {
+      const c10::AliasInfo *Alias = Args[I].alias_info();
+      if (Alias && Alias->isWrite() && Inputs[I].isTensor())
+        recordTensor(*S, Inputs[I].toTensor(), TensorOwner::Op, Ctx->OpId, "mutated",
+                     Mutated++, Stats, Capture);
+    }
+  }
+  InsideEkka = false;
+}
+
+} // namespace
+
+std::string startTrace(const std::string &Dir, const std::string &OptionsText,
+                       const std::string &CommandLine) {
+  std::lock_guard<std::mutex> Lock(SessionMutex);
+  if (Current)
+    return "";
+  std::string Error;
+  CaptureOptions Options = CaptureOptions::parse(OptionsText, Error);
+  if (!Error.empty())
+    return Error;
+  auto Writer = TraceWriter::create(Dir);
+  if (!Writer)
+    return llvm::toString(Writer.takeError());
+  auto *S = new Session();
+  S->Writer = std::move(*Writer);
+  S->Options = std::move(Options);
+  S->OptionsText = OptionsText;
+  TraceWriter &W = *S->Writer;
+  W.setMeta("tool_version", "0.1.0");
+  W.setMeta("command_line", CommandLine);
+  W.setMeta("framework", S->Options.Framework);
+  W.setMeta("capture", OptionsText.empty() ? "default" : OptionsText);
+  W.setMeta("pid", std::to_string(::getpid()));
+  const char *Rank = std::getenv("RANK");
+  const char *World = std::getenv("WORLD_SIZE");
+  W.setMeta("rank", Rank ? Rank : "0");
+  W.setMeta("world_size", World ? World : "1");
+  // GPU kernels come from CUPTI, which this runtime does not drive yet.
+  W.setMeta("gpu_kernels", "not traced: kernel tracing through CUPTI is not built into this runtime");
+  Current = S;
+  S->Observer = at::addGlobalCallback(
+      at::RecordFunctionCallback(onOpStart, onOpEnd)
+          .needsInputs(true)
+          .needsOutputs(true)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
+  return "";
+}
+
+int64_t enterModule(const std::string &Path, const std::string &ClassName,
+                    const std::string &ClassQualname, const std::string &SourceFile,
+                    int64_t SourceLine, bool IsRoot, const std::vector<at::Tensor> &Inputs) {
+  Session *S = Current;
+  if (!S)
+    return 0;
+  InsideEkka = true;
+  if (IsRoot)
+    ++S->Step;
+  ModuleCallRecord R;
+  R.Id = S->Writer->nextModuleCallId();
+  if (!CallStack.empty())
+    R.ParentId = CallStack.back().Id;
+  R.Seq = S->CallSeq++;
+  R.Step = S->Step.load();
+  R.Path = Path;
+  R.ClassName = ClassName;
+  R.ClassQualname = ClassQualname;
+  R.SourceFile = SourceFile;
+  R.SourceLine = SourceLine;
+  S->Writer->addModuleCall(R);
+  // The root's inputs are what both programs were fed: the first thing a
+  // diagnosis compares.
+  if (IsRoot) {
+    bool Capture = S->Options.CaptureModules && stepCaptured(*S);
+    for (size_t I = 0; I < Inputs.size(); ++I)
+      recordTensor(*S, Inputs[I], TensorOwner::ModuleCall, R.Id, "input", int64_t(I),
+                   /*Stats=*/true, Capture);
+  }
+  CallStack.push_back({R.Id});
+  S->LastOpenCall = R.Id;
+  InsideEkka = false;
+  return R.Id;
+}
+
+void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs) {
+  Session *S = Current;
+  if (!S || Id == 0)
+    return;
+  InsideEkka = true;
+  // Calls that raised never reached their exit; close them with this one.
+  while (!CallStack.empty() && CallStack.back().Id != Id)
+    CallStack.pop_back();
+  if (!CallStack.empty())
+    CallStack.pop_back();
+  S->LastOpenCall = CallStack.empty() ? 0 : CallStack.back().Id;
+  bool Capture = S->Options.CaptureModules && stepCaptured(*S);
+  for (size_t I = 0; I < Outputs.size(); ++I)
+    recordTensor(*S, Outputs[I], TensorOwner::ModuleCall, Id, "output", int64_t(I),
+                 /*Stats=*/true, Capture);
+  InsideEkka = false;
+}
+
+std::string stopTrace() {
+  std::lock_guard<std::mutex> Lock(SessionMutex);
+  Session *S = Current;
+  if (!S)
+    return "";
+  if (S->Observer)
+    at::removeCallback(*S->Observer);
+  Current = nullptr;
+  llvm::Error E = S->Writer->close();
+  TraceCounts C = S->Writer->counts();
+  std::string Result;
+  if (E)
+    Result = "error: " + llvm::toString(std::move(E));
+  else
+    Result = std::to_string(C.ModuleCalls) + " module calls, " + std::to_string(C.Ops) +
+             " ops, " + std::to_string(C.Kernels) + " kernels, " + std::to_string(C.Tensors) +
+             " tensors, " + std::to_string(C.CapturedBytes) + " bytes captured";
+  delete S;
+  return Result;
+}
+
+} // namespace ekka

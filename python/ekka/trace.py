@@ -1,0 +1,138 @@
+"""The tracing shim: global module hooks that feed Ekka's C++ runtime.
+
+Installed in every Python process that ``ekka-trace`` starts (through
+``sitecustomize``); tracing begins at the first ``nn.Module`` call, so helper
+processes that never run a model leave nothing behind. The logic lives in
+C++ (``libekka_runtime.so``, loaded as PyTorch custom ops); this file only
+observes module calls and hands them over.
+
+Known gap: a module whose ``forward`` is called directly (``m.forward(x)``
+instead of ``m(x)``) bypasses PyTorch's hooks, so it is not a module call of
+its own; its ops are attributed to the enclosing module call.
+"""
+import atexit
+import inspect
+import os
+import sys
+
+import torch
+from torch.nn.modules.module import (register_module_forward_hook,
+                                     register_module_forward_pre_hook)
+from torch.utils import _pytree
+
+_state = None
+
+
+class _State:
+    def __init__(self, trace_dir, options):
+        self.trace_dir = trace_dir
+        self.options = options
+        self.started = False
+        self.stack = []          # (module, call id)
+        self.names = {}          # id(module) -> path, for the current root
+        self.sources = {}        # class -> (qualname, file, line)
+
+
+def _tensors(value):
+    leaves, _ = _pytree.tree_flatten(value)
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif hasattr(leaf, "to_tuple"):  # transformers' ModelOutput
+            out.extend(t for t in leaf.to_tuple() if isinstance(t, torch.Tensor))
+    return out
+
+
+def _class_source(state, cls):
+    cached = state.sources.get(cls)
+    if cached is None:
+        qualname = f"{cls.__module__}.{cls.__qualname__}"
+        try:
+            file = inspect.getsourcefile(cls) or ""
+            line = inspect.getsourcelines(cls)[1]
+        except (OSError, TypeError):
+            file, line = "", 0
+        cached = state.sources[cls] = (qualname, file, line)
+    return cached
+
+
+def _trace_dir(base):
+    """Where this process writes: rank-N/ for ranks of a distributed run."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1:
+        return os.path.join(base, f"rank-{os.environ.get('RANK', '0')}")
+    return base
+
+
+def _start(state):
+    state.started = True
+    error = torch.ops.ekka.start(_trace_dir(state.trace_dir), state.options,
+                                 os.environ.get("EKKA_COMMAND_LINE", " ".join(sys.argv)))
+    if error:
+        # Another process of this program already writes here (a subprocess
+        # that runs a model too): give it a directory of its own.
+        if "already holds a trace" in error:
+            alt = os.path.join(state.trace_dir, f"process-{os.getpid()}")
+            error = torch.ops.ekka.start(alt, state.options, " ".join(sys.argv))
+        if error:
+            print(f"ekka-trace: error: {error}", file=sys.stderr)
+            return False
+    atexit.register(_stop)
+    return True
+
+
+def _pre_hook(module, args):
+    state = _state
+    if not state.started and not _start(state):
+        return
+    is_root = not state.stack
+    if is_root:
+        state.names = {id(m): name for name, m in module.named_modules(remove_duplicate=False)}
+    path = state.names.get(id(module))
+    if path is None:
+        # A module outside the root's tree (created on the fly): named under
+        # its caller.
+        parent = state.names.get(id(state.stack[-1][0]), "") if state.stack else ""
+        path = f"{parent}.<{type(module).__name__}>" if parent else type(module).__name__
+    qualname, file, line = _class_source(state, type(module))
+    inputs = _tensors(args) if is_root else []
+    call_id = torch.ops.ekka.enter(path, type(module).__name__, qualname, file, line,
+                                   is_root, inputs)
+    state.stack.append((module, call_id))
+
+
+def _post_hook(module, args, output):
+    state = _state
+    if not state.stack:
+        return
+    # Unwind to this module: a call that raised left without its exit.
+    while state.stack and state.stack[-1][0] is not module:
+        state.stack.pop()
+    if not state.stack:
+        return
+    _, call_id = state.stack.pop()
+    torch.ops.ekka.exit(call_id, _tensors(output))
+
+
+def _stop():
+    summary = torch.ops.ekka.stop()
+    if summary.startswith("error: "):
+        print(f"ekka-trace: {summary}", file=sys.stderr)
+
+
+def install(trace_dir, options="", runtime_library=None):
+    """Starts observing every nn.Module call of this process."""
+    global _state
+    if _state is not None:
+        return
+    torch.ops.load_library(runtime_library or os.environ["EKKA_RUNTIME_LIB"])
+    _state = _State(trace_dir, options)
+    register_module_forward_pre_hook(_pre_hook)
+    register_module_forward_hook(_post_hook, always_call=True)
+
+
+def install_from_environment():
+    trace_dir = os.environ.get("EKKA_TRACE_DIR")
+    if trace_dir:
+        install(trace_dir, os.environ.get("EKKA_TRACE_OPTIONS", ""))

@@ -1,0 +1,18 @@
+"""A tiny HuggingFace Llama with seeded random weights: runs one forward and
+saves the logits it computed itself, for comparison with the trace."""
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+torch.manual_seed(0)
+config = transformers.LlamaConfig(
+    vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+model = transformers.LlamaForCausalLM(config).eval()
+ids = torch.arange(1, 9).unsqueeze(0)
+with torch.no_grad():
+    logits = model(ids).logits
+save_file({"logits": logits.contiguous()}, sys.argv[1])
+print("logits", tuple(logits.shape))

@@ -1,0 +1,364 @@
+//===- ekka-trace.cpp - Record what a PyTorch program computed ------------===//
+//
+//   ekka-trace -o DIR [options] -- CMD ARGS...   run CMD with tracing on
+//   ekka-trace show DIR                          print a trace readably
+//
+// A thin driver: it prepares the environment that makes every Python process
+// of CMD load the shim and the runtime, runs CMD, returns CMD's own exit code
+// and prints a one-line summary read back from the trace.
+//
+//===----------------------------------------------------------------------===//
+#include "ekka/Config.h"
+#include "ekka/Support/Error.h"
+#include "ekka/Trace/TraceReader.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <regex>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace llvm;
+using namespace ekka;
+
+extern char **environ;
+
+namespace {
+
+constexpr const char *Tool = "ekka-trace";
+
+cl::OptionCategory TraceCategory("ekka-trace options");
+cl::SubCommand ShowCmd("show", "Print a trace's metadata and call sequence.\n"
+                               "  ekka-trace show DIR");
+
+cl::opt<std::string> OutputDir("o", cl::value_desc("DIR"),
+                               cl::desc("The trace directory to write"), cl::cat(TraceCategory));
+cl::opt<bool> Force("force", cl::desc("Replace a trace already in DIR"), cl::cat(TraceCategory));
+cl::opt<std::string> Capture(
+    "capture", cl::init("modules"), cl::value_desc("modules|none"),
+    cl::desc("Capture every module call's outputs and the root's inputs (default), "
+             "or nothing (statistics and metadata only)"),
+    cl::cat(TraceCategory));
+cl::opt<std::string> CaptureModules("capture-modules", cl::value_desc("REGEX"),
+                                    cl::desc("Capture only modules whose path matches"),
+                                    cl::cat(TraceCategory));
+cl::opt<std::string> CaptureOps("capture-ops", cl::value_desc("REGEX"),
+                                cl::desc("Also capture the outputs of ops whose name matches "
+                                         "(e.g. 'zoo::|aten::mm')"),
+                                cl::cat(TraceCategory));
+cl::opt<bool> OpStats("op-stats", cl::desc("Statistics for every op's tensors, not only modules'"),
+                      cl::cat(TraceCategory));
+cl::opt<int> Steps("steps", cl::init(-1), cl::value_desc("N"),
+                   cl::desc("Capture only the first N forward passes of the root (default: all)"),
+                   cl::cat(TraceCategory));
+cl::opt<unsigned> BudgetMiB("budget", cl::init(0), cl::value_desc("MiB"),
+                            cl::desc("Stop capturing after this many MiB (default 0: no limit)"),
+                            cl::cat(TraceCategory));
+cl::opt<std::string> Framework("framework", cl::value_desc("LABEL"),
+                               cl::desc("A label stored in the trace: hf, vllm, sglang, ..."),
+                               cl::cat(TraceCategory));
+
+cl::list<std::string> ShowArgs(cl::Positional, cl::sub(ShowCmd), cl::desc("DIR"),
+                               cl::cat(TraceCategory));
+cl::opt<unsigned> ShowLimit("limit", cl::sub(ShowCmd), cl::init(200),
+                            cl::desc("Print at most this many module calls (default 200)"),
+                            cl::cat(TraceCategory));
+
+/// Where the shim and the runtime are: beside this executable in a build
+/// tree (bin/ -> lib/), the Python package in the source tree.
+struct Resources {
+  std::string RuntimeLibrary, PythonDir, BootstrapDir;
+};
+
+Resources findResources(const char *Argv0) {
+  std::string Exe = sys::fs::getMainExecutable(Argv0, (void *)&findResources);
+  SmallString<256> Lib(sys::path::parent_path(sys::path::parent_path(Exe)));
+  sys::path::append(Lib, "lib", "libekka_runtime.so");
+  Resources R;
+  R.RuntimeLibrary = std::string(Lib);
+  if (const char *Env = std::getenv("EKKA_RUNTIME_LIB"))
+    R.RuntimeLibrary = Env;
+  R.PythonDir = EKKA_PYTHON_SOURCE_DIR;
+  R.BootstrapDir = R.PythonDir + "/ekka/_bootstrap";
+  return R;
+}
+
+std::string captureOptions() {
+  std::string O;
+  auto Add = [&](StringRef K, StringRef V) { O += (K + "=" + V + ";").str(); };
+  if (Capture == "none")
+    Add("capture", "none");
+  if (!CaptureModules.empty())
+    Add("modules", CaptureModules);
+  if (!CaptureOps.empty())
+    Add("ops", CaptureOps);
+  if (OpStats)
+    Add("op_stats", "1");
+  if (Steps >= 0)
+    Add("steps", std::to_string(Steps));
+  if (BudgetMiB)
+    Add("budget", std::to_string(uint64_t(BudgetMiB) << 20));
+  if (!Framework.empty())
+    Add("framework", Framework);
+  return O;
+}
+
+/// Removes a previous trace in Dir (trace.db, shards, rank-N/), nothing else.
+void removeTrace(StringRef Dir) {
+  std::error_code EC;
+  for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC)) {
+    StringRef Name = sys::path::filename(It->path());
+    if (Name.starts_with("trace.db") ||
+        (Name.starts_with("tensors-") && Name.contains(".safetensors")))
+      sys::fs::remove(It->path());
+    else if ((Name.starts_with("rank-") || Name.starts_with("process-")) &&
+             sys::fs::is_directory(It->path()))
+      sys::fs::remove_directories(It->path());
+  }
+}
+
+bool holdsTrace(StringRef Dir) {
+  return sys::fs::exists(Dir + "/trace.db") || sys::fs::exists(Dir + "/rank-0/trace.db");
+}
+
+/// Runs Command with Env added; returns its exit code, 128+N for signal N.
+int runProgram(const std::vector<std::string> &Command,
+               const std::map<std::string, std::string> &Env) {
+  std::vector<std::string> EnvStrings;
+  for (char **E = environ; *E; ++E) {
+    StringRef Entry(*E);
+    if (!Env.count(Entry.split('=').first.str()))
+      EnvStrings.push_back(Entry.str());
+  }
+  for (const auto &[K, V] : Env)
+    EnvStrings.push_back(K + "=" + V);
+  std::vector<char *> Argv, Envp;
+  for (const std::string &A : Command)
+    Argv.push_back(const_cast<char *>(A.c_str()));
+  Argv.push_back(nullptr);
+  for (const std::string &E : EnvStrings)
+    Envp.push_back(const_cast<char *>(E.c_str()));
+  Envp.push_back(nullptr);
+  // PATH lookup as a shell would do.
+  std::string Program = Command[0];
+  if (Program.find('/') == std::string::npos) {
+    auto Found = sys::findProgramByName(Program);
+    if (!Found)
+      exitWithError(Tool, makeError("cannot run '" + Program + "': not found on PATH"));
+    Program = *Found;
+  }
+  pid_t Pid = fork();
+  if (Pid < 0)
+    exitWithError(Tool, makeError("cannot start '" + Command[0] + "'"));
+  if (Pid == 0) {
+    execve(Program.c_str(), Argv.data(), Envp.data());
+    errs() << Tool << ": error: cannot run '" << Command[0] << "'\n";
+    _exit(127);
+  }
+  int Status = 0;
+  while (waitpid(Pid, &Status, 0) < 0) {
+  }
+  if (WIFEXITED(Status))
+    return WEXITSTATUS(Status);
+  if (WIFSIGNALED(Status))
+    return 128 + WTERMSIG(Status);
+  return 1;
+}
+
+std::string humanBytes(uint64_t B) {
+  std::string S;
+  raw_string_ostream OS(S);
+  if (B >= (1ull << 30))
+    OS << format("%.1f GiB", double(B) / (1ull << 30));
+  else if (B >= (1ull << 20))
+    OS << format("%.1f MiB", double(B) / (1ull << 20));
+  else if (B >= 1024)
+    OS << format("%.1f KiB", double(B) / 1024);
+  else
+    OS << B << " B";
+  return S;
+}
+
+/// The one-line summary, read back from the trace the program left.
+void printSummary(StringRef Dir, double Seconds) {
+  auto Ranks = TraceReader::openRanks(Dir);
+  if (!Ranks) {
+    consumeError(Ranks.takeError());
+    errs() << Tool << ": the program ran no torch.nn.Module: nothing was traced\n";
+    return;
+  }
+  uint64_t Calls = 0, Ops = 0, Kernels = 0, Tensors = 0, Captured = 0;
+  for (auto &R : *Ranks) {
+    auto C = R->moduleCalls();
+    auto O = R->ops();
+    auto K = R->kernels();
+    auto T = R->tensors();
+    if (!C || !O || !K || !T) {
+      consumeError(C.takeError());
+      consumeError(O.takeError());
+      consumeError(K.takeError());
+      consumeError(T.takeError());
+      errs() << Tool << ": warning: could not read back '" << R->directory() << "'\n";
+      continue;
+    }
+    Calls += C->size();
+    Ops += O->size();
+    Kernels += K->size();
+    Tensors += T->size();
+    for (const TensorRecord &X : *T)
+      if (!X.Shard.empty()) {
+        uint64_t N = dtypeSize(X.Type);
+        for (int64_t D : X.Shape)
+          N *= uint64_t(D);
+        Captured += N;
+      }
+  }
+  errs() << Tool << ": " << Calls << " module calls, " << Ops << " ops, " << Kernels
+         << " kernels, " << Tensors << " tensors, " << humanBytes(Captured) << " captured"
+         << (Ranks->size() > 1 ? ", " + std::to_string(Ranks->size()) + " ranks" : "")
+         << format(", %.1f s", Seconds) << "; trace in " << Dir << "\n";
+}
+
+int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
+  if (OutputDir.empty())
+    exitWithError(Tool, makeError("missing -o DIR, the trace directory (see ekka-trace --help)"));
+  if (Command.empty())
+    exitWithError(Tool, makeError("missing the program to trace: ekka-trace -o DIR -- CMD ARGS..."));
+  if (Capture != "modules" && Capture != "none")
+    exitWithError(Tool, makeError("--capture: expected modules or none, got '" + Capture + "'"));
+  for (const std::string *Re : {&CaptureModules.getValue(), &CaptureOps.getValue()})
+    if (!Re->empty()) {
+      // The runtime matches with std::regex (ECMAScript); check the same way.
+      try {
+        std::regex Check(*Re);
+      } catch (const std::regex_error &E) {
+        exitWithError(Tool, makeError("bad regular expression '" + *Re + "': " + E.what()));
+      }
+    }
+  SmallString<256> Dir(OutputDir.getValue());
+  sys::fs::make_absolute(Dir);
+  if (holdsTrace(Dir)) {
+    if (!Force)
+      exitWithError(Tool, makeError("'" + OutputDir + "' already holds a trace (use --force to replace it)"));
+    removeTrace(Dir);
+  }
+  if (std::error_code EC = sys::fs::create_directories(Dir))
+    exitWithError(Tool, makeError("cannot create '" + OutputDir + "': " + EC.message()));
+  Resources R = findResources(Argv0);
+  if (!sys::fs::exists(R.RuntimeLibrary))
+    exitWithError(Tool, makeError("the runtime library is missing: " + R.RuntimeLibrary));
+
+  std::string CommandLine;
+  for (const std::string &A : Command)
+    CommandLine += (CommandLine.empty() ? "" : " ") + A;
+  std::string PythonPath = R.BootstrapDir + ":" + R.PythonDir;
+  if (const char *Old = std::getenv("PYTHONPATH"); Old && *Old)
+    PythonPath += std::string(":") + Old;
+  std::map<std::string, std::string> Env = {
+      {"EKKA_TRACE_DIR", std::string(Dir)},
+      {"EKKA_TRACE_OPTIONS", captureOptions()},
+      {"EKKA_RUNTIME_LIB", R.RuntimeLibrary},
+      {"EKKA_COMMAND_LINE", CommandLine},
+      {"PYTHONPATH", PythonPath},
+  };
+  auto Start = std::chrono::steady_clock::now();
+  int Code = runProgram(Command, Env);
+  double Seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - Start).count();
+  printSummary(Dir, Seconds);
+  return Code;
+}
+
+int runShow() {
+  if (ShowArgs.size() != 1)
+    exitWithError(Tool, makeError("show takes one trace DIR"));
+  auto Ranks = unwrapOrExit(Tool, TraceReader::openRanks(ShowArgs[0]));
+  for (auto &R : Ranks) {
+    outs() << "trace " << R->directory() << "\n";
+    for (const auto &[K, V] : R->meta())
+      outs() << "  " << K << ": " << V << "\n";
+    auto Calls = unwrapOrExit(Tool, R->moduleCalls());
+    auto Ops = unwrapOrExit(Tool, R->ops());
+    auto Tensors = unwrapOrExit(Tool, R->tensors());
+    std::map<int64_t, unsigned> OpsPerCall, CapturedPerCall;
+    for (const OpRecord &O : Ops)
+      if (O.ModuleCallId)
+        ++OpsPerCall[*O.ModuleCallId];
+    for (const TensorRecord &T : Tensors)
+      if (T.Owner == TensorOwner::ModuleCall && !T.Shard.empty())
+        ++CapturedPerCall[T.OwnerId];
+    std::map<int64_t, unsigned> Depth;
+    outs() << "  " << Calls.size() << " module calls, " << Ops.size() << " ops, "
+           << Tensors.size() << " tensors\n";
+    unsigned Printed = 0;
+    for (const ModuleCallRecord &C : Calls) {
+      unsigned D = C.ParentId ? Depth[*C.ParentId] + 1 : 0;
+      Depth[C.Id] = D;
+      if (Printed++ == ShowLimit) {
+        outs() << "  ... (" << Calls.size() - ShowLimit << " more; --limit to see them)\n";
+        break;
+      }
+      outs() << format("  %5lld step %lld  ", (long long)C.Seq, (long long)C.Step);
+      outs().indent(2 * D) << (C.Path.empty() ? "(root)" : C.Path) << "  " << C.ClassName
+                           << "  " << OpsPerCall[C.Id] << " ops";
+      if (unsigned N = CapturedPerCall[C.Id])
+        outs() << ", " << N << " captured";
+      if (!C.SourceFile.empty())
+        outs() << "  " << C.SourceFile << ":" << C.SourceLine;
+      outs() << "\n";
+    }
+  }
+  return ExitSuccess;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  // Everything after `--` is the program to run, untouched by option parsing.
+  std::vector<const char *> Ours;
+  std::vector<std::string> Command;
+  bool AfterDashes = false;
+  for (int I = 0; I < argc; ++I) {
+    if (AfterDashes)
+      Command.push_back(argv[I]);
+    else if (I > 0 && StringRef(argv[I]) == "--")
+      AfterDashes = true;
+    else
+      Ours.push_back(argv[I]);
+  }
+  cl::HideUnrelatedOptions({&TraceCategory});
+  cl::HideUnrelatedOptions({&TraceCategory}, ShowCmd);
+  cl::SetVersionPrinter([](raw_ostream &OS) { OS << "ekka-trace " EKKA_VERSION "\n"; });
+  std::string ParseErrors;
+  raw_string_ostream ErrOS(ParseErrors);
+  bool OK = cl::ParseCommandLineOptions(
+      int(Ours.size()), Ours.data(),
+      "Ekka's tracer: record what a PyTorch program computed.\n\n"
+      "Runs a program with every torch.nn.Module call recorded (path, class, source,\n"
+      "outputs), every ATen/custom op beneath it, and captured tensors, without\n"
+      "editing the program. The trace is a directory that Python opens with the\n"
+      "standard sqlite3 and safetensors modules (docs/TraceFormat.md).\n\n"
+      "  ekka-trace -o ref.trace -- python run_reference.py\n"
+      "  ekka-trace -o tgt.trace --capture-ops 'zoo::' -- python run_target.py\n"
+      "  ekka-trace show ref.trace\n\n"
+      "The exit code is the program's own (128+N if a signal N ended it).\n",
+      &ErrOS);
+  if (!OK) {
+    StringRef First = StringRef(ParseErrors).trim().split('\n').first;
+    if (!First.empty())
+      errs() << First << "\n";
+    return ExitInputError;
+  }
+  if (ShowCmd)
+    return runShow();
+  return runTrace(Command, argv[0]);
+}
