@@ -9,6 +9,8 @@
 #include <atomic>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
+#include <pthread.h>
 #include <unistd.h>
 
 namespace ekka {
@@ -109,6 +111,20 @@ void recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t Ow
   S.Writer->addTensor(std::move(R), std::move(Data));
 }
 
+/// An op's schema as text, formatted once per operator and thread: printing
+/// a FunctionSchema for every call would dominate the observer's cost.
+const std::string &schemaText(const at::RecordFunction &Fn) {
+  thread_local std::unordered_map<std::string, std::string> Cache;
+  auto [It, Inserted] = Cache.try_emplace(std::string(Fn.name()));
+  if (Inserted)
+    if (auto Schema = Fn.operator_schema()) {
+      std::ostringstream OS;
+      OS << *Schema;
+      It->second = OS.str();
+    }
+  return It->second;
+}
+
 struct OpContext : at::ObserverContext {
   int64_t OpId = 0;
 };
@@ -127,11 +143,7 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction &Fn) {
     R.ModuleCallId = Call;
   R.Seq = S->OpSeq++;
   R.Name = std::string(Name);
-  if (auto Schema = Fn.operator_schema()) {
-    std::ostringstream OS;
-    OS << *Schema;
-    R.Schema = OS.str();
-  }
+  R.Schema = schemaText(Fn);
   S->Writer->addOp(std::move(R));
   return Ctx;
 }
@@ -172,8 +184,22 @@ void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
 
 } // namespace
 
+/// A forked child has the parent's session but not its writer thread: it
+/// must not touch either (the parent still owns the files). It forgets the
+/// session; if it runs modules, the shim starts a trace of its own.
+void forgetSessionInChild() {
+  Current = nullptr; // deliberately leaked: its thread exists only in the parent
+  CallStack.clear();
+  new (&SessionMutex) std::mutex();
+}
+
 std::string startTrace(const std::string &Dir, const std::string &OptionsText,
                        const std::string &CommandLine) {
+  static bool AtForkInstalled = [] {
+    pthread_atfork(nullptr, nullptr, forgetSessionInChild);
+    return true;
+  }();
+  (void)AtForkInstalled;
   std::lock_guard<std::mutex> Lock(SessionMutex);
   if (Current)
     return "";

@@ -121,6 +121,14 @@ def _stop():
         print(f"ekka-trace: {summary}", file=sys.stderr)
 
 
+def _after_fork_in_child():
+    # The runtime forgot the parent's trace (pthread_atfork); a child that
+    # runs modules starts its own, in a process-PID directory.
+    if _state is not None:
+        _state.started = False
+        _state.stack = []
+
+
 def install(trace_dir, options="", runtime_library=None):
     """Starts observing every nn.Module call of this process."""
     global _state
@@ -130,6 +138,15 @@ def install(trace_dir, options="", runtime_library=None):
     _state = _State(trace_dir, options)
     register_module_forward_pre_hook(_pre_hook)
     register_module_forward_hook(_post_hook, always_call=True)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def vllm_plugin():
+    """vLLM `general_plugins` entry point: every vLLM process (engine core,
+    workers) installs the hooks when run under ekka-trace. vLLM must run in
+    eager mode (`enforce_eager=True`): CUDA graphs replay kernels that no
+    hook or observer sees."""
+    install_from_environment()
 
 
 def install_from_environment():
