@@ -298,13 +298,13 @@ void TraceWriter::run() {
         // The first error is the one to report; the trace keeps what was
         // committed before it.
         FailureMessage = toString(std::move(E));
+        Storage->abandon(Counts);
       }
-    }
-    if (Failed) {
+    } else {
+      // After a failure nothing more is written; captures are counted lost.
       for (Item &I : Batch)
         if (auto *T = std::get_if<TensorItem>(&I); T && T->Data)
           ++Counts.DroppedCaptures;
-      Storage->abandon(Counts);
     }
     Batch.clear();
     if (Last)

@@ -185,6 +185,26 @@ TEST_F(TraceTest, CorruptDatabaseIsAClearError) {
             std::string::npos);
 }
 
+TEST_F(TraceTest, AWriteFailureIsReportedAndKeepsWhatWasWritten) {
+  // A shard that cannot be written (here: its name is taken by a directory,
+  // as a full disk would refuse it) stops capturing; close() says so and the
+  // rows written before stay readable.
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W));
+  ASSERT_FALSE(sys::fs::create_directories(Dir + "/tensors-0000.safetensors"));
+  writeSmallTrace(**W, 1);
+  Error E = (*W)->close();
+  ASSERT_TRUE(bool(E));
+  std::string Msg = toString(std::move(E));
+  EXPECT_NE(Msg.find("tensors-0000.safetensors"), std::string::npos) << Msg;
+  EXPECT_NE(Msg.find("the trace keeps what was written before"), std::string::npos) << Msg;
+  EXPECT_EQ((*W)->counts().DroppedCaptures, 1u);
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R));
+  auto Calls = (*R)->moduleCalls();
+  ASSERT_TRUE(Calls && Calls->size() == 1u);
+}
+
 TEST_F(TraceTest, AKilledWriterLeavesOnlyCompleteShards) {
   // Simulate a writer that died after committing rows but before writing its
   // last shard: captured rows are written only after their shard, so what
