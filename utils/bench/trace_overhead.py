@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""ekka-trace's cost against a plain forward and torch.profiler, in one run.
+
+Runs the same model and input (utils/bench/trace_workload.py) four ways —
+plain, under ekka-trace keeping metadata and statistics only
+(--capture=none), under ekka-trace capturing every module's outputs, and
+under torch.profiler with record_shapes — and prints the time per forward and
+the ratios to plain. Then the capture's write rate against memcpy measured
+here. A benchmark, not a test: nothing asserts a timing.
+
+  utils/bench/trace_overhead.py [--iters N]
+"""
+import argparse
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+WORKLOAD = os.path.join(HERE, "trace_workload.py")
+
+
+def ms_per_forward(cmd):
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd)} failed:\n{out.stderr}")
+    return float(re.search(r"ms_per_forward=([0-9.]+)", out.stdout).group(1))
+
+
+def memcpy_gbps(nbytes=256 << 20, repeats=5):
+    src = numpy.ones(nbytes, dtype=numpy.uint8)
+    dst = numpy.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        numpy.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--ekka-trace", default=os.path.join(ROOT, "build", "bin", "ekka-trace"))
+    args = ap.parse_args()
+    py = sys.executable
+    tmp = tempfile.mkdtemp(prefix="ekka-trace-bench-")
+    work = [py, WORKLOAD, "--iters", str(args.iters)]
+
+    plain = ms_per_forward(work)
+    meta = ms_per_forward([args.ekka_trace, "-o", f"{tmp}/meta", "--capture=none", "--"] + work)
+    capture = ms_per_forward([args.ekka_trace, "-o", f"{tmp}/capture", "--"] + work)
+    prof = ms_per_forward(work + ["--profiler"])
+
+    db = sqlite3.connect(f"{tmp}/capture/trace.db")
+    rows = db.execute("SELECT dtype, shape FROM tensors WHERE shard IS NOT NULL").fetchall()
+    sizes = {"F32": 4, "I64": 8, "BF16": 2, "F16": 2}
+    captured = sum(sizes.get(d, 4) * numpy.prod([int(x) for x in s.strip("[]").split(",") if x])
+                   for d, s in rows)
+    forwards = args.iters + 1
+    per_forward_bytes = captured / forwards
+    extra_s = max(capture - meta, 1e-6) / 1000
+    write_gbps = per_forward_bytes / extra_s / 1e9
+    mem = memcpy_gbps()
+
+    print(f"workload: HF Llama, hidden 512, 4 layers, 256 tokens, CPU float32, 1 thread; "
+          f"{args.iters} forwards after a warm-up")
+    print(f"  {'':34}{'ms/forward':>11}{'ratio':>8}")
+    for name, v in [("plain", plain), ("ekka-trace --capture=none", meta),
+                    ("ekka-trace (capture modules)", capture),
+                    ("torch.profiler record_shapes", prof)]:
+        print(f"  {name:34}{v:>11.2f}{v / plain:>8.2f}")
+    print(f"  captured per forward: {per_forward_bytes / 2**20:.1f} MiB; extra time per forward "
+          f"over --capture=none: {extra_s * 1000:.2f} ms -> {write_gbps:.2f} GB/s")
+    print(f"  memcpy here: {mem:.2f} GB/s; capture / memcpy: {write_gbps / mem:.2f}")
+
+
+if __name__ == "__main__":
+    main()
