@@ -1,5 +1,6 @@
 //===- TraceSession.cpp - The recorder inside a traced process ------------===//
 #include "ekka/Runtime/TraceSession.h"
+#include "SessionInternal.h"
 #include "TensorRecording.h"
 #include "ekka/Trace/TraceWriter.h"
 
@@ -7,6 +8,7 @@
 #include <ATen/core/function_schema.h>
 
 #include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -40,6 +42,10 @@ CaptureOptions CaptureOptions::parse(const std::string &Text, std::string &Error
         O.ByteBudget = std::stoull(Value);
       else if (Key == "framework")
         O.Framework = Value;
+      else if (Key == "cupti")
+        O.CuptiLibrary = Value;
+      else if (Key == "gpu")
+        O.GpuStatus = Value;
       else
         Error = "unknown trace option '" + Key + "'";
     } catch (const std::exception &E) {
@@ -60,7 +66,8 @@ struct Session {
   std::unique_ptr<TraceWriter> Writer;
   CaptureOptions Options;
   std::string OptionsText;
-  std::atomic<int64_t> CallSeq{0}, OpSeq{0};
+  std::atomic<int64_t> CallSeq{0}, OpSeq{0}, KernelSeq{0};
+  bool TracingKernels = false;
   std::atomic<int64_t> Step{0};
   std::atomic<uint64_t> CapturedBytes{0};
   std::atomic<int64_t> LastOpenCall{0}; ///< For ops on threads without hooks.
@@ -72,6 +79,7 @@ std::mutex SessionMutex;
 Session *Current = nullptr;
 
 thread_local std::vector<OpenCall> CallStack;
+thread_local std::vector<int64_t> OpStack; ///< Ops running on this thread.
 thread_local bool InsideEkka = false;
 
 int64_t openCall() {
@@ -145,11 +153,14 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction &Fn) {
   R.Name = std::string(Name);
   R.Schema = schemaText(Fn);
   S->Writer->addOp(std::move(R));
+  OpStack.push_back(Ctx->OpId);
   return Ctx;
 }
 
 void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
   Session *S = Current;
+  if (Raw && !OpStack.empty())
+    OpStack.pop_back();
   if (!S || !Raw || InsideEkka)
     return;
   InsideEkka = true;
@@ -182,8 +193,6 @@ void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
   InsideEkka = false;
 }
 
-} // namespace
-
 /// A forked child has the parent's session but not its writer thread: it
 /// must not touch either (the parent still owns the files). It forgets the
 /// session; if it runs modules, the shim starts a trace of its own.
@@ -191,6 +200,30 @@ void forgetSessionInChild() {
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
   CallStack.clear();
   new (&SessionMutex) std::mutex();
+}
+
+} // namespace
+
+void recordKernelLaunch(const KernelLaunch &L) {
+  Session *S = Current;
+  if (!S || InsideEkka)
+    return;
+  KernelRecord R;
+  R.Id = S->Writer->nextKernelId();
+  if (!OpStack.empty())
+    R.OpId = OpStack.back();
+  if (int64_t Call = openCall())
+    R.ModuleCallId = Call;
+  R.Seq = S->KernelSeq++;
+  R.Name = L.Name;
+  for (int I = 0; I < 3; ++I) {
+    R.Grid[I] = L.Grid[I];
+    R.Block[I] = L.Block[I];
+  }
+  R.SharedMem = L.SharedMem;
+  R.Stream = L.Stream;
+  R.CorrelationId = L.CorrelationId;
+  S->Writer->addKernel(std::move(R));
 }
 
 std::string startTrace(const std::string &Dir, const std::string &OptionsText,
@@ -224,9 +257,18 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
   const char *World = std::getenv("WORLD_SIZE");
   W.setMeta("rank", Rank ? Rank : "0");
   W.setMeta("world_size", World ? World : "1");
-  // GPU kernels come from CUPTI, which this runtime does not drive yet.
-  W.setMeta("gpu_kernels", "not traced: kernel tracing through CUPTI is not built into this runtime");
   Current = S;
+  // GPU kernels: CUPTI's launch callbacks, when the shim found a GPU and
+  // the libcupti that torch ships with.
+  std::string Kernels = S->Options.CuptiLibrary.empty()
+                            ? "not traced: " + (S->Options.GpuStatus.empty()
+                                                    ? std::string("no CUDA device")
+                                                    : S->Options.GpuStatus)
+                            : startKernelTracing(S->Options.CuptiLibrary);
+  S->TracingKernels = Kernels == "traced";
+  W.setMeta("gpu_kernels", Kernels);
+  if (Kernels.find("another CUPTI subscriber") != std::string::npos)
+    std::fprintf(stderr, "ekka-trace: warning: GPU kernels %s\n", Kernels.c_str());
   S->Observer = at::addGlobalCallback(
       at::RecordFunctionCallback(onOpStart, onOpEnd)
           .needsInputs(true)
@@ -293,6 +335,8 @@ std::string stopTrace() {
   Session *S = Current;
   if (!S)
     return "";
+  if (S->TracingKernels)
+    stopKernelTracing();
   if (S->Observer)
     at::removeCallback(*S->Observer);
   Current = nullptr;

@@ -65,8 +65,25 @@ def _trace_dir(base):
     return base
 
 
+def _gpu_options():
+    """GPU kernels are traced through the libcupti that ships with torch's
+    CUDA wheels, when there is a GPU."""
+    if not torch.cuda.is_available():
+        return "gpu=no CUDA device;"
+    import glob
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    found = sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcupti.so*")) +
+                   glob.glob(os.path.join(site, "nvidia", "cuda_cupti", "lib", "libcupti.so*")))
+    if os.environ.get("EKKA_CUPTI_LIB"):
+        found = [os.environ["EKKA_CUPTI_LIB"]]
+    if not found:
+        return "gpu=no libcupti found beside torch (set EKKA_CUPTI_LIB);"
+    return f"cupti={found[0]};"
+
+
 def _start(state):
     state.started = True
+    state.options = _gpu_options() + state.options
     error = torch.ops.ekka.start(_trace_dir(state.trace_dir), state.options,
                                  os.environ.get("EKKA_COMMAND_LINE", " ".join(sys.argv)))
     if error:

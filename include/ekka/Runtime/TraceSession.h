@@ -30,6 +30,8 @@ struct CaptureOptions {
   int64_t MaxSteps = -1;             ///< Capture only the first N steps.
   uint64_t ByteBudget = 0;           ///< Stop capturing past this many bytes (0: none).
   std::string Framework;             ///< A label: "hf", "vllm", "zoo" ...
+  std::string CuptiLibrary;          ///< libcupti to load; empty: no GPU kernels.
+  std::string GpuStatus;             ///< Why not, when the shim found no GPU.
 
   static CaptureOptions parse(const std::string &Text, std::string &Error);
 };

@@ -1,0 +1,106 @@
+//===- KernelLaunchTest.cpp - CUPTI launch decoding without a GPU ---------===//
+#include "ekka/Runtime/KernelLaunch.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <cupti.h>
+
+#include <gtest/gtest.h>
+
+using namespace ekka;
+
+namespace {
+
+TEST(KernelLaunch, RuntimeLaunchKernel) {
+  cudaLaunchKernel_v7000_params P{};
+  P.gridDim = dim3(4, 2, 1);
+  P.blockDim = dim3(128, 1, 1);
+  P.sharedMem = 4096;
+  P.stream = reinterpret_cast<cudaStream_t>(0x1234);
+  auto L = decodeLaunch(LaunchDomain::RuntimeApi, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+                        &P, "_Z6kernelPf", 77);
+  ASSERT_TRUE(L.has_value());
+  EXPECT_EQ(L->Name, "_Z6kernelPf");
+  EXPECT_EQ(L->Grid[0], 4u);
+  EXPECT_EQ(L->Grid[1], 2u);
+  EXPECT_EQ(L->Block[0], 128u);
+  EXPECT_EQ(L->SharedMem, 4096u);
+  EXPECT_EQ(L->Stream, 0x1234u);
+  EXPECT_EQ(L->CorrelationId, 77u);
+}
+
+TEST(KernelLaunch, Cuda13LaunchHasTheSameLayout) {
+  // CBIDs 505/506 have no published parameter struct; the runtime reads
+  // them with cudaLaunchKernel's layout.
+  cudaLaunchKernel_v7000_params P{};
+  P.gridDim = dim3(7, 1, 1);
+  P.blockDim = dim3(32, 4, 1);
+  P.sharedMem = 16;
+  auto L = decodeLaunch(LaunchDomain::RuntimeApi,
+                        CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000, &P, "k", 1);
+  ASSERT_TRUE(L.has_value());
+  EXPECT_EQ(L->Grid[0], 7u);
+  EXPECT_EQ(L->Block[1], 4u);
+  EXPECT_EQ(L->SharedMem, 16u);
+}
+
+TEST(KernelLaunch, RuntimeLaunchKernelExC) {
+  cudaLaunchConfig_t Config{};
+  Config.gridDim = dim3(3, 3, 3);
+  Config.blockDim = dim3(64, 1, 1);
+  Config.dynamicSmemBytes = 100;
+  cudaLaunchKernelExC_v11060_params P{};
+  P.config = &Config;
+  auto L = decodeLaunch(LaunchDomain::RuntimeApi,
+                        CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060, &P, "k", 2);
+  ASSERT_TRUE(L.has_value());
+  EXPECT_EQ(L->Grid[2], 3u);
+  EXPECT_EQ(L->SharedMem, 100u);
+}
+
+TEST(KernelLaunch, DriverLaunchesAsTritonMakesThem) {
+  cuLaunchKernel_params P{};
+  P.gridDimX = 9;
+  P.blockDimX = 256;
+  P.sharedMemBytes = 512;
+  auto L = decodeLaunch(LaunchDomain::DriverApi, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, &P,
+                        "triton_poi_fused_add_0", 3);
+  ASSERT_TRUE(L.has_value());
+  EXPECT_EQ(L->Grid[0], 9u);
+  EXPECT_EQ(L->Block[0], 256u);
+  EXPECT_EQ(L->Name, "triton_poi_fused_add_0");
+
+  CUlaunchConfig Config{};
+  Config.gridDimY = 5;
+  Config.blockDimZ = 2;
+  cuLaunchKernelEx_params Ex{};
+  Ex.config = &Config;
+  auto LE = decodeLaunch(LaunchDomain::DriverApi, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, &Ex,
+                         "k", 4);
+  ASSERT_TRUE(LE.has_value());
+  EXPECT_EQ(LE->Grid[1], 5u);
+  EXPECT_EQ(LE->Block[2], 2u);
+}
+
+TEST(KernelLaunch, OtherCallbacksAreNotLaunches) {
+  int Dummy = 0;
+  EXPECT_FALSE(decodeLaunch(LaunchDomain::RuntimeApi,
+                            CUPTI_RUNTIME_TRACE_CBID_cudaMalloc_v3020, &Dummy, "x", 1));
+  EXPECT_FALSE(isLaunchCallback(LaunchDomain::DriverApi, CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2));
+  EXPECT_TRUE(isLaunchCallback(LaunchDomain::RuntimeApi,
+                               CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000));
+}
+
+TEST(KernelLaunch, ARuntimeLaunchIsRecordedOnceNotAgainAsItsDriverLaunch) {
+  LaunchDeduplicator D;
+  // cudaLaunchKernel enter -> cuLaunchKernel enter/exit -> cudaLaunchKernel exit
+  EXPECT_TRUE(D.enter(LaunchDomain::RuntimeApi));
+  EXPECT_FALSE(D.enter(LaunchDomain::DriverApi));
+  D.exit(LaunchDomain::DriverApi);
+  D.exit(LaunchDomain::RuntimeApi);
+  // Triton launches through the driver alone: recorded.
+  EXPECT_TRUE(D.enter(LaunchDomain::DriverApi));
+  D.exit(LaunchDomain::DriverApi);
+}
+
+} // namespace
