@@ -96,6 +96,10 @@ def _start(state):
             print(f"ekka-trace: error: {error}", file=sys.stderr)
             return False
     atexit.register(_stop)
+    # A child of multiprocessing's fork start method leaves through
+    # os._exit, which skips atexit; multiprocessing's own finalizers still run.
+    import multiprocessing.util
+    multiprocessing.util.Finalize(None, _stop, exitpriority=0)
     return True
 
 
