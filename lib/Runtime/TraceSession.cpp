@@ -59,6 +59,17 @@ namespace {
 
 struct OpenCall {
   int64_t Id;
+  bool Capture; ///< Whether this call's tensors are captured.
+};
+
+/// A module output the trace recorded, to recognise it when it comes back as
+/// another module's input: that is the dataflow between module calls. Weak,
+/// so tracing keeps no activation alive; the version counter tells an output
+/// changed in place since (vLLM's fused residual add) from the one recorded.
+struct ProducedTensor {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> Impl;
+  int64_t Version;
+  int64_t TensorId;
 };
 
 /// The process-wide state. Hot paths take no lock but the writer's queue.
@@ -79,6 +90,7 @@ std::mutex SessionMutex;
 Session *Current = nullptr;
 
 thread_local std::vector<OpenCall> CallStack;
+thread_local std::unordered_map<const c10::TensorImpl *, ProducedTensor> Producers;
 thread_local std::vector<int64_t> OpStack; ///< Ops running on this thread.
 thread_local bool InsideEkka = false;
 
@@ -99,13 +111,16 @@ bool stepCaptured(Session &S) {
   return S.Options.MaxSteps < 0 || S.Step.load() <= S.Options.MaxSteps;
 }
 
-void recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t OwnerId,
-                  const char *Role, int64_t Index, bool Stats, bool Capture) {
+/// Records \p T; returns its tensor id, or 0 if it cannot be recorded.
+int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t OwnerId,
+                     const char *Role, int64_t Index, bool Stats, bool Capture,
+                     std::optional<int64_t> SourceId = std::nullopt) {
   if (!T.defined())
-    return;
+    return 0;
   TensorRecord R;
   if (!describeTensor(T, R))
-    return;
+    return 0;
+  R.SourceId = SourceId;
   R.Id = S.Writer->nextTensorId();
   R.Owner = Owner;
   R.OwnerId = OwnerId;
@@ -116,7 +131,22 @@ void recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t Ow
   std::optional<std::string> Data;
   if (Capture && withinCaptureBudget(S, uint64_t(T.numel()) * T.element_size()))
     Data = tensorBytes(T);
+  int64_t Id = R.Id;
   S.Writer->addTensor(std::move(R), std::move(Data));
+  return Id;
+}
+
+/// The recorded module output that \p T still is, if any.
+std::optional<int64_t> producerOf(const at::Tensor &T) {
+  if (!T.defined())
+    return std::nullopt;
+  auto It = Producers.find(T.unsafeGetTensorImpl());
+  if (It == Producers.end())
+    return std::nullopt;
+  auto Alive = It->second.Impl.lock();
+  if (Alive.get() != T.unsafeGetTensorImpl() || T._version() != It->second.Version)
+    return std::nullopt;
+  return It->second.TensorId;
 }
 
 /// An op's schema as text, formatted once per operator and thread: printing
@@ -199,6 +229,7 @@ void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
 void forgetSessionInChild() {
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
   CallStack.clear();
+  Producers.clear();
   new (&SessionMutex) std::mutex();
 }
 
@@ -298,15 +329,20 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   R.SourceFile = SourceFile;
   R.SourceLine = SourceLine;
   S->Writer->addModuleCall(R);
-  // The root's inputs are what both programs were fed: the first thing a
-  // diagnosis compares.
-  if (IsRoot) {
-    bool Capture = S->Options.CaptureModules && stepCaptured(*S);
-    for (size_t I = 0; I < Inputs.size(); ++I)
+  bool Capture = S->Options.CaptureModules && stepCaptured(*S) &&
+                 (!S->Options.ModuleFilter || std::regex_search(Path, *S->Options.ModuleFilter));
+  // Inputs: one that is an earlier module call's output, unchanged, is
+  // recorded as that (the dataflow); any other — the root's inputs, what a
+  // parent computed with plain ops — with statistics and, if captured, bytes.
+  for (size_t I = 0; I < Inputs.size(); ++I) {
+    if (auto Source = producerOf(Inputs[I]))
       recordTensor(*S, Inputs[I], TensorOwner::ModuleCall, R.Id, "input", int64_t(I),
-                   /*Stats=*/true, Capture);
+                   /*Stats=*/false, /*Capture=*/false, Source);
+    else
+      recordTensor(*S, Inputs[I], TensorOwner::ModuleCall, R.Id, "input", int64_t(I),
+                   /*Stats=*/true, Capture || IsRoot);
   }
-  CallStack.push_back({R.Id});
+  CallStack.push_back({R.Id, Capture});
   S->LastOpenCall = R.Id;
   InsideEkka = false;
   return R.Id;
@@ -320,13 +356,26 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs) {
   // Calls that raised never reached their exit; close them with this one.
   while (!CallStack.empty() && CallStack.back().Id != Id)
     CallStack.pop_back();
-  if (!CallStack.empty())
-    CallStack.pop_back();
-  S->LastOpenCall = CallStack.empty() ? 0 : CallStack.back().Id;
   bool Capture = S->Options.CaptureModules && stepCaptured(*S);
-  for (size_t I = 0; I < Outputs.size(); ++I)
-    recordTensor(*S, Outputs[I], TensorOwner::ModuleCall, Id, "output", int64_t(I),
-                 /*Stats=*/true, Capture);
+  if (!CallStack.empty()) {
+    Capture = CallStack.back().Capture;
+    CallStack.pop_back();
+  }
+  S->LastOpenCall = CallStack.empty() ? 0 : CallStack.back().Id;
+  for (size_t I = 0; I < Outputs.size(); ++I) {
+    const at::Tensor &T = Outputs[I];
+    int64_t TensorId = recordTensor(*S, T, TensorOwner::ModuleCall, Id, "output", int64_t(I),
+                                    /*Stats=*/true, Capture);
+    if (TensorId && T.defined())
+      Producers.insert_or_assign(
+          T.unsafeGetTensorImpl(),
+          ProducedTensor{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                             T.getIntrusivePtr()),
+                         T._version(), TensorId});
+  }
+  // A forward of the root is over: its tensors feed nothing later.
+  if (CallStack.empty())
+    Producers.clear();
   InsideEkka = false;
 }
 

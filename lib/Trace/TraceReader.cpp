@@ -179,9 +179,14 @@ Expected<std::vector<KernelRecord>> TraceReader::kernels() {
 
 Expected<std::vector<TensorRecord>> TraceReader::tensors() {
   std::vector<TensorRecord> Out;
-  auto S = Db->prepare("SELECT id, owner, owner_id, role, idx, dtype, shape, strides, device, "
-                       "sum, sumsq, min, max, nan_count, inf_count, shard, key FROM tensors "
-                       "ORDER BY id");
+  // source_id arrived with format 1.1; a 1.0 trace has none.
+  auto Probe = Db->prepare("SELECT source_id FROM tensors LIMIT 0");
+  bool HasSource = bool(Probe);
+  if (!Probe)
+    consumeError(Probe.takeError());
+  auto S = Db->prepare(std::string("SELECT id, owner, owner_id, role, idx, dtype, shape, strides, "
+                                   "device, sum, sumsq, min, max, nan_count, inf_count, shard, key, ") +
+                       (HasSource ? "source_id" : "NULL") + " FROM tensors ORDER BY id");
   if (!S)
     return S.takeError();
   std::string Problem;
@@ -220,6 +225,7 @@ Expected<std::vector<TensorRecord>> TraceReader::tensors() {
         }
         R.Shard = Row.columnText(15).str();
         R.Key = Row.columnText(16).str();
+        R.SourceId = optionalInt(Row, 17);
         Out.push_back(std::move(R));
       }))
     return E;

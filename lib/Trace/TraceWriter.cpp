@@ -58,8 +58,8 @@ public:
       return E;
     return Prep(Tensor, "INSERT INTO tensors(id, owner, owner_id, role, idx, dtype, shape, "
                         "strides, device, sum, sumsq, min, max, nan_count, inf_count, "
-                        "shard, key) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
-                        "?12, ?13, ?14, ?15, ?16, ?17)");
+                        "shard, key, source_id) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, "
+                        "?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)");
   }
 
   /// Writes one batch of queued items in one transaction.
@@ -195,6 +195,10 @@ private:
     } else {
       Tensor.bind(16, R.Shard).bind(17, R.Key);
     }
+    if (R.SourceId)
+      Tensor.bind(18, *R.SourceId);
+    else
+      Tensor.bindNull(18);
     return Tensor.run();
   }
 

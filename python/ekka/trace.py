@@ -117,7 +117,7 @@ def _pre_hook(module, args):
         parent = state.names.get(id(state.stack[-1][0]), "") if state.stack else ""
         path = f"{parent}.<{type(module).__name__}>" if parent else type(module).__name__
     qualname, file, line = _class_source(state, type(module))
-    inputs = _tensors(args) if is_root else []
+    inputs = _tensors(args)
     call_id = torch.ops.ekka.enter(path, type(module).__name__, qualname, file, line,
                                    is_root, inputs)
     state.stack.append((module, call_id))

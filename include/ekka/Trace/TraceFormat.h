@@ -22,7 +22,7 @@ namespace ekka {
 
 /// Readers refuse a trace of a newer major version; minor versions only add.
 constexpr int TraceFormatMajor = 1;
-constexpr int TraceFormatMinor = 0;
+constexpr int TraceFormatMinor = 1; ///< 1.1: tensors.source_id
 
 constexpr llvm::StringLiteral TraceDatabaseName = "trace.db";
 
@@ -92,6 +92,9 @@ struct TensorRecord {
   std::optional<TensorStats> Stats;
   /// Set when the bytes were captured: which shard, under which key.
   std::string Shard, Key;
+  /// For a module call's input: the tensor (a module call's output) it is,
+  /// unchanged since. The dataflow between module calls.
+  std::optional<int64_t> SourceId;
 };
 
 } // namespace ekka
