@@ -23,7 +23,10 @@ int64_t enterOp(std::string Path, std::string ClassName, std::string ClassQualna
                            Inputs);
 }
 
-void exitOp(int64_t Id, std::vector<at::Tensor> Outputs) { ekka::exitModule(Id, Outputs); }
+void exitOp(int64_t Id, std::vector<at::Tensor> Outputs, std::vector<at::Tensor> KeywordInputs,
+            int64_t FirstKeywordIndex) {
+  ekka::exitModule(Id, Outputs, KeywordInputs, FirstKeywordIndex);
+}
 
 std::string stopOp() { return ekka::stopTrace(); }
 
@@ -34,6 +37,7 @@ TORCH_LIBRARY(ekka, m) {
   m.def("enter(str path, str class_name, str class_qualname, str source_file, "
         "int source_line, bool is_root, Tensor[] inputs) -> int",
         enterOp);
-  m.def("exit(int id, Tensor[] outputs) -> ()", exitOp);
+  m.def("exit(int id, Tensor[] outputs, Tensor[] keyword_inputs, int first_keyword_index) -> ()",
+        exitOp);
   m.def("stop() -> str", stopOp);
 }

@@ -233,6 +233,16 @@ void forgetSessionInChild() {
   new (&SessionMutex) std::mutex();
 }
 
+/// A module call's input: as the earlier output it is, or with statistics
+/// (and bytes, if captured) when no module produced it.
+void recordInput(Session &S, int64_t CallId, const at::Tensor &T, int64_t Index, bool Capture) {
+  if (auto Source = producerOf(T))
+    recordTensor(S, T, TensorOwner::ModuleCall, CallId, "input", Index, /*Stats=*/false,
+                 /*Capture=*/false, Source);
+  else
+    recordTensor(S, T, TensorOwner::ModuleCall, CallId, "input", Index, /*Stats=*/true, Capture);
+}
+
 } // namespace
 
 void recordKernelLaunch(const KernelLaunch &L) {
@@ -334,21 +344,16 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   // Inputs: one that is an earlier module call's output, unchanged, is
   // recorded as that (the dataflow); any other — the root's inputs, what a
   // parent computed with plain ops — with statistics and, if captured, bytes.
-  for (size_t I = 0; I < Inputs.size(); ++I) {
-    if (auto Source = producerOf(Inputs[I]))
-      recordTensor(*S, Inputs[I], TensorOwner::ModuleCall, R.Id, "input", int64_t(I),
-                   /*Stats=*/false, /*Capture=*/false, Source);
-    else
-      recordTensor(*S, Inputs[I], TensorOwner::ModuleCall, R.Id, "input", int64_t(I),
-                   /*Stats=*/true, Capture || IsRoot);
-  }
+  for (size_t I = 0; I < Inputs.size(); ++I)
+    recordInput(*S, R.Id, Inputs[I], int64_t(I), Capture || IsRoot);
   CallStack.push_back({R.Id, Capture});
   S->LastOpenCall = R.Id;
   InsideEkka = false;
   return R.Id;
 }
 
-void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs) {
+void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
+                const std::vector<at::Tensor> &KeywordInputs, int64_t FirstKeywordIndex) {
   Session *S = Current;
   if (!S || Id == 0)
     return;
@@ -362,6 +367,8 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs) {
     CallStack.pop_back();
   }
   S->LastOpenCall = CallStack.empty() ? 0 : CallStack.back().Id;
+  for (size_t I = 0; I < KeywordInputs.size(); ++I)
+    recordInput(*S, Id, KeywordInputs[I], FirstKeywordIndex + int64_t(I), Capture);
   for (size_t I = 0; I < Outputs.size(); ++I) {
     const at::Tensor &T = Outputs[I];
     int64_t TensorId = recordTensor(*S, T, TensorOwner::ModuleCall, Id, "output", int64_t(I),

@@ -120,10 +120,10 @@ def _pre_hook(module, args):
     inputs = _tensors(args)
     call_id = torch.ops.ekka.enter(path, type(module).__name__, qualname, file, line,
                                    is_root, inputs)
-    state.stack.append((module, call_id))
+    state.stack.append((module, call_id, len(inputs)))
 
 
-def _post_hook(module, args, output):
+def _post_hook(module, args, kwargs, output):
     state = _state
     if not state.stack:
         return
@@ -132,8 +132,12 @@ def _post_hook(module, args, output):
         state.stack.pop()
     if not state.stack:
         return
-    _, call_id = state.stack.pop()
-    torch.ops.ekka.exit(call_id, _tensors(output))
+    _, call_id, positional = state.stack.pop()
+    # Global pre-hooks do not see keyword arguments (HF passes hidden_states
+    # by keyword); the forward hook does, so they are recorded here, as the
+    # inputs after the positional ones.
+    torch.ops.ekka.exit(call_id, _tensors(output), _tensors(kwargs) if kwargs else [],
+                        positional)
 
 
 def _stop():
@@ -158,7 +162,7 @@ def install(trace_dir, options="", runtime_library=None):
     torch.ops.load_library(runtime_library or os.environ["EKKA_RUNTIME_LIB"])
     _state = _State(trace_dir, options)
     register_module_forward_pre_hook(_pre_hook)
-    register_module_forward_hook(_post_hook, always_call=True)
+    register_module_forward_hook(_post_hook, with_kwargs=True, always_call=True)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 

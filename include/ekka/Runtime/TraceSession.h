@@ -43,8 +43,12 @@ std::string startTrace(const std::string &Dir, const std::string &Options,
 int64_t enterModule(const std::string &Path, const std::string &ClassName,
                     const std::string &ClassQualname, const std::string &SourceFile,
                     int64_t SourceLine, bool IsRoot, const std::vector<at::Tensor> &Inputs);
-/// Closes module call \p Id with its outputs.
-void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs);
+/// Closes module call \p Id with its outputs. \p KeywordInputs are the
+/// inputs it was given by keyword (global pre-hooks do not see them), the
+/// first numbered \p FirstKeywordIndex.
+void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
+                const std::vector<at::Tensor> &KeywordInputs = {},
+                int64_t FirstKeywordIndex = 0);
 /// Flushes and closes the trace; returns a one-line summary or an error
 /// message starting with "error: ".
 std::string stopTrace();
