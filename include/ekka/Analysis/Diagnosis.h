@@ -1,0 +1,70 @@
+//===- Diagnosis.h - From two traces to the first diverging component -*- C++ -*-===//
+//
+// The paper's error ratio along the target's module calls, plus the dataflow
+// test the paper lacks: a root cause's output diverges while its own inputs
+// do not. This first version maps components by module path (same model
+// code on both sides, or code that names its modules alike); the recipes for
+// vLLM/SGLang naming and the alignment transforms come with the Align
+// library.
+//
+//===----------------------------------------------------------------------===//
+#ifndef EKKA_ANALYSIS_DIAGNOSIS_H
+#define EKKA_ANALYSIS_DIAGNOSIS_H
+
+#include "ekka/Trace/TraceReader.h"
+
+#include "llvm/Support/Error.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ekka {
+
+struct DiagnoseOptions {
+  /// R above this is divergence beyond numerical noise (the paper's 1.5).
+  double Threshold = 1.5;
+  /// Without an FP32 reference: how many units of roundoff of the traced
+  /// precision, relative to the tensor's norm, count as noise.
+  double NoiseUnits = 16;
+};
+
+/// One target module call and how far it departs from the reference.
+struct ComponentRatio {
+  int64_t CallId = 0;
+  int64_t Seq = 0, Step = 0;
+  unsigned Depth = 0;
+  std::string Path, ClassName, ClassQualname, SourceFile;
+  int64_t SourceLine = 0;
+  std::optional<double> Ratio;      ///< Of its outputs; none if not comparable.
+  std::optional<double> InputRatio; ///< Of its inputs (through the dataflow).
+  bool Mapped = true;
+  std::string UnmappedReason;
+};
+
+struct Suspect {
+  ComponentRatio Component;
+  std::string Reason;
+  std::vector<ComponentRatio> Before, After; ///< The evidence window.
+};
+
+struct Diagnosis {
+  enum class Verdict { Divergence, NoDivergence, InputsDiffer } Result = Verdict::NoDivergence;
+  std::vector<Suspect> Suspects;      ///< Best first; at most three.
+  std::vector<ComponentRatio> Curve;  ///< Every target call, in execution order.
+  std::string NoiseModel;             ///< How R was computed.
+  std::string InputsDifference;       ///< For InputsDiffer: where, in words.
+  double Threshold = 1.5;
+  double MaxRatio = 0;
+};
+
+llvm::StringRef verdictName(Diagnosis::Verdict V);
+
+/// Compares \p Target with \p Reference (the same precision), using
+/// \p ReferenceFP32 (optional) as the accurate answer.
+llvm::Expected<Diagnosis> diagnose(TraceReader &Target, TraceReader &Reference,
+                                   TraceReader *ReferenceFP32, const DiagnoseOptions &Options);
+
+} // namespace ekka
+
+#endif

@@ -1,0 +1,32 @@
+//===- TensorMath.h - Comparing captured tensors in double precision -*- C++ -*-===//
+#ifndef EKKA_ANALYSIS_TENSORMATH_H
+#define EKKA_ANALYSIS_TENSORMATH_H
+
+#include "ekka/Trace/TraceFormat.h"
+
+#include "llvm/ADT/StringRef.h"
+
+#include <optional>
+#include <vector>
+
+namespace ekka {
+
+/// A captured tensor's elements widened to double (F32, F16, BF16, F64 and
+/// the integer types); nullopt for a type that is not numeric here.
+std::optional<std::vector<double>> toDoubles(DType Type, llvm::StringRef Bytes);
+
+/// The unit roundoff of a floating type (2^-24 for F32, 2^-8 for BF16, ...);
+/// 0 for integers, which compare exactly.
+double unitRoundoff(DType Type);
+
+/// ‖A − B‖₂ and ‖A‖₂, accumulated in double. A and B have the same size.
+double distance(const std::vector<double> &A, const std::vector<double> &B);
+double norm(const std::vector<double> &A);
+
+/// The first index at which A and B differ (or the shorter length when one
+/// is a prefix of the other); nullopt when equal.
+std::optional<size_t> firstDifference(const std::vector<double> &A, const std::vector<double> &B);
+
+} // namespace ekka
+
+#endif

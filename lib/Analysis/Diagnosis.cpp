@@ -1,0 +1,333 @@
+//===- Diagnosis.cpp - From two traces to the first diverging component ---===//
+#include "ekka/Analysis/Diagnosis.h"
+#include "ekka/Analysis/TensorMath.h"
+#include "ekka/Support/Error.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+#include <map>
+
+using namespace llvm;
+
+namespace ekka {
+
+StringRef verdictName(Diagnosis::Verdict V) {
+  switch (V) {
+  case Diagnosis::Verdict::Divergence: return "divergence";
+  case Diagnosis::Verdict::NoDivergence: return "no-divergence";
+  case Diagnosis::Verdict::InputsDiffer: return "inputs-differ";
+  }
+  return "?";
+}
+
+namespace {
+
+/// One side's trace, indexed for the comparison.
+struct Side {
+  TraceReader *Reader = nullptr;
+  std::vector<ModuleCallRecord> Calls;
+  std::vector<TensorRecord> Tensors;
+  DenseMap<int64_t, const ModuleCallRecord *> CallById;
+  DenseMap<int64_t, const TensorRecord *> TensorById;
+  /// call id -> role -> index -> tensor
+  std::map<int64_t, std::map<std::string, std::map<int64_t, const TensorRecord *>>> ByCall;
+  /// (step, path, occurrence) -> call
+  std::map<std::tuple<int64_t, std::string, unsigned>, const ModuleCallRecord *> ByKey;
+  DenseMap<int64_t, std::tuple<int64_t, std::string, unsigned>> KeyOf;
+
+  Error load(TraceReader &R) {
+    Reader = &R;
+    auto C = R.moduleCalls();
+    if (!C)
+      return C.takeError();
+    Calls = std::move(*C);
+    auto T = R.tensors();
+    if (!T)
+      return T.takeError();
+    Tensors = std::move(*T);
+    std::map<std::pair<int64_t, std::string>, unsigned> Seen;
+    for (const ModuleCallRecord &M : Calls) {
+      CallById[M.Id] = &M;
+      unsigned Occurrence = Seen[{M.Step, M.Path}]++;
+      auto Key = std::make_tuple(M.Step, M.Path, Occurrence);
+      ByKey[Key] = &M;
+      KeyOf[M.Id] = Key;
+    }
+    for (const TensorRecord &X : Tensors) {
+      TensorById[X.Id] = &X;
+      if (X.Owner == TensorOwner::ModuleCall)
+        ByCall[X.OwnerId][X.Role][X.Index] = &X;
+    }
+    return Error::success();
+  }
+
+  const TensorRecord *tensor(int64_t Call, StringRef Role, int64_t Index) const {
+    auto C = ByCall.find(Call);
+    if (C == ByCall.end())
+      return nullptr;
+    auto R = C->second.find(Role.str());
+    if (R == C->second.end())
+      return nullptr;
+    auto I = R->second.find(Index);
+    return I == R->second.end() ? nullptr : I->second;
+  }
+
+  /// The values of a captured tensor, following the dataflow for an input
+  /// that is an earlier output.
+  std::optional<std::vector<double>> values(const TensorRecord *T) const {
+    for (unsigned Hops = 0; T && T->SourceId && Hops < 4; ++Hops)
+      T = TensorById.lookup(*T->SourceId);
+    if (!T || T->Shard.empty())
+      return std::nullopt;
+    auto Bytes = Reader->tensorBytes(*T);
+    if (!Bytes) {
+      // A missing or corrupt shard must not turn into a quietly partial
+      // diagnosis: remember it, the diagnosis fails with it.
+      if (Problem.empty())
+        Problem = toString(Bytes.takeError());
+      else
+        consumeError(Bytes.takeError());
+      return std::nullopt;
+    }
+    return toDoubles(T->Type, *Bytes);
+  }
+
+  mutable std::string Problem;
+};
+
+class Diagnoser {
+public:
+  Diagnoser(Side &T, Side &R, Side *F, const DiagnoseOptions &O) : T(T), R(R), F(F), O(O) {}
+
+  Diagnosis run() {
+    Diagnosis D;
+    D.Threshold = O.Threshold;
+    D.NoiseModel = F ? "R = |X_T - Y_R| / max(|X_R - Y_R|, u |Y_R|), Y_R from the FP32 reference"
+                     : "no FP32 reference: R = |X_T - X_R| / (" +
+                           formatv("{0}", format("%g", O.NoiseUnits)).str() +
+                           " u |X_R|), u the unit roundoff of the traced precision";
+    if (checkInputs(D))
+      return D;
+    computeRatios(D);
+    localize(D);
+    return D;
+  }
+
+private:
+  /// The root calls' inputs (token ids) of the first step must agree before
+  /// any module can be blamed: a missing BOS token shows up here.
+  bool checkInputs(Diagnosis &D) {
+    auto Root = [](Side &S) -> const ModuleCallRecord * {
+      for (const ModuleCallRecord &M : S.Calls)
+        if (!M.ParentId)
+          return &M;
+      return nullptr;
+    };
+    const ModuleCallRecord *TR = Root(T), *RR = Root(R);
+    if (!TR || !RR)
+      return false;
+    for (int64_t I = 0;; ++I) {
+      const TensorRecord *A = T.tensor(TR->Id, "input", I), *B = R.tensor(RR->Id, "input", I);
+      if (!A || !B)
+        return false;
+      // Only integer inputs (token ids, positions) must be equal; floating
+      // inputs (embeddings fed directly) are compared as components are.
+      if (unitRoundoff(A->Type) != 0 || unitRoundoff(B->Type) != 0)
+        continue;
+      auto VA = T.values(A), VB = R.values(B);
+      if (!VA || !VB)
+        continue;
+      auto Diff = firstDifference(*VA, *VB);
+      if (!Diff && A->Shape == B->Shape)
+        continue;
+      size_t P = Diff.value_or(0);
+      std::string Msg;
+      raw_string_ostream OS(Msg);
+      OS << "input " << I << " of the root (" << (TR->Path.empty() ? TR->ClassName : TR->Path)
+         << ") differs: shape " << shape(A->Shape) << " against " << shape(B->Shape)
+         << "; first difference at flat position " << P << ": target ";
+      auto Value = [](const std::vector<double> &V, size_t P) {
+        return P < V.size() ? formatv("{0}", format("%g", V[P])).str() : std::string("(none)");
+      };
+      OS << Value(*VA, P) << ", reference " << Value(*VB, P);
+      D.Result = Diagnosis::Verdict::InputsDiffer;
+      D.InputsDifference = Msg;
+      return true;
+    }
+  }
+
+  static std::string shape(const std::vector<int64_t> &S) {
+    std::string Out = "[";
+    for (size_t I = 0; I < S.size(); ++I)
+      Out += (I ? ", " : "") + std::to_string(S[I]);
+    return Out + "]";
+  }
+
+  /// The ratio for one pair of same-role tensors (and the FP32 reference's).
+  std::optional<double> ratio(const TensorRecord *A, const TensorRecord *B, const TensorRecord *C) {
+    if (!A || !B)
+      return std::nullopt;
+    auto XT = T.values(A), XR = R.values(B);
+    if (!XT || !XR || XT->size() != XR->size() || XT->empty())
+      return std::nullopt;
+    if (F && C) {
+      if (auto YR = F->values(C); YR && YR->size() == XT->size()) {
+        double Floor = unitRoundoff(B->Type) * norm(*YR);
+        double Den = std::max(distance(*XR, *YR), Floor);
+        return distance(*XT, *YR) / (Den + 1e-30);
+      }
+    }
+    double Den = O.NoiseUnits * std::max(unitRoundoff(B->Type), unitRoundoff(A->Type)) * norm(*XR);
+    double Num = distance(*XT, *XR);
+    if (Num == 0)
+      return 0.0;
+    return Num / (Den + 1e-30);
+  }
+
+  /// The largest ratio over a call's tensors of one role.
+  std::optional<double> callRatio(const ModuleCallRecord &TC, const ModuleCallRecord &RC,
+                                  const ModuleCallRecord *FC, StringRef Role) {
+    std::optional<double> Worst;
+    auto It = T.ByCall.find(TC.Id);
+    if (It == T.ByCall.end())
+      return Worst;
+    auto RoleIt = It->second.find(Role.str());
+    if (RoleIt == It->second.end())
+      return Worst;
+    for (const auto &[Index, TT] : RoleIt->second) {
+      const TensorRecord *RT = R.tensor(RC.Id, Role, Index);
+      const TensorRecord *FT = FC ? F->tensor(FC->Id, Role, Index) : nullptr;
+      if (auto X = ratio(TT, RT, FT))
+        Worst = std::max(Worst.value_or(0), *X);
+    }
+    return Worst;
+  }
+
+  void computeRatios(Diagnosis &D) {
+    DenseMap<int64_t, unsigned> Depth;
+    for (const ModuleCallRecord &TC : T.Calls) {
+      ComponentRatio C;
+      C.CallId = TC.Id;
+      C.Seq = TC.Seq;
+      C.Step = TC.Step;
+      C.Depth = TC.ParentId ? Depth.lookup(*TC.ParentId) + 1 : 0;
+      Depth[TC.Id] = C.Depth;
+      C.Path = TC.Path;
+      C.ClassName = TC.ClassName;
+      C.ClassQualname = TC.ClassQualname;
+      C.SourceFile = TC.SourceFile;
+      C.SourceLine = TC.SourceLine;
+      auto Key = T.KeyOf.lookup(TC.Id);
+      auto RIt = R.ByKey.find(Key);
+      if (RIt == R.ByKey.end()) {
+        C.Mapped = false;
+        C.UnmappedReason = "no reference call with this path at this step";
+      } else {
+        const ModuleCallRecord *FC = nullptr;
+        if (F) {
+          auto FIt = F->ByKey.find(Key);
+          FC = FIt == F->ByKey.end() ? nullptr : FIt->second;
+        }
+        C.Ratio = callRatio(TC, *RIt->second, FC, "output");
+        C.InputRatio = callRatio(TC, *RIt->second, FC, "input");
+      }
+      if (C.Ratio)
+        D.MaxRatio = std::max(D.MaxRatio, *C.Ratio);
+      D.Curve.push_back(std::move(C));
+    }
+  }
+
+  bool elevated(const std::optional<double> &X) const { return X && *X > O.Threshold; }
+
+  void localize(Diagnosis &D) {
+    // Local divergence: the output departs while the inputs do not. Such a
+    // call computed the difference itself; a call downstream of it sees a
+    // diverged input and is not a root cause, and one that does not consume
+    // the bad tensor (up_proj after a broken act_fn) is not elevated at all.
+    std::vector<size_t> Candidates;
+    for (size_t I = 0; I < D.Curve.size(); ++I) {
+      const ComponentRatio &C = D.Curve[I];
+      if (C.Mapped && elevated(C.Ratio) && !elevated(C.InputRatio))
+        Candidates.push_back(I);
+    }
+    if (Candidates.empty())
+      return;
+    D.Result = Diagnosis::Verdict::Divergence;
+    // A candidate that contains another (mlp around act_fn) is explained by
+    // it: keep the innermost.
+    auto Contains = [&](size_t Outer, size_t Inner) {
+      int64_t Id = D.Curve[Inner].CallId;
+      const ModuleCallRecord *M = T.CallById.lookup(Id);
+      while (M && M->ParentId) {
+        if (*M->ParentId == D.Curve[Outer].CallId)
+          return true;
+        M = T.CallById.lookup(*M->ParentId);
+      }
+      return false;
+    };
+    std::vector<size_t> Innermost;
+    for (size_t A : Candidates)
+      if (llvm::none_of(Candidates, [&](size_t B) { return B != A && Contains(A, B); }))
+        Innermost.push_back(A);
+    // Then the candidates that contain them, as weaker suspects.
+    for (size_t A : Candidates)
+      if (llvm::find(Innermost, A) == Innermost.end())
+        Innermost.push_back(A);
+    for (size_t I : Innermost) {
+      if (D.Suspects.size() == 3)
+        break;
+      Suspect S;
+      S.Component = D.Curve[I];
+      raw_string_ostream(S.Reason)
+          << "output diverges (R = " << format("%.3g", *D.Curve[I].Ratio)
+          << ") while its inputs do not ("
+          << (D.Curve[I].InputRatio ? "R = " + formatv("{0}", format("%.3g", *D.Curve[I].InputRatio)).str()
+                                    : std::string("inputs not compared"))
+          << ")";
+      for (size_t J = I >= 3 ? I - 3 : 0; J < I; ++J)
+        S.Before.push_back(D.Curve[J]);
+      for (size_t J = I + 1; J < D.Curve.size() && J <= I + 3; ++J)
+        S.After.push_back(D.Curve[J]);
+      D.Suspects.push_back(std::move(S));
+    }
+  }
+
+  Side &T, &R;
+  Side *F;
+  const DiagnoseOptions &O;
+};
+
+} // namespace
+
+Expected<Diagnosis> diagnose(TraceReader &Target, TraceReader &Reference,
+                             TraceReader *ReferenceFP32, const DiagnoseOptions &Options) {
+  Side T, R, F;
+  if (Error E = T.load(Target))
+    return E;
+  if (Error E = R.load(Reference))
+    return E;
+  if (ReferenceFP32)
+    if (Error E = F.load(*ReferenceFP32))
+      return E;
+  if (T.Calls.empty())
+    return makeError("the target trace '" + Target.directory() + "' has no module calls");
+  if (R.Calls.empty())
+    return makeError("the reference trace '" + Reference.directory() + "' has no module calls");
+  Diagnosis D = Diagnoser(T, R, ReferenceFP32 ? &F : nullptr, Options).run();
+  for (Side *S : {&T, &R, &F})
+    if (!S->Problem.empty())
+      return makeError(S->Problem);
+  if (D.Result != Diagnosis::Verdict::InputsDiffer &&
+      llvm::none_of(D.Curve, [](const ComponentRatio &C) { return C.Ratio.has_value(); }))
+    return makeError("no target component could be compared with the reference: the module "
+                     "paths differ (different models?) or nothing was captured; "
+                     "--show-mapping lists the components");
+  return D;
+}
+
+} // namespace ekka

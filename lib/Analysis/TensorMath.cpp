@@ -1,0 +1,109 @@
+//===- TensorMath.cpp -----------------------------------------------------===//
+#include "ekka/Analysis/TensorMath.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace ekka {
+
+namespace {
+
+template <typename T> std::vector<double> widen(llvm::StringRef Bytes) {
+  size_t N = Bytes.size() / sizeof(T);
+  std::vector<double> Out(N);
+  const char *P = Bytes.data();
+  for (size_t I = 0; I < N; ++I) {
+    T V;
+    std::memcpy(&V, P + I * sizeof(T), sizeof(T));
+    Out[I] = double(V);
+  }
+  return Out;
+}
+
+double halfToDouble(uint16_t H) {
+  int Sign = H >> 15, Exp = (H >> 10) & 0x1f, Mant = H & 0x3ff;
+  double V;
+  if (Exp == 0)
+    V = std::ldexp(double(Mant), -24);
+  else if (Exp == 31)
+    V = Mant ? std::nan("") : INFINITY;
+  else
+    V = std::ldexp(double(Mant | 0x400), Exp - 25);
+  return Sign ? -V : V;
+}
+
+double bfloat16ToDouble(uint16_t B) {
+  uint32_t Bits = uint32_t(B) << 16;
+  float F;
+  std::memcpy(&F, &Bits, 4);
+  return F;
+}
+
+template <double (*Convert)(uint16_t)> std::vector<double> widen16(llvm::StringRef Bytes) {
+  size_t N = Bytes.size() / 2;
+  std::vector<double> Out(N);
+  for (size_t I = 0; I < N; ++I) {
+    uint16_t V;
+    std::memcpy(&V, Bytes.data() + 2 * I, 2);
+    Out[I] = Convert(V);
+  }
+  return Out;
+}
+
+} // namespace
+
+std::optional<std::vector<double>> toDoubles(DType Type, llvm::StringRef Bytes) {
+  switch (Type) {
+  case DType::F32: return widen<float>(Bytes);
+  case DType::F64: return widen<double>(Bytes);
+  case DType::F16: return widen16<halfToDouble>(Bytes);
+  case DType::BF16: return widen16<bfloat16ToDouble>(Bytes);
+  case DType::I64: return widen<int64_t>(Bytes);
+  case DType::I32: return widen<int32_t>(Bytes);
+  case DType::I16: return widen<int16_t>(Bytes);
+  case DType::I8: return widen<int8_t>(Bytes);
+  case DType::U8: return widen<uint8_t>(Bytes);
+  case DType::Bool: return widen<uint8_t>(Bytes);
+  default: return std::nullopt;
+  }
+}
+
+double unitRoundoff(DType Type) {
+  switch (Type) {
+  case DType::F64: return std::ldexp(1.0, -53);
+  case DType::F32: return std::ldexp(1.0, -24);
+  case DType::F16: return std::ldexp(1.0, -11);
+  case DType::BF16: return std::ldexp(1.0, -8);
+  case DType::F8E4M3: return std::ldexp(1.0, -4);
+  case DType::F8E5M2: return std::ldexp(1.0, -3);
+  default: return 0;
+  }
+}
+
+double distance(const std::vector<double> &A, const std::vector<double> &B) {
+  double S = 0;
+  for (size_t I = 0; I < A.size() && I < B.size(); ++I) {
+    double D = A[I] - B[I];
+    S += D * D;
+  }
+  return std::sqrt(S);
+}
+
+double norm(const std::vector<double> &A) {
+  double S = 0;
+  for (double V : A)
+    S += V * V;
+  return std::sqrt(S);
+}
+
+std::optional<size_t> firstDifference(const std::vector<double> &A, const std::vector<double> &B) {
+  size_t N = std::min(A.size(), B.size());
+  for (size_t I = 0; I < N; ++I)
+    if (A[I] != B[I])
+      return I;
+  if (A.size() != B.size())
+    return N;
+  return std::nullopt;
+}
+
+} // namespace ekka

@@ -1,0 +1,313 @@
+//===- ekka-diagnose.cpp - Name the component where a silent error begins -===//
+//
+// Exit codes: 0 no divergence beyond noise, 1 divergence or differing inputs,
+// 2 usage or input error.
+//
+//===----------------------------------------------------------------------===//
+#include "ekka/Analysis/Diagnosis.h"
+#include "ekka/Config.h"
+#include "ekka/Index/CodeIndex.h"
+#include "ekka/Support/Error.h"
+#include "ekka/Trace/TraceReader.h"
+
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cmath>
+
+using namespace llvm;
+using namespace ekka;
+
+namespace {
+
+constexpr const char *Tool = "ekka-diagnose";
+cl::OptionCategory Category("ekka-diagnose options");
+
+cl::opt<std::string> TargetDir("target", cl::value_desc("TRACE"), cl::cat(Category),
+                               cl::desc("Trace of the implementation under suspicion"));
+cl::opt<std::string> ReferenceDir("reference", cl::value_desc("TRACE"), cl::cat(Category),
+                                  cl::desc("Trace of the trusted implementation, same precision"));
+cl::opt<std::string> ReferenceFP32Dir(
+    "reference-fp32", cl::value_desc("TRACE"), cl::cat(Category),
+    cl::desc("Trace of the trusted implementation in FP32 (recommended): the accurate answer "
+             "the error ratio measures against"));
+cl::list<std::string> Indexes("index", cl::value_desc("INDEX"), cl::cat(Category),
+                              cl::desc("Code index (ekka-index build) to name the suspects' "
+                                       "source; repeatable"));
+cl::opt<double> Threshold("threshold", cl::init(1.5), cl::cat(Category),
+                          cl::desc("Error ratio above which a component diverges (default 1.5)"));
+cl::opt<bool> Json("json", cl::cat(Category), cl::desc("Print the diagnosis as JSON"));
+cl::opt<std::string> HtmlFile("html", cl::value_desc("FILE"), cl::cat(Category),
+                              cl::desc("Also write a self-contained HTML report"));
+cl::opt<bool> ShowMapping("show-mapping", cl::cat(Category),
+                          cl::desc("Print how target components map to reference components"));
+
+std::unique_ptr<TraceReader> openTrace(StringRef Flag, StringRef Dir) {
+  auto Ranks = TraceReader::openRanks(Dir);
+  if (!Ranks)
+    exitWithError(Tool, makeError("--" + Flag + ": " + toString(Ranks.takeError())));
+  // Multi-rank gathering comes with the Align library; rank 0 for now.
+  return std::move((*Ranks)[0]);
+}
+
+std::string ratioText(const std::optional<double> &R) {
+  return R ? formatv("{0}", format("%.3g", *R)).str() : std::string("-");
+}
+
+struct SourceLink {
+  std::string Location, Excerpt;
+};
+
+/// The suspect's class definition from the code indexes, else the trace's
+/// file:line.
+SourceLink sourceOf(const ComponentRatio &C, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
+  for (auto &I : Idx) {
+    auto Defs = I->classDefinitions(C.ClassQualname);
+    if (!Defs) {
+      consumeError(Defs.takeError());
+      continue;
+    }
+    if (!Defs->empty()) {
+      const IndexedDefinition &D = Defs->front();
+      return {D.File + ":" + std::to_string(D.Def.LineStart), D.Source};
+    }
+  }
+  if (C.SourceFile.empty())
+    return {};
+  return {C.SourceFile + ":" + std::to_string(C.SourceLine), ""};
+}
+
+std::string componentName(const ComponentRatio &C) {
+  return C.Path.empty() ? "(root " + C.ClassName + ")" : C.Path;
+}
+
+void printText(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
+  raw_ostream &OS = outs();
+  switch (D.Result) {
+  case Diagnosis::Verdict::InputsDiffer:
+    OS << "inputs-differ: the two programs were not fed the same inputs: " << D.InputsDifference
+       << "\n";
+    return;
+  case Diagnosis::Verdict::NoDivergence:
+    OS << "no-divergence: no component departs beyond numerical noise (largest R = "
+       << format("%.3g", D.MaxRatio) << ", threshold " << format("%g", D.Threshold) << ")\n";
+    OS << "  noise model: " << D.NoiseModel << "\n";
+    return;
+  case Diagnosis::Verdict::Divergence:
+    break;
+  }
+  const Suspect &First = D.Suspects.front();
+  OS << "divergence: " << componentName(First.Component) << " (" << First.Component.ClassName
+     << ") at step " << First.Component.Step << ", R = " << ratioText(First.Component.Ratio)
+     << "\n";
+  OS << "  noise model: " << D.NoiseModel << "\n";
+  unsigned Rank = 0;
+  for (const Suspect &S : D.Suspects) {
+    OS << "\nsuspect " << ++Rank << ": " << componentName(S.Component) << "  "
+       << S.Component.ClassQualname << "\n";
+    OS << "  " << S.Reason << "\n";
+    OS << "  evidence (R of the calls around it, in execution order):\n";
+    auto Line = [&](const ComponentRatio &C, bool Mark) {
+      OS << (Mark ? "  > " : "    ") << format("%-12s", ratioText(C.Ratio).c_str()) << " "
+         << componentName(C) << "\n";
+    };
+    for (const ComponentRatio &C : S.Before)
+      Line(C, false);
+    Line(S.Component, true);
+    for (const ComponentRatio &C : S.After)
+      Line(C, false);
+    SourceLink L = sourceOf(S.Component, Idx);
+    if (!L.Location.empty())
+      OS << "  source: " << L.Location << "\n";
+  }
+  if (!Idx.empty()) {
+    SourceLink L = sourceOf(First.Component, Idx);
+    if (!L.Excerpt.empty()) {
+      OS << "\n" << First.Component.ClassQualname << " (" << L.Location << "):\n";
+      StringRef Ex(L.Excerpt);
+      unsigned N = 0;
+      while (!Ex.empty() && N++ < 25) {
+        auto [LineText, Rest] = Ex.split('\n');
+        OS << "  | " << LineText << "\n";
+        Ex = Rest;
+      }
+    }
+  }
+}
+
+json::Value componentJSON(const ComponentRatio &C) {
+  json::Object O{{"component", C.Path}, {"class", C.ClassName}, {"step", C.Step}};
+  O["ratio"] = C.Ratio ? json::Value(*C.Ratio) : json::Value(nullptr);
+  return json::Value(std::move(O));
+}
+
+json::Value toJSON(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
+  json::Array Suspects;
+  for (const Suspect &S : D.Suspects) {
+    SourceLink L = sourceOf(S.Component, Idx);
+    json::Array Before, After;
+    for (const ComponentRatio &C : S.Before)
+      Before.push_back(componentJSON(C));
+    for (const ComponentRatio &C : S.After)
+      After.push_back(componentJSON(C));
+    Suspects.push_back(json::Object{
+        {"component", S.Component.Path},
+        {"class", S.Component.ClassQualname},
+        {"ratio", S.Component.Ratio ? json::Value(*S.Component.Ratio) : json::Value(nullptr)},
+        {"input_ratio",
+         S.Component.InputRatio ? json::Value(*S.Component.InputRatio) : json::Value(nullptr)},
+        {"step", S.Component.Step},
+        {"source", L.Location.empty() ? json::Value(nullptr) : json::Value(L.Location)},
+        {"kernel", nullptr},
+        {"reason", S.Reason},
+        {"evidence", json::Object{{"before", std::move(Before)}, {"after", std::move(After)}}},
+    });
+  }
+  json::Array Curve;
+  for (const ComponentRatio &C : D.Curve)
+    Curve.push_back(componentJSON(C));
+  json::Object O{{"verdict", verdictName(D.Result)},
+                 {"suspects", std::move(Suspects)},
+                 {"threshold", D.Threshold},
+                 {"noise_model", D.NoiseModel},
+                 {"max_ratio", D.MaxRatio},
+                 {"components", std::move(Curve)}};
+  if (D.Result == Diagnosis::Verdict::InputsDiffer)
+    O["inputs_difference"] = D.InputsDifference;
+  return json::Value(std::move(O));
+}
+
+std::string htmlEscape(StringRef S) {
+  std::string Out;
+  for (char C : S) {
+    switch (C) {
+    case '<': Out += "&lt;"; break;
+    case '>': Out += "&gt;"; break;
+    case '&': Out += "&amp;"; break;
+    case '"': Out += "&quot;"; break;
+    default: Out += C;
+    }
+  }
+  return Out;
+}
+
+/// One self-contained page: the error ratio along the call sequence (log
+/// scale SVG), the suspects with their evidence and source.
+void writeHtml(StringRef Path, const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
+  std::error_code EC;
+  raw_fd_ostream OS(Path, EC);
+  if (EC)
+    exitWithError(Tool, makeError("cannot write '" + Path + "': " + EC.message()));
+  OS << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Ekka diagnosis</title>"
+        "<style>body{font-family:sans-serif;margin:2em}pre{background:#f4f4f4;padding:1em}"
+        ".suspect{color:#b00}</style></head><body>\n";
+  OS << "<h1>" << htmlEscape(verdictName(D.Result)) << "</h1>\n";
+  if (!D.Suspects.empty())
+    OS << "<p class=\"suspect\">First suspect: <b>" << htmlEscape(componentName(D.Suspects[0].Component))
+       << "</b> (" << htmlEscape(D.Suspects[0].Component.ClassQualname) << ")</p>\n";
+  if (!D.InputsDifference.empty())
+    OS << "<p>" << htmlEscape(D.InputsDifference) << "</p>\n";
+  // The curve: log10(R) over the call sequence, threshold dashed.
+  const double W = 900, H = 260, Pad = 30;
+  auto Y = [&](double R) {
+    double L = std::log10(std::max(R, 1e-3));
+    double T = std::max(0.0, std::min(1.0, (L + 3) / 12));
+    return H - Pad - T * (H - 2 * Pad);
+  };
+  OS << "<svg id=\"error-ratio\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W
+     << "\" height=\"" << H << "\"><title>error ratio along the call sequence</title>\n";
+  OS << "<line x1=\"" << Pad << "\" x2=\"" << W - Pad << "\" y1=\"" << Y(D.Threshold)
+     << "\" y2=\"" << Y(D.Threshold) << "\" stroke=\"#888\" stroke-dasharray=\"4\"/>\n";
+  size_t N = D.Curve.size();
+  std::string Points;
+  for (size_t I = 0; I < N; ++I) {
+    if (!D.Curve[I].Ratio)
+      continue;
+    double X = Pad + (N > 1 ? double(I) / double(N - 1) : 0) * (W - 2 * Pad);
+    Points += formatv("{0:f1},{1:f1} ", X, Y(*D.Curve[I].Ratio)).str();
+    OS << "<circle cx=\"" << formatv("{0:f1}", X) << "\" cy=\""
+       << formatv("{0:f1}", Y(*D.Curve[I].Ratio)) << "\" r=\"2\"><title>"
+       << htmlEscape(componentName(D.Curve[I])) << " R=" << ratioText(D.Curve[I].Ratio)
+       << "</title></circle>\n";
+  }
+  OS << "<polyline fill=\"none\" stroke=\"#06c\" points=\"" << Points << "\"/>\n</svg>\n";
+  OS << "<p>" << htmlEscape(D.NoiseModel) << "; threshold " << format("%g", D.Threshold) << "</p>\n";
+  unsigned Rank = 0;
+  for (const Suspect &S : D.Suspects) {
+    OS << "<h2>Suspect " << ++Rank << ": " << htmlEscape(componentName(S.Component)) << "</h2>\n<p>"
+       << htmlEscape(S.Reason) << "</p>\n<table>";
+    for (const ComponentRatio &C : S.Before)
+      OS << "<tr><td>" << ratioText(C.Ratio) << "</td><td>" << htmlEscape(componentName(C)) << "</td></tr>";
+    OS << "<tr class=\"suspect\"><td>" << ratioText(S.Component.Ratio) << "</td><td><b>"
+       << htmlEscape(componentName(S.Component)) << "</b></td></tr>";
+    for (const ComponentRatio &C : S.After)
+      OS << "<tr><td>" << ratioText(C.Ratio) << "</td><td>" << htmlEscape(componentName(C)) << "</td></tr>";
+    OS << "</table>\n";
+    SourceLink L = sourceOf(S.Component, Idx);
+    if (!L.Location.empty())
+      OS << "<p>" << htmlEscape(L.Location) << "</p>\n";
+    if (!L.Excerpt.empty())
+      OS << "<pre>" << htmlEscape(L.Excerpt) << "</pre>\n";
+  }
+  OS << "</body></html>\n";
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  cl::HideUnrelatedOptions({&Category});
+  cl::SetVersionPrinter([](raw_ostream &OS) { OS << "ekka-diagnose " EKKA_VERSION "\n"; });
+  std::string Errors;
+  raw_string_ostream ErrOS(Errors);
+  if (!cl::ParseCommandLineOptions(
+          argc, argv,
+          "Ekka's diagnosis: name the component where a silent error begins.\n\n"
+          "Compares a target trace with a reference trace of the same precision (and,\n"
+          "recommended, one in FP32), module call by module call, with the paper's error\n"
+          "ratio R = |X_T - Y_R| / |X_R - Y_R|, and names the earliest component whose\n"
+          "output departs beyond noise while its own inputs do not.\n\n"
+          "  ekka-diagnose --target tgt.trace --reference ref.trace --reference-fp32 ref32.trace\n"
+          "                --index repo.idx --html report.html\n\n"
+          "Exit code: 0 no divergence beyond noise, 1 divergence or differing inputs,\n"
+          "2 usage or input error.\n",
+          &ErrOS)) {
+    StringRef First = StringRef(Errors).trim().split('\n').first;
+    if (!First.empty())
+      errs() << First << "\n";
+    return ExitInputError;
+  }
+  if (TargetDir.empty() || ReferenceDir.empty())
+    exitWithError(Tool, makeError("needs --target TRACE and --reference TRACE (see --help)"));
+  if (Threshold <= 0)
+    exitWithError(Tool, makeError("--threshold must be positive"));
+  auto Target = openTrace("target", TargetDir);
+  auto Reference = openTrace("reference", ReferenceDir);
+  std::unique_ptr<TraceReader> FP32;
+  if (!ReferenceFP32Dir.empty())
+    FP32 = openTrace("reference-fp32", ReferenceFP32Dir);
+  std::vector<std::unique_ptr<CodeIndex>> Idx;
+  for (const std::string &I : Indexes)
+    Idx.push_back(unwrapOrExit(Tool, CodeIndex::openForReading(I)));
+
+  DiagnoseOptions Options;
+  Options.Threshold = Threshold;
+  Diagnosis D = unwrapOrExit(Tool, diagnose(*Target, *Reference, FP32.get(), Options));
+
+  if (ShowMapping) {
+    for (const ComponentRatio &C : D.Curve)
+      outs() << (C.Mapped ? "mapped    " : "unmapped  ") << "step " << C.Step << "  "
+             << componentName(C) << (C.Mapped ? "  <->  " + componentName(C) : "  (" + C.UnmappedReason + ")")
+             << "\n";
+  }
+  if (Json)
+    outs() << formatv("{0:2}", toJSON(D, Idx)) << "\n";
+  else
+    printText(D, Idx);
+  if (!HtmlFile.empty())
+    writeHtml(HtmlFile, D, Idx);
+  return D.Result == Diagnosis::Verdict::NoDivergence ? ExitSuccess : ExitFinding;
+}
