@@ -31,6 +31,10 @@ namespace {
 struct Side {
   TraceReader *Reader = nullptr;
   std::vector<ModuleCallRecord> Calls;
+  std::vector<OpRecord> Ops;
+  std::vector<KernelRecord> Kernels;
+  /// op id -> its output tensors by index
+  std::map<int64_t, std::map<int64_t, const TensorRecord *>> OpOutputs;
   std::vector<TensorRecord> Tensors;
   DenseMap<int64_t, const ModuleCallRecord *> CallById;
   DenseMap<int64_t, const TensorRecord *> TensorById;
@@ -50,6 +54,14 @@ struct Side {
     if (!T)
       return T.takeError();
     Tensors = std::move(*T);
+    auto O = R.ops();
+    if (!O)
+      return O.takeError();
+    Ops = std::move(*O);
+    auto K = R.kernels();
+    if (!K)
+      return K.takeError();
+    Kernels = std::move(*K);
     std::map<std::pair<int64_t, std::string>, unsigned> Seen;
     for (const ModuleCallRecord &M : Calls) {
       CallById[M.Id] = &M;
@@ -62,6 +74,8 @@ struct Side {
       TensorById[X.Id] = &X;
       if (X.Owner == TensorOwner::ModuleCall)
         ByCall[X.OwnerId][X.Role][X.Index] = &X;
+      else if (X.Owner == TensorOwner::Op && X.Role == "output" && !X.Shard.empty())
+        OpOutputs[X.OwnerId][X.Index] = &X;
     }
     return Error::success();
   }
@@ -293,8 +307,82 @@ private:
         S.Before.push_back(D.Curve[J]);
       for (size_t J = I + 1; J < D.Curve.size() && J <= I + 3; ++J)
         S.After.push_back(D.Curve[J]);
+      S.Op = drillDown(D.Curve[I]);
       D.Suspects.push_back(std::move(S));
     }
+  }
+
+  /// The ops of a call (its own, not its children's) with captured outputs,
+  /// in execution order.
+  static std::vector<const OpRecord *> capturedOps(const Side &S, int64_t Call) {
+    std::vector<const OpRecord *> Out;
+    for (const OpRecord &Op : S.Ops)
+      if (Op.ModuleCallId && *Op.ModuleCallId == Call && S.OpOutputs.count(Op.Id) &&
+          !allocatesOnly(Op.Name))
+        Out.push_back(&Op);
+    return Out;
+  }
+
+  /// Ops whose output is storage still to be written (an `out=` buffer being
+  /// sized) or a view of an input: what they "computed" says nothing.
+  static bool allocatesOnly(StringRef Name) {
+    return Name == "aten::resize_" || Name == "aten::empty" || Name == "aten::empty_like" ||
+           Name == "aten::empty_strided" || Name == "aten::new_empty" ||
+           Name == "aten::alias" || Name == "aten::set_";
+  }
+
+  /// The first op of the suspect whose output departs from the reference's
+  /// op at the same place (same name, same occurrence), or the first op the
+  /// reference did not run.
+  std::optional<OpFinding> drillDown(const ComponentRatio &C) {
+    auto RIt = R.ByKey.find(T.KeyOf.lookup(C.CallId));
+    if (RIt == R.ByKey.end())
+      return std::nullopt;
+    std::vector<const OpRecord *> TO = capturedOps(T, C.CallId), RO = capturedOps(R, RIt->second->Id);
+    if (TO.empty())
+      return std::nullopt;
+    std::map<std::string, std::vector<const OpRecord *>> RByName;
+    for (const OpRecord *Op : RO)
+      RByName[Op->Name].push_back(Op);
+    std::map<std::string, unsigned> Seen;
+    auto KernelsOf = [&](int64_t OpId) {
+      std::vector<std::string> Names;
+      for (const KernelRecord &K : T.Kernels)
+        if (K.OpId && *K.OpId == OpId)
+          Names.push_back(K.Name);
+      return Names;
+    };
+    for (size_t I = 0; I < TO.size(); ++I) {
+      const OpRecord *Op = TO[I];
+      unsigned K = Seen[Op->Name]++;
+      OpFinding F;
+      F.Name = Op->Name;
+      F.Schema = Op->Schema;
+      F.Kernels = KernelsOf(Op->Id);
+      auto &Candidates = RByName[Op->Name];
+      if (K >= Candidates.size()) {
+        F.ReferenceName = I < RO.size() ? RO[I]->Name : "";
+        F.Reason = "the reference ran no " + Op->Name + " here" +
+                   (F.ReferenceName.empty() ? "" : " (it ran " + F.ReferenceName + ")");
+        return F;
+      }
+      const OpRecord *Ref = Candidates[K];
+      std::optional<double> Worst;
+      for (const auto &[Index, TT] : T.OpOutputs[Op->Id]) {
+        auto RT = R.OpOutputs[Ref->Id].find(Index);
+        if (RT == R.OpOutputs[Ref->Id].end())
+          continue;
+        if (auto X = ratio(TT, RT->second, nullptr))
+          Worst = std::max(Worst.value_or(0), *X);
+      }
+      if (elevated(Worst)) {
+        F.Ratio = Worst;
+        F.ReferenceName = Ref->Name;
+        F.Reason = "first op of the suspect whose output departs from the reference's";
+        return F;
+      }
+    }
+    return std::nullopt;
   }
 
   Side &T, &R;

@@ -81,6 +81,20 @@ SourceLink sourceOf(const ComponentRatio &C, std::vector<std::unique_ptr<CodeInd
   return {C.SourceFile + ":" + std::to_string(C.SourceLine), ""};
 }
 
+/// Where a kernel is defined, from the code indexes (find_kernel).
+std::string kernelSource(StringRef Kernel, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
+  for (auto &I : Idx) {
+    auto Defs = I->findKernel(Kernel);
+    if (!Defs) {
+      consumeError(Defs.takeError());
+      continue;
+    }
+    if (!Defs->empty())
+      return Defs->front().File + ":" + std::to_string(Defs->front().Def.LineStart);
+  }
+  return "";
+}
+
 std::string componentName(const ComponentRatio &C) {
   return C.Path.empty() ? "(root " + C.ClassName + ")" : C.Path;
 }
@@ -123,6 +137,18 @@ void printText(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx)
     SourceLink L = sourceOf(S.Component, Idx);
     if (!L.Location.empty())
       OS << "  source: " << L.Location << "\n";
+    if (S.Op) {
+      OS << "  op: " << S.Op->Name;
+      if (S.Op->Ratio)
+        OS << ", R = " << ratioText(S.Op->Ratio);
+      OS << " (" << S.Op->Reason << ")\n";
+      for (const std::string &K : S.Op->Kernels) {
+        OS << "  kernel: " << K;
+        if (std::string Where = kernelSource(K, Idx); !Where.empty())
+          OS << "  " << Where;
+        OS << "\n";
+      }
+    }
   }
   if (!Idx.empty()) {
     SourceLink L = sourceOf(First.Component, Idx);
@@ -145,6 +171,21 @@ json::Value componentJSON(const ComponentRatio &C) {
   return json::Value(std::move(O));
 }
 
+json::Value opJSON(const OpFinding &Op, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
+  json::Array Kernels;
+  for (const std::string &K : Op.Kernels) {
+    std::string Where = kernelSource(K, Idx);
+    Kernels.push_back(json::Object{
+        {"name", K}, {"source", Where.empty() ? json::Value(nullptr) : json::Value(Where)}});
+  }
+  return json::Object{{"op", Op.Name},
+                      {"schema", Op.Schema},
+                      {"ratio", Op.Ratio ? json::Value(*Op.Ratio) : json::Value(nullptr)},
+                      {"reference_op", Op.ReferenceName},
+                      {"reason", Op.Reason},
+                      {"kernels", std::move(Kernels)}};
+}
+
 json::Value toJSON(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
   json::Array Suspects;
   for (const Suspect &S : D.Suspects) {
@@ -162,7 +203,7 @@ json::Value toJSON(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &
          S.Component.InputRatio ? json::Value(*S.Component.InputRatio) : json::Value(nullptr)},
         {"step", S.Component.Step},
         {"source", L.Location.empty() ? json::Value(nullptr) : json::Value(L.Location)},
-        {"kernel", nullptr},
+        {"kernel", S.Op ? opJSON(*S.Op, Idx) : json::Value(nullptr)},
         {"reason", S.Reason},
         {"evidence", json::Object{{"before", std::move(Before)}, {"after", std::move(After)}}},
     });

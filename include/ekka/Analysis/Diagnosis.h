@@ -42,10 +42,22 @@ struct ComponentRatio {
   std::string UnmappedReason;
 };
 
+/// Inside a suspect: the first op whose output departs from the matching
+/// reference op (ops paired by name and order within the call), and the GPU
+/// kernels it launched.
+struct OpFinding {
+  std::string Name, Schema;
+  std::optional<double> Ratio;   ///< None when the reference ran no such op.
+  std::string ReferenceName;     ///< What the reference ran at that place.
+  std::vector<std::string> Kernels;
+  std::string Reason;
+};
+
 struct Suspect {
   ComponentRatio Component;
   std::string Reason;
   std::vector<ComponentRatio> Before, After; ///< The evidence window.
+  std::optional<OpFinding> Op;               ///< When op outputs were captured.
 };
 
 struct Diagnosis {
