@@ -22,15 +22,15 @@ struct CudaLaunchKernel13Params {
   cudaStream_t Stream;
 };
 
-template <typename P> void fromRuntimeParams(const P *Params, KernelLaunch &L) {
-  L.Grid[0] = Params->gridDim.x;
-  L.Grid[1] = Params->gridDim.y;
-  L.Grid[2] = Params->gridDim.z;
-  L.Block[0] = Params->blockDim.x;
-  L.Block[1] = Params->blockDim.y;
-  L.Block[2] = Params->blockDim.z;
-  L.SharedMem = Params->sharedMem;
-  L.Stream = reinterpret_cast<uint64_t>(Params->stream);
+void setLaunch(KernelLaunch &L, dim3 Grid, dim3 Block, uint64_t SharedMem, const void *Stream) {
+  L.Grid[0] = Grid.x;
+  L.Grid[1] = Grid.y;
+  L.Grid[2] = Grid.z;
+  L.Block[0] = Block.x;
+  L.Block[1] = Block.y;
+  L.Block[2] = Block.z;
+  L.SharedMem = SharedMem;
+  L.Stream = reinterpret_cast<uint64_t>(Stream);
 }
 
 } // namespace
@@ -61,19 +61,15 @@ std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
     switch (Cbid) {
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
-      fromRuntimeParams(static_cast<const cudaLaunchKernel_v7000_params *>(FunctionParams), L);
+    {
+      auto *P = static_cast<const cudaLaunchKernel_v7000_params *>(FunctionParams);
+      setLaunch(L, P->gridDim, P->blockDim, P->sharedMem, P->stream);
       return L;
+    }
     case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000:
     case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000: {
       auto *P = static_cast<const CudaLaunchKernel13Params *>(FunctionParams);
-      L.Grid[0] = P->GridDim.x;
-      L.Grid[1] = P->GridDim.y;
-      L.Grid[2] = P->GridDim.z;
-      L.Block[0] = P->BlockDim.x;
-      L.Block[1] = P->BlockDim.y;
-      L.Block[2] = P->BlockDim.z;
-      L.SharedMem = P->SharedMem;
-      L.Stream = reinterpret_cast<uint64_t>(P->Stream);
+      setLaunch(L, P->GridDim, P->BlockDim, P->SharedMem, P->Stream);
       return L;
     }
     default: { // cudaLaunchKernelExC: the launch configuration holds it all
@@ -81,14 +77,7 @@ std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
       if (!P->config)
         return L;
       const cudaLaunchConfig_t &C = *P->config;
-      L.Grid[0] = C.gridDim.x;
-      L.Grid[1] = C.gridDim.y;
-      L.Grid[2] = C.gridDim.z;
-      L.Block[0] = C.blockDim.x;
-      L.Block[1] = C.blockDim.y;
-      L.Block[2] = C.blockDim.z;
-      L.SharedMem = C.dynamicSmemBytes;
-      L.Stream = reinterpret_cast<uint64_t>(C.stream);
+      setLaunch(L, C.gridDim, C.blockDim, C.dynamicSmemBytes, C.stream);
       return L;
     }
     }
@@ -96,28 +85,16 @@ std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
   if (Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel ||
       Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz) {
     auto *P = static_cast<const cuLaunchKernel_params *>(FunctionParams);
-    L.Grid[0] = P->gridDimX;
-    L.Grid[1] = P->gridDimY;
-    L.Grid[2] = P->gridDimZ;
-    L.Block[0] = P->blockDimX;
-    L.Block[1] = P->blockDimY;
-    L.Block[2] = P->blockDimZ;
-    L.SharedMem = P->sharedMemBytes;
-    L.Stream = reinterpret_cast<uint64_t>(P->hStream);
+    setLaunch(L, dim3(P->gridDimX, P->gridDimY, P->gridDimZ),
+              dim3(P->blockDimX, P->blockDimY, P->blockDimZ), P->sharedMemBytes, P->hStream);
     return L;
   }
   auto *P = static_cast<const cuLaunchKernelEx_params *>(FunctionParams);
   if (!P->config)
     return L;
   const CUlaunchConfig &C = *P->config;
-  L.Grid[0] = C.gridDimX;
-  L.Grid[1] = C.gridDimY;
-  L.Grid[2] = C.gridDimZ;
-  L.Block[0] = C.blockDimX;
-  L.Block[1] = C.blockDimY;
-  L.Block[2] = C.blockDimZ;
-  L.SharedMem = C.sharedMemBytes;
-  L.Stream = reinterpret_cast<uint64_t>(C.hStream);
+  setLaunch(L, dim3(C.gridDimX, C.gridDimY, C.gridDimZ), dim3(C.blockDimX, C.blockDimY, C.blockDimZ),
+            C.sharedMemBytes, C.hStream);
   return L;
 }
 

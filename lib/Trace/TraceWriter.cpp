@@ -210,6 +210,19 @@ private:
   unsigned NextShard = 0;
 };
 
+void removeTrace(StringRef Dir) {
+  std::error_code EC;
+  for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC)) {
+    StringRef Name = sys::path::filename(It->path());
+    if (Name.starts_with(TraceDatabaseName) ||
+        (Name.starts_with("tensors-") && Name.contains(".safetensors")))
+      sys::fs::remove(It->path());
+    else if ((Name.starts_with("rank-") || Name.starts_with("process-")) &&
+             sys::fs::is_directory(It->path()))
+      sys::fs::remove_directories(It->path());
+  }
+}
+
 TraceWriter::TraceWriter(std::string Dir, TraceWriterOptions Options)
     : Dir(std::move(Dir)), Options(Options) {}
 
@@ -220,14 +233,7 @@ Expected<std::unique_ptr<TraceWriter>> TraceWriter::create(StringRef Dir,
   if (sys::fs::exists(DbPath)) {
     if (!Options.Force)
       return makeError("'" + Dir + "' already holds a trace (use --force to replace it)");
-    // Replace the trace, not whatever else the user keeps in that directory.
-    std::error_code EC;
-    for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC)) {
-      StringRef Name = sys::path::filename(It->path());
-      if (Name.starts_with("trace.db") ||
-          (Name.starts_with("tensors-") && Name.contains(".safetensors")))
-        sys::fs::remove(It->path());
-    }
+    removeTrace(Dir);
   }
   if (std::error_code EC = sys::fs::create_directories(Dir))
     return makeError("cannot create trace directory '" + Dir + "': " + EC.message());

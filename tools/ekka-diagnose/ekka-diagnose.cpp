@@ -7,6 +7,7 @@
 #include "ekka/Analysis/Diagnosis.h"
 #include "ekka/Config.h"
 #include "ekka/Index/CodeIndex.h"
+#include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
 #include "ekka/Trace/TraceReader.h"
 
@@ -302,9 +303,7 @@ void writeHtml(StringRef Path, const Diagnosis &D, std::vector<std::unique_ptr<C
 int main(int argc, char **argv) {
   cl::HideUnrelatedOptions({&Category});
   cl::SetVersionPrinter([](raw_ostream &OS) { OS << "ekka-diagnose " EKKA_VERSION "\n"; });
-  std::string Errors;
-  raw_string_ostream ErrOS(Errors);
-  if (!cl::ParseCommandLineOptions(
+  parseCommandLineOrExit(
           argc, argv,
           "Ekka's diagnosis: name the component where a silent error begins.\n\n"
           "Compares a target trace with a reference trace of the same precision (and,\n"
@@ -314,13 +313,7 @@ int main(int argc, char **argv) {
           "  ekka-diagnose --target tgt.trace --reference ref.trace --reference-fp32 ref32.trace\n"
           "                --index repo.idx --html report.html\n\n"
           "Exit code: 0 no divergence beyond noise, 1 divergence or differing inputs,\n"
-          "2 usage or input error.\n",
-          &ErrOS)) {
-    StringRef First = StringRef(Errors).trim().split('\n').first;
-    if (!First.empty())
-      errs() << First << "\n";
-    return ExitInputError;
-  }
+          "2 usage or input error.\n");
   if (TargetDir.empty() || ReferenceDir.empty())
     exitWithError(Tool, makeError("needs --target TRACE and --reference TRACE (see --help)"));
   if (Threshold <= 0)

@@ -8,6 +8,7 @@
 #include "ekka/Config.h"
 #include "ekka/Index/CodeIndex.h"
 #include "ekka/Index/IndexBuilder.h"
+#include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
 
 #include "llvm/ADT/StringSwitch.h"
@@ -263,9 +264,7 @@ int main(int argc, char **argv) {
   for (cl::SubCommand *Sub : {&BuildCmd, &QueryCmd, &InfoCmd})
     cl::HideUnrelatedOptions({&BuildCategory, &QueryCategory}, *Sub);
   cl::SetVersionPrinter([](raw_ostream &OS) { OS << "ekka-index " EKKA_VERSION "\n"; });
-  std::string ParseErrors;
-  raw_string_ostream ErrOS(ParseErrors);
-  bool OK = cl::ParseCommandLineOptions(
+  parseCommandLineOrExit(
       argc, argv,
       "Ekka's code index: the static view of a diagnosis.\n\n"
       "Indexes every Python class and function (tree-sitter) and every C++/CUDA\n"
@@ -276,15 +275,7 @@ int main(int argc, char **argv) {
       "  ekka-index build ~/src/flashinfer -o flashinfer.idx\n"
       "  ekka-index query flashinfer.idx get_class_definition BatchPrefillWithPagedKVCacheWrapper\n"
       "  ekka-index query flashinfer.idx find_kernel _ZN10flashinfer...\n\n"
-      "Run 'ekka-index build --help' or 'ekka-index query --help' for each command.\n",
-      &ErrOS);
-  if (!OK) {
-    // Some option errors LLVM prints itself; the rest are in ParseErrors.
-    StringRef First = StringRef(ParseErrors).trim().split('\n').first;
-    if (!First.empty())
-      errs() << First << "\n";
-    return ExitInputError;
-  }
+      "Run 'ekka-index build --help' or 'ekka-index query --help' for each command.\n");
   if (BuildCmd)
     return runBuild();
   if (QueryCmd)

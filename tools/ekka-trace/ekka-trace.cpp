@@ -9,8 +9,10 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ekka/Config.h"
+#include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
 #include "ekka/Trace/TraceReader.h"
+#include "ekka/Trace/TraceWriter.h"
 
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/CommandLine.h"
@@ -110,20 +112,6 @@ std::string captureOptions() {
   if (!Framework.empty())
     Add("framework", Framework);
   return O;
-}
-
-/// Removes a previous trace in Dir (trace.db, shards, rank-N/), nothing else.
-void removeTrace(StringRef Dir) {
-  std::error_code EC;
-  for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC)) {
-    StringRef Name = sys::path::filename(It->path());
-    if (Name.starts_with("trace.db") ||
-        (Name.starts_with("tensors-") && Name.contains(".safetensors")))
-      sys::fs::remove(It->path());
-    else if ((Name.starts_with("rank-") || Name.starts_with("process-")) &&
-             sys::fs::is_directory(It->path()))
-      sys::fs::remove_directories(It->path());
-  }
 }
 
 bool holdsTrace(StringRef Dir) {
@@ -338,9 +326,7 @@ int main(int argc, char **argv) {
   cl::HideUnrelatedOptions({&TraceCategory});
   cl::HideUnrelatedOptions({&TraceCategory}, ShowCmd);
   cl::SetVersionPrinter([](raw_ostream &OS) { OS << "ekka-trace " EKKA_VERSION "\n"; });
-  std::string ParseErrors;
-  raw_string_ostream ErrOS(ParseErrors);
-  bool OK = cl::ParseCommandLineOptions(
+  parseCommandLineOrExit(
       int(Ours.size()), Ours.data(),
       "Ekka's tracer: record what a PyTorch program computed.\n\n"
       "Runs a program with every torch.nn.Module call recorded (path, class, source,\n"
@@ -350,14 +336,7 @@ int main(int argc, char **argv) {
       "  ekka-trace -o ref.trace -- python run_reference.py\n"
       "  ekka-trace -o tgt.trace --capture-ops 'zoo::' -- python run_target.py\n"
       "  ekka-trace show ref.trace\n\n"
-      "The exit code is the program's own (128+N if a signal N ended it).\n",
-      &ErrOS);
-  if (!OK) {
-    StringRef First = StringRef(ParseErrors).trim().split('\n').first;
-    if (!First.empty())
-      errs() << First << "\n";
-    return ExitInputError;
-  }
+      "The exit code is the program's own (128+N if a signal N ended it).\n");
   if (ShowCmd)
     return runShow();
   return runTrace(Command, argv[0]);

@@ -1,6 +1,7 @@
 //===- ekka-tree.cpp - Print a trace's module tree ------------------------===//
 #include "ekka/Config.h"
 #include "ekka/Model/ModelTree.h"
+#include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
 #include "ekka/Trace/TraceReader.h"
 
@@ -55,19 +56,11 @@ json::Value toJSON(const ModelTreeNode &N) {
 int main(int argc, char **argv) {
   cl::HideUnrelatedOptions({&Category});
   cl::SetVersionPrinter([](raw_ostream &OS) { OS << "ekka-tree " EKKA_VERSION "\n"; });
-  std::string Errors;
-  raw_string_ostream ErrOS(Errors);
-  if (!cl::ParseCommandLineOptions(
+  parseCommandLineOrExit(
           argc, argv,
           "Print the module tree of a trace, repeated layers folded (layers.{0..31} \u00d732),\n"
           "with each module's class and the file:line that defines it.\n\n"
-          "  ekka-tree ref.trace\n  ekka-tree tgt.trace --json\n",
-          &ErrOS)) {
-    StringRef First = StringRef(Errors).trim().split('\n').first;
-    if (!First.empty())
-      errs() << First << "\n";
-    return ExitInputError;
-  }
+          "  ekka-tree ref.trace\n  ekka-tree tgt.trace --json\n");
   if (Args.size() != 1)
     exitWithError(Tool, makeError("takes one TRACE (see ekka-tree --help)"));
   auto Ranks = unwrapOrExit(Tool, TraceReader::openRanks(Args[0]));

@@ -25,6 +25,10 @@ struct TraceWriterOptions {
   bool Force = false;
 };
 
+/// Removes the trace in \p Dir — trace.db (with its journal), the shards,
+/// rank-N/ and process-PID/ — and nothing else the user keeps there.
+void removeTrace(llvm::StringRef Dir);
+
 /// What a writer has recorded so far.
 struct TraceCounts {
   uint64_t ModuleCalls = 0, Ops = 0, Kernels = 0, Tensors = 0;
