@@ -4,9 +4,12 @@
 #include "ekka/Support/Error.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
@@ -25,7 +28,109 @@ StringRef verdictName(Diagnosis::Verdict V) {
   return "?";
 }
 
+Expected<std::vector<MappingRule>> readMappingFile(StringRef Path) {
+  auto Buffer = MemoryBuffer::getFile(Path);
+  if (!Buffer)
+    return makeError("cannot read mapping file '" + Path + "': " + Buffer.getError().message());
+  auto Bad = [&](const Twine &Why) {
+    return makeError("mapping file '" + Path + "': " + Why);
+  };
+  Expected<json::Value> V = json::parse((*Buffer)->getBuffer());
+  if (!V)
+    return Bad("not JSON (" + toString(V.takeError()) + ")");
+  const json::Object *O = V->getAsObject();
+  const json::Array *Rules = O ? O->getArray("components") : nullptr;
+  if (!Rules)
+    return Bad("expected {\"components\": [...]}");
+  std::vector<MappingRule> Out;
+  for (size_t I = 0; I < Rules->size(); ++I) {
+    const json::Object *R = (*Rules)[I].getAsObject();
+    auto Target = R ? R->getString("target") : std::nullopt;
+    if (!Target)
+      return Bad("component " + Twine(I) + " has no \"target\"");
+    MappingRule Rule;
+    Rule.Target = Target->str();
+    if (auto One = R->getString("reference"))
+      Rule.Reference.push_back(One->str());
+    else if (const json::Array *Many = R->getArray("reference"))
+      for (const json::Value &X : *Many)
+        if (auto S = X.getAsString())
+          Rule.Reference.push_back(S->str());
+    if (Rule.Reference.empty())
+      return Bad("component " + Twine(I) + " (" + *Target + ") has no \"reference\"");
+    if (auto Dim = R->getInteger("concat_dim"))
+      Rule.ConcatDim = int(*Dim);
+    Out.push_back(std::move(Rule));
+  }
+  return Out;
+}
+
 namespace {
+
+/// Matches \p Path against \p Pattern (`*` = one dot-free segment); the
+/// segments the stars took, or none.
+std::optional<std::vector<std::string>> matchPath(StringRef Pattern, StringRef Path) {
+  SmallVector<StringRef, 8> P, X;
+  Pattern.split(P, '.');
+  Path.split(X, '.');
+  if (P.size() != X.size())
+    return std::nullopt;
+  std::vector<std::string> Stars;
+  for (size_t I = 0; I < P.size(); ++I) {
+    if (P[I] == "*")
+      Stars.push_back(X[I].str());
+    else if (P[I] != X[I])
+      return std::nullopt;
+  }
+  return Stars;
+}
+
+std::string substitute(StringRef Pattern, const std::vector<std::string> &Stars) {
+  SmallVector<StringRef, 8> P;
+  Pattern.split(P, '.');
+  std::string Out;
+  size_t Star = 0;
+  for (size_t I = 0; I < P.size(); ++I) {
+    if (I)
+      Out += '.';
+    Out += P[I] == "*" && Star < Stars.size() ? Stars[Star++] : P[I].str();
+  }
+  return Out;
+}
+
+/// Concatenates row-major tensors along \p Dim (negative counts from the
+/// end); none if their shapes do not allow it.
+std::optional<std::vector<double>> concatenate(const std::vector<std::vector<double>> &Parts,
+                                               const std::vector<std::vector<int64_t>> &Shapes,
+                                               int Dim) {
+  if (Parts.empty())
+    return std::nullopt;
+  size_t Rank = Shapes[0].size();
+  if (Rank == 0)
+    return std::nullopt;
+  size_t D = Dim < 0 ? size_t(int(Rank) + Dim) : size_t(Dim);
+  if (D >= Rank)
+    return std::nullopt;
+  int64_t Outer = 1;
+  for (size_t I = 0; I < D; ++I)
+    Outer *= Shapes[0][I];
+  std::vector<int64_t> Inner(Parts.size());
+  for (size_t K = 0; K < Parts.size(); ++K) {
+    if (Shapes[K].size() != Rank)
+      return std::nullopt;
+    int64_t N = 1;
+    for (size_t I = D; I < Rank; ++I)
+      N *= Shapes[K][I];
+    Inner[K] = N;
+    if (int64_t(Parts[K].size()) != Outer * N)
+      return std::nullopt;
+  }
+  std::vector<double> Out;
+  for (int64_t O = 0; O < Outer; ++O)
+    for (size_t K = 0; K < Parts.size(); ++K)
+      Out.insert(Out.end(), Parts[K].begin() + O * Inner[K], Parts[K].begin() + (O + 1) * Inner[K]);
+  return Out;
+}
 
 /// One side's trace, indexed for the comparison.
 struct Side {
@@ -222,6 +327,80 @@ private:
     return Worst;
   }
 
+  /// A rule-mapped call's ratio: the reference side is the concatenation of
+  /// the reference calls' outputs (index 0), and likewise for FP32.
+  std::optional<double> ruleRatio(const ModuleCallRecord &TC,
+                                  const std::vector<const ModuleCallRecord *> &RC,
+                                  const std::vector<const ModuleCallRecord *> &FC, int Dim) {
+    const TensorRecord *TT = T.tensor(TC.Id, "output", 0);
+    if (!TT)
+      return std::nullopt;
+    auto XT = T.values(TT);
+    auto Gather = [&](Side &S, const std::vector<const ModuleCallRecord *> &Calls)
+        -> std::optional<std::vector<double>> {
+      std::vector<std::vector<double>> Parts;
+      std::vector<std::vector<int64_t>> Shapes;
+      for (const ModuleCallRecord *C : Calls) {
+        const TensorRecord *X = S.tensor(C->Id, "output", 0);
+        if (!X)
+          return std::nullopt;
+        auto V = S.values(X);
+        if (!V)
+          return std::nullopt;
+        Parts.push_back(std::move(*V));
+        Shapes.push_back(X->Shape);
+      }
+      return concatenate(Parts, Shapes, Dim);
+    };
+    auto XR = Gather(R, RC);
+    if (!XT || !XR || XT->size() != XR->size() || XT->empty())
+      return std::nullopt;
+    DType Type = R.tensor(RC[0]->Id, "output", 0)->Type;
+    if (F && FC.size() == RC.size()) {
+      if (auto YR = Gather(*F, FC); YR && YR->size() == XT->size()) {
+        double Den = std::max(distance(*XR, *YR), unitRoundoff(Type) * norm(*YR));
+        return distance(*XT, *YR) / (Den + 1e-30);
+      }
+    }
+    double Num = distance(*XT, *XR);
+    if (Num == 0)
+      return 0.0;
+    return Num / (O.NoiseUnits * std::max(unitRoundoff(Type), unitRoundoff(TT->Type)) *
+                      norm(*XR) +
+                  1e-30);
+  }
+
+  /// Applies the first mapping rule that matches \p TC; true if one did.
+  bool applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
+    for (const MappingRule &Rule : O.Mapping) {
+      auto Stars = matchPath(Rule.Target, TC.Path);
+      if (!Stars)
+        continue;
+      auto Key = T.KeyOf.lookup(TC.Id);
+      std::vector<const ModuleCallRecord *> RC, FC;
+      for (const std::string &Pattern : Rule.Reference) {
+        std::string Path = substitute(Pattern, *Stars);
+        C.ReferencePaths.push_back(Path);
+        auto RK = std::make_tuple(std::get<0>(Key), Path, std::get<2>(Key));
+        auto RIt = R.ByKey.find(RK);
+        if (RIt == R.ByKey.end()) {
+          C.Mapped = false;
+          C.UnmappedReason = "the mapping names reference '" + Path + "', which did not run";
+          return true;
+        }
+        RC.push_back(RIt->second);
+        if (F)
+          if (auto FIt = F->ByKey.find(RK); FIt != F->ByKey.end())
+            FC.push_back(FIt->second);
+      }
+      C.Ratio = ruleRatio(TC, RC, FC, Rule.ConcatDim);
+      // Inputs: the first reference component sees what the target does.
+      C.InputRatio = callRatio(TC, *RC[0], FC.empty() ? nullptr : FC[0], "input");
+      return true;
+    }
+    return false;
+  }
+
   void computeRatios(Diagnosis &D) {
     DenseMap<int64_t, unsigned> Depth;
     for (const ModuleCallRecord &TC : T.Calls) {
@@ -238,7 +417,9 @@ private:
       C.SourceLine = TC.SourceLine;
       auto Key = T.KeyOf.lookup(TC.Id);
       auto RIt = R.ByKey.find(Key);
-      if (RIt == R.ByKey.end()) {
+      if (applyRule(TC, C)) {
+        // mapped (or not) by the user's mapping
+      } else if (RIt == R.ByKey.end()) {
         C.Mapped = false;
         C.UnmappedReason = "no reference call with this path at this step";
       } else {
@@ -247,6 +428,7 @@ private:
           auto FIt = F->ByKey.find(Key);
           FC = FIt == F->ByKey.end() ? nullptr : FIt->second;
         }
+        C.ReferencePaths.push_back(RIt->second->Path);
         C.Ratio = callRatio(TC, *RIt->second, FC, "output");
         C.InputRatio = callRatio(TC, *RIt->second, FC, "input");
       }
@@ -269,8 +451,22 @@ private:
       if (C.Mapped && elevated(C.Ratio) && !elevated(C.InputRatio))
         Candidates.push_back(I);
     }
-    if (Candidates.empty())
+    if (Candidates.empty()) {
+      // Everything elevated has elevated inputs: the divergence enters from
+      // a component without a reference counterpart. Blame its first
+      // consumer, and say why.
+      for (size_t I = 0; I < D.Curve.size(); ++I)
+        if (D.Curve[I].Mapped && elevated(D.Curve[I].Ratio)) {
+          D.Result = Diagnosis::Verdict::Divergence;
+          Suspect S;
+          S.Component = D.Curve[I];
+          S.Reason = "output diverges and so do its inputs, which come from a component "
+                     "without a reference counterpart (see --show-mapping)";
+          D.Suspects.push_back(std::move(S));
+          break;
+        }
       return;
+    }
     D.Result = Diagnosis::Verdict::Divergence;
     // A candidate that contains another (mlp around act_fn) is explained by
     // it: keep the innermost.

@@ -44,6 +44,10 @@ cl::opt<double> Threshold("threshold", cl::init(1.5), cl::cat(Category),
 cl::opt<bool> Json("json", cl::cat(Category), cl::desc("Print the diagnosis as JSON"));
 cl::opt<std::string> HtmlFile("html", cl::value_desc("FILE"), cl::cat(Category),
                               cl::desc("Also write a self-contained HTML report"));
+cl::opt<std::string> MappingFile(
+    "mapping", cl::value_desc("FILE"), cl::cat(Category),
+    cl::desc("A JSON file mapping target components onto reference ones (renamed, fused: "
+             "qkv_proj onto q_proj,k_proj,v_proj); see docs/Diagnose.md"));
 cl::opt<bool> ShowMapping("show-mapping", cl::cat(Category),
                           cl::desc("Print how target components map to reference components"));
 
@@ -329,13 +333,19 @@ int main(int argc, char **argv) {
 
   DiagnoseOptions Options;
   Options.Threshold = Threshold;
+  if (!MappingFile.empty())
+    Options.Mapping = unwrapOrExit(Tool, readMappingFile(MappingFile));
   Diagnosis D = unwrapOrExit(Tool, diagnose(*Target, *Reference, FP32.get(), Options));
 
   if (ShowMapping) {
-    for (const ComponentRatio &C : D.Curve)
+    for (const ComponentRatio &C : D.Curve) {
+      std::string Refs;
+      for (const std::string &P : C.ReferencePaths)
+        Refs += (Refs.empty() ? "" : ", ") + (P.empty() ? std::string("(root)") : P);
       outs() << (C.Mapped ? "mapped    " : "unmapped  ") << "step " << C.Step << "  "
-             << componentName(C) << (C.Mapped ? "  <->  " + componentName(C) : "  (" + C.UnmappedReason + ")")
-             << "\n";
+             << componentName(C)
+             << (C.Mapped ? "  <->  " + Refs : "  (" + C.UnmappedReason + ")") << "\n";
+    }
   }
   if (Json)
     outs() << formatv("{0:2}", toJSON(D, Idx)) << "\n";

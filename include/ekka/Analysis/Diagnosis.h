@@ -21,7 +21,24 @@
 
 namespace ekka {
 
+/// A user's mapping of one target component onto reference components, for
+/// code that names or fuses modules differently (docs/Diagnose.md):
+///   {"target": "model.layers.*.self_attn.qkv_proj",
+///    "reference": ["model.layers.*.self_attn.q_proj", "...k_proj", "...v_proj"],
+///    "concat_dim": -1}
+/// `*` stands for one path segment and takes the same value on both sides.
+/// Several reference components are concatenated along `concat_dim`.
+struct MappingRule {
+  std::string Target;
+  std::vector<std::string> Reference;
+  int ConcatDim = -1;
+};
+
+/// Reads a mapping file: {"components": [rule, ...]}.
+llvm::Expected<std::vector<MappingRule>> readMappingFile(llvm::StringRef Path);
+
 struct DiagnoseOptions {
+  std::vector<MappingRule> Mapping; ///< Tried before matching paths.
   /// R above this is divergence beyond numerical noise (the paper's 1.5).
   double Threshold = 1.5;
   /// Without an FP32 reference: how many units of roundoff of the traced
@@ -40,6 +57,7 @@ struct ComponentRatio {
   std::optional<double> InputRatio; ///< Of its inputs (through the dataflow).
   bool Mapped = true;
   std::string UnmappedReason;
+  std::vector<std::string> ReferencePaths; ///< What it was mapped to.
 };
 
 /// Inside a suspect: the first op whose output departs from the matching
