@@ -230,6 +230,13 @@ public:
                      : "no FP32 reference: R = |X_T - X_R| / (" +
                            formatv("{0}", format("%g", O.NoiseUnits)).str() +
                            " u |X_R|), u the unit roundoff of the traced precision";
+    groupSteps();
+    if (MergeSteps)
+      for (const ModuleCallRecord &M : T.Calls)
+        D.MergedSteps = std::max(D.MergedSteps, M.Step);
+    if (MergeSteps)
+      D.NoiseModel += "; the target's prefill and decode steps concatenated along the token "
+                      "dimension to meet the reference's single forward";
     if (checkInputs(D))
       return D;
     computeRatios(D);
@@ -258,11 +265,11 @@ private:
       // inputs (embeddings fed directly) are compared as components are.
       if (unitRoundoff(A->Type) != 0 || unitRoundoff(B->Type) != 0)
         continue;
-      auto VA = T.values(A), VB = R.values(B);
+      auto VA = targetValues(A, TR->Id, B->Shape), VB = R.values(B);
       if (!VA || !VB)
         continue;
       auto Diff = firstDifference(*VA, *VB);
-      if (!Diff && A->Shape == B->Shape)
+      if (!Diff && (A->Shape == B->Shape || MergeSteps))
         continue;
       size_t P = Diff.value_or(0);
       std::string Msg;
@@ -288,10 +295,11 @@ private:
   }
 
   /// The ratio for one pair of same-role tensors (and the FP32 reference's).
-  std::optional<double> ratio(const TensorRecord *A, const TensorRecord *B, const TensorRecord *C) {
+  std::optional<double> ratio(const TensorRecord *A, const TensorRecord *B, const TensorRecord *C,
+                              int64_t TargetCall = 0) {
     if (!A || !B)
       return std::nullopt;
-    auto XT = T.values(A), XR = R.values(B);
+    auto XT = targetValues(A, TargetCall, B->Shape), XR = R.values(B);
     if (!XT || !XR || XT->size() != XR->size() || XT->empty())
       return std::nullopt;
     if (F && C) {
@@ -321,11 +329,81 @@ private:
     for (const auto &[Index, TT] : RoleIt->second) {
       const TensorRecord *RT = R.tensor(RC.Id, Role, Index);
       const TensorRecord *FT = FC ? F->tensor(FC->Id, Role, Index) : nullptr;
-      if (auto X = ratio(TT, RT, FT))
+      if (auto X = ratio(TT, RT, FT, TC.Id))
         Worst = std::max(Worst.value_or(0), *X);
     }
     return Worst;
   }
+
+  /// The target's values for tensor \p A of call \p Call. When the target
+  /// served the prompt as a prefill and then decode steps against a
+  /// reference that ran the whole sequence in one forward, a component's
+  /// tensors of every step are concatenated along the token dimension — the
+  /// one where the steps' shapes differ and add up to the reference's.
+  std::optional<std::vector<double>> targetValues(const TensorRecord *A, int64_t Call,
+                                                  const std::vector<int64_t> &RefShape) {
+    auto Steps = LaterSteps.find(Call);
+    if (!MergeSteps || Steps == LaterSteps.end())
+      return T.values(A);
+    std::vector<const TensorRecord *> Parts = {A};
+    for (const ModuleCallRecord *Later : Steps->second)
+      if (const TensorRecord *X = T.tensor(Later->Id, A->Role, A->Index))
+        Parts.push_back(X);
+    size_t Rank = A->Shape.size();
+    if (Rank != RefShape.size())
+      return T.values(A);
+    std::optional<size_t> Dim;
+    for (size_t D = 0; D < Rank && !Dim; ++D) {
+      int64_t Sum = 0;
+      bool Others = true;
+      for (const TensorRecord *X : Parts) {
+        if (X->Shape.size() != Rank)
+          return std::nullopt;
+        Sum += X->Shape[D];
+        for (size_t E = 0; E < Rank; ++E)
+          Others &= E == D || X->Shape[E] == RefShape[E];
+      }
+      if (Others && Sum == RefShape[D])
+        Dim = D;
+    }
+    if (!Dim)
+      return T.values(A);
+    std::vector<std::vector<double>> Values;
+    std::vector<std::vector<int64_t>> Shapes;
+    for (const TensorRecord *X : Parts) {
+      auto V = T.values(X);
+      if (!V)
+        return std::nullopt;
+      Values.push_back(std::move(*V));
+      Shapes.push_back(X->Shape);
+    }
+    return concatenate(Values, Shapes, int(*Dim));
+  }
+
+  /// Prefill and decode steps against a one-shot reference: group each
+  /// target call of step 1 with the same module's calls in later steps.
+  void groupSteps() {
+    auto Steps = [](const Side &S) {
+      int64_t Max = 0;
+      for (const ModuleCallRecord &M : S.Calls)
+        Max = std::max(Max, M.Step);
+      return Max;
+    };
+    MergeSteps = Steps(R) == 1 && Steps(T) > 1;
+    if (!MergeSteps)
+      return;
+    for (const ModuleCallRecord &M : T.Calls) {
+      if (M.Step == 1)
+        continue;
+      auto [Step, Path, Occurrence] = T.KeyOf.lookup(M.Id);
+      auto First = T.ByKey.find(std::make_tuple(int64_t(1), Path, Occurrence));
+      if (First != T.ByKey.end())
+        LaterSteps[First->second->Id].push_back(&M);
+    }
+  }
+
+  bool MergeSteps = false;
+  DenseMap<int64_t, std::vector<const ModuleCallRecord *>> LaterSteps;
 
   /// A rule-mapped call's ratio: the reference side is the concatenation of
   /// the reference calls' outputs (index 0), and likewise for FP32.
@@ -404,6 +482,8 @@ private:
   void computeRatios(Diagnosis &D) {
     DenseMap<int64_t, unsigned> Depth;
     for (const ModuleCallRecord &TC : T.Calls) {
+      if (MergeSteps && TC.Step > 1)
+        continue; // folded into its step-1 call
       ComponentRatio C;
       C.CallId = TC.Id;
       C.Seq = TC.Seq;

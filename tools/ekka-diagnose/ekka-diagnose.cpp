@@ -121,8 +121,10 @@ void printText(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx)
   }
   const Suspect &First = D.Suspects.front();
   OS << "divergence: " << componentName(First.Component) << " (" << First.Component.ClassName
-     << ") at step " << First.Component.Step << ", R = " << ratioText(First.Component.Ratio)
-     << "\n";
+     << ") "
+     << (D.MergedSteps > 1 ? "over steps 1-" + std::to_string(D.MergedSteps)
+                           : "at step " + std::to_string(First.Component.Step))
+     << ", R = " << ratioText(First.Component.Ratio) << "\n";
   OS << "  noise model: " << D.NoiseModel << "\n";
   unsigned Rank = 0;
   for (const Suspect &S : D.Suspects) {
@@ -221,6 +223,7 @@ json::Value toJSON(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &
                  {"threshold", D.Threshold},
                  {"noise_model", D.NoiseModel},
                  {"max_ratio", D.MaxRatio},
+                 {"merged_steps", D.MergedSteps},
                  {"components", std::move(Curve)}};
   if (D.Result == Diagnosis::Verdict::InputsDiffer)
     O["inputs_difference"] = D.InputsDifference;

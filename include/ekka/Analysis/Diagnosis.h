@@ -86,6 +86,9 @@ struct Diagnosis {
   std::string InputsDifference;       ///< For InputsDiffer: where, in words.
   double Threshold = 1.5;
   double MaxRatio = 0;
+  /// Target forward steps folded into each component (prefill + decode
+  /// steps against a one-shot reference); 1 when none were.
+  int64_t MergedSteps = 1;
 };
 
 llvm::StringRef verdictName(Diagnosis::Verdict V);
