@@ -20,25 +20,6 @@ template <typename T> std::vector<double> widen(llvm::StringRef Bytes) {
   return Out;
 }
 
-double halfToDouble(uint16_t H) {
-  int Sign = H >> 15, Exp = (H >> 10) & 0x1f, Mant = H & 0x3ff;
-  double V;
-  if (Exp == 0)
-    V = std::ldexp(double(Mant), -24);
-  else if (Exp == 31)
-    V = Mant ? std::nan("") : INFINITY;
-  else
-    V = std::ldexp(double(Mant | 0x400), Exp - 25);
-  return Sign ? -V : V;
-}
-
-double bfloat16ToDouble(uint16_t B) {
-  uint32_t Bits = uint32_t(B) << 16;
-  float F;
-  std::memcpy(&F, &Bits, 4);
-  return F;
-}
-
 template <double (*Convert)(uint16_t)> std::vector<double> widen16(llvm::StringRef Bytes) {
   size_t N = Bytes.size() / 2;
   std::vector<double> Out(N);

@@ -113,14 +113,19 @@ TensorStats tensorStats(const at::Tensor &T) {
     default: break;
     }
   }
-  // On a GPU, or an element type the loop does not know: reductions there.
+  // On a GPU, or an element type the loop does not know: reductions there,
+  // brought back in one transfer.
   at::Tensor X = T.detach().to(at::kDouble);
-  S.Sum = X.sum().item<double>();
-  S.SumSq = (X * X).sum().item<double>();
-  S.Min = X.min().item<double>();
-  S.Max = X.max().item<double>();
-  S.NanCount = X.isnan().sum().item<int64_t>();
-  S.InfCount = X.isinf().sum().item<int64_t>();
+  at::Tensor All = at::stack({X.sum(), (X * X).sum(), X.min(), X.max(),
+                              X.isnan().sum().to(at::kDouble), X.isinf().sum().to(at::kDouble)})
+                       .cpu();
+  const double *V = All.const_data_ptr<double>();
+  S.Sum = V[0];
+  S.SumSq = V[1];
+  S.Min = V[2];
+  S.Max = V[3];
+  S.NanCount = int64_t(V[4]);
+  S.InfCount = int64_t(V[5]);
   return S;
 }
 

@@ -126,13 +126,22 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   R.OwnerId = OwnerId;
   R.Role = Role;
   R.Index = Index;
-  if (Stats)
-    R.Stats = tensorStats(T);
+  uint64_t Size = uint64_t(T.numel()) * T.element_size();
+  bool Captured = Capture && withinCaptureBudget(S, Size);
   std::optional<std::string> Data;
-  if (Capture && withinCaptureBudget(S, uint64_t(T.numel()) * T.element_size()))
+  auto Use = TraceWriter::BytesUse::Capture;
+  if (Captured) {
+    Data = tensorBytes(T); // the writer computes the statistics from them
+  } else if (Stats && T.device().is_cpu()) {
+    // A copy is cheaper here than the statistics: they are computed on the
+    // writer's thread.
     Data = tensorBytes(T);
+    Use = TraceWriter::BytesUse::StatsOnly;
+  } else if (Stats) {
+    R.Stats = tensorStats(T); // on the device, one transfer of six numbers
+  }
   int64_t Id = R.Id;
-  S.Writer->addTensor(std::move(R), std::move(Data));
+  S.Writer->addTensor(std::move(R), std::move(Data), Use);
   return Id;
 }
 

@@ -5,6 +5,11 @@
 #include "llvm/Support/Format.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
 using namespace llvm;
 
 namespace ekka {
@@ -130,6 +135,108 @@ std::string shardFileName(unsigned Index) {
   std::string Name;
   raw_string_ostream(Name) << format("tensors-%04u.safetensors", Index);
   return Name;
+}
+
+double halfToDouble(uint16_t H) {
+  int Sign = H >> 15, Exp = (H >> 10) & 0x1f, Mant = H & 0x3ff;
+  double V;
+  if (Exp == 0)
+    V = std::ldexp(double(Mant), -24);
+  else if (Exp == 31)
+    V = Mant ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else
+    V = std::ldexp(double(Mant | 0x400), Exp - 25);
+  return Sign ? -V : V;
+}
+
+double bfloat16ToDouble(uint16_t B) {
+  uint32_t Bits = uint32_t(B) << 16;
+  float F;
+  std::memcpy(&F, &Bits, 4);
+  return F;
+}
+
+namespace {
+
+/// One branch-free pass in four lanes (short dependency chains). Min and max
+/// skip NaNs; the sums include them, as the NaN count says.
+template <typename Read> TensorStats statsOf(size_t N, Read Get) {
+  constexpr int L = 4;
+  double Sum[L] = {}, SumSq[L] = {}, Min[L], Max[L];
+  int64_t Nan[L] = {}, Inf[L] = {};
+  for (int J = 0; J < L; ++J) {
+    Min[J] = std::numeric_limits<double>::infinity();
+    Max[J] = -std::numeric_limits<double>::infinity();
+  }
+  auto Step = [&](int J, double V) {
+    Sum[J] += V;
+    SumSq[J] += V * V;
+    Min[J] = V < Min[J] ? V : Min[J];
+    Max[J] = V > Max[J] ? V : Max[J];
+    Nan[J] += V != V;
+    Inf[J] += std::abs(V) == std::numeric_limits<double>::infinity();
+  };
+  size_t I = 0;
+  for (; I + L <= N; I += L)
+    for (int J = 0; J < L; ++J)
+      Step(J, Get(I + J));
+  for (; I < N; ++I)
+    Step(0, Get(I));
+  TensorStats S;
+  if (N == 0)
+    return S;
+  S.Min = std::numeric_limits<double>::infinity();
+  S.Max = -S.Min;
+  for (int J = 0; J < L; ++J) {
+    S.Sum += Sum[J];
+    S.SumSq += SumSq[J];
+    S.Min = std::min(S.Min, Min[J]);
+    S.Max = std::max(S.Max, Max[J]);
+    S.NanCount += Nan[J];
+    S.InfCount += Inf[J];
+  }
+  if (S.NanCount == int64_t(N))
+    S.Min = S.Max = std::numeric_limits<double>::quiet_NaN();
+  return S;
+}
+
+template <typename T> TensorStats statsOfType(StringRef Bytes) {
+  const char *P = Bytes.data();
+  return statsOf(Bytes.size() / sizeof(T), [P](size_t I) {
+    T V;
+    std::memcpy(&V, P + I * sizeof(T), sizeof(T));
+    return double(V);
+  });
+}
+
+template <double (*Convert)(uint16_t)> TensorStats statsOf16(StringRef Bytes) {
+  const char *P = Bytes.data();
+  return statsOf(Bytes.size() / 2, [P](size_t I) {
+    uint16_t V;
+    std::memcpy(&V, P + 2 * I, 2);
+    return Convert(V);
+  });
+}
+
+} // namespace
+
+std::optional<TensorStats> statsOfBytes(DType Type, StringRef Bytes) {
+  switch (Type) {
+  case DType::F32: return statsOfType<float>(Bytes);
+  case DType::F64: return statsOfType<double>(Bytes);
+  case DType::F16: return statsOf16<halfToDouble>(Bytes);
+  case DType::BF16: return statsOf16<bfloat16ToDouble>(Bytes);
+  case DType::I64: return statsOfType<int64_t>(Bytes);
+  case DType::I32: return statsOfType<int32_t>(Bytes);
+  case DType::I16: return statsOfType<int16_t>(Bytes);
+  case DType::I8: return statsOfType<int8_t>(Bytes);
+  case DType::U8:
+  case DType::Bool: return statsOfType<uint8_t>(Bytes);
+  case DType::U16: return statsOfType<uint16_t>(Bytes);
+  case DType::U32: return statsOfType<uint32_t>(Bytes);
+  case DType::U64: return statsOfType<uint64_t>(Bytes);
+  default: return std::nullopt;
+  }
 }
 
 StringRef ownerName(TensorOwner O) {

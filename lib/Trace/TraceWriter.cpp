@@ -159,7 +159,9 @@ private:
 
   Error add(TensorItem &T, TraceCounts &Counts) {
     ++Counts.Tensors;
-    if (!T.Data)
+    if (T.Data && !T.Record.Stats)
+      T.Record.Stats = statsOfBytes(T.Record.Type, *T.Data);
+    if (!T.Data || T.Use == BytesUse::StatsOnly)
       return insertTensor(T.Record);
     // Captured: the row waits for its shard to be on disk.
     T.Record.Key = "t" + std::to_string(T.Record.Id);
@@ -280,9 +282,9 @@ void TraceWriter::setMeta(StringRef Key, StringRef Value) {
 void TraceWriter::addModuleCall(ModuleCallRecord R) { enqueue(std::move(R), 0); }
 void TraceWriter::addOp(OpRecord R) { enqueue(std::move(R), 0); }
 void TraceWriter::addKernel(KernelRecord R) { enqueue(std::move(R), 0); }
-void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data) {
+void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data, BytesUse Use) {
   uint64_t Bytes = Data ? Data->size() : 0;
-  enqueue(TensorItem{std::move(R), std::move(Data)}, Bytes);
+  enqueue(TensorItem{std::move(R), std::move(Data), Use}, Bytes);
 }
 
 void TraceWriter::run() {
@@ -313,7 +315,7 @@ void TraceWriter::run() {
     } else {
       // After a failure nothing more is written; captures are counted lost.
       for (Item &I : Batch)
-        if (auto *T = std::get_if<TensorItem>(&I); T && T->Data)
+        if (auto *T = std::get_if<TensorItem>(&I); T && T->Data && T->Use == BytesUse::Capture)
           ++Counts.DroppedCaptures;
     }
     Batch.clear();

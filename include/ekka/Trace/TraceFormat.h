@@ -52,6 +52,14 @@ struct TensorStats {
   int64_t NanCount = 0, InfCount = 0;
 };
 
+/// Half and bfloat16 bits to double.
+double halfToDouble(uint16_t Bits);
+double bfloat16ToDouble(uint16_t Bits);
+
+/// The statistics of a contiguous tensor's bytes, in one pass; none for an
+/// element type without a numeric reading (fp8).
+std::optional<TensorStats> statsOfBytes(DType Type, llvm::StringRef Bytes);
+
 struct ModuleCallRecord {
   int64_t Id = 0;
   std::optional<int64_t> ParentId;

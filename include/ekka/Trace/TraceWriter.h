@@ -61,9 +61,17 @@ public:
   void addModuleCall(ModuleCallRecord R);
   void addOp(OpRecord R);
   void addKernel(KernelRecord R);
+  /// What to do with a tensor's bytes.
+  enum class BytesUse {
+    Capture,   ///< Store them in a shard (and compute the statistics).
+    StatsOnly, ///< Compute the statistics from them, then drop them.
+  };
   /// Records a tensor's metadata and statistics; with \p Data (owned bytes,
-  /// contiguous, of R.Type and R.Shape) its contents are captured too.
-  void addTensor(TensorRecord R, std::optional<std::string> Data = std::nullopt);
+  /// contiguous, of R.Type and R.Shape) its contents are captured, or used
+  /// for the statistics only. Statistics are computed on the writer's
+  /// thread, off the program's.
+  void addTensor(TensorRecord R, std::optional<std::string> Data = std::nullopt,
+                 BytesUse Use = BytesUse::Capture);
 
   /// Writes everything still queued and the last shard, then stops the
   /// background thread. The first write error (a full disk) is returned;
@@ -79,6 +87,7 @@ private:
   struct TensorItem {
     TensorRecord Record;
     std::optional<std::string> Data;
+    BytesUse Use = BytesUse::Capture;
   };
   using Item = std::variant<MetaItem, ModuleCallRecord, OpRecord, KernelRecord, TensorItem>;
 
