@@ -10,6 +10,8 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <pthread.h>
+
 using namespace llvm;
 
 namespace ekka {
@@ -254,7 +256,11 @@ Expected<std::unique_ptr<TraceWriter>> TraceWriter::create(StringRef Dir,
     return E;
   W->setMeta("format", "ekka-trace " + std::to_string(TraceFormatMajor) + "." +
                            std::to_string(TraceFormatMinor));
-  W->Worker = std::thread([Raw = W.get()] { Raw->run(); });
+  W->Worker = std::thread([Raw = W.get()] {
+    // Named, so that top and perf tell the writer from the program.
+    pthread_setname_np(pthread_self(), "ekka-writer");
+    Raw->run();
+  });
   return W;
 }
 
