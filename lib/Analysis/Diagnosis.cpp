@@ -13,6 +13,8 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 
 using namespace llvm;
@@ -302,10 +304,16 @@ private:
     auto XT = targetValues(A, TargetCall, B->Shape), XR = R.values(B);
     if (!XT || !XR || XT->size() != XR->size() || XT->empty())
       return std::nullopt;
+    // A NaN or infinity where the reference has none (or the reverse) is a
+    // divergence whatever the scale: R = infinity.
+    if (std::isinf(distance(*XT, *XR)))
+      return std::numeric_limits<double>::infinity();
     if (F && C) {
       if (auto YR = F->values(C); YR && YR->size() == XT->size()) {
         double Floor = unitRoundoff(B->Type) * norm(*YR);
         double Den = std::max(distance(*XR, *YR), Floor);
+        if (std::isinf(Den))
+          Den = Floor; // the reference's own NaNs: measure against roundoff
         return distance(*XT, *YR) / (Den + 1e-30);
       }
     }
@@ -316,10 +324,14 @@ private:
     return Num / (Den + 1e-30);
   }
 
-  /// The largest ratio over a call's tensors of one role.
+  /// The largest ratio over a call's tensors of one role. \p AllCompared
+  /// (if given) says whether every such tensor could be compared.
   std::optional<double> callRatio(const ModuleCallRecord &TC, const ModuleCallRecord &RC,
-                                  const ModuleCallRecord *FC, StringRef Role) {
+                                  const ModuleCallRecord *FC, StringRef Role,
+                                  bool *AllCompared = nullptr) {
     std::optional<double> Worst;
+    if (AllCompared)
+      *AllCompared = true;
     auto It = T.ByCall.find(TC.Id);
     if (It == T.ByCall.end())
       return Worst;
@@ -331,6 +343,8 @@ private:
       const TensorRecord *FT = FC ? F->tensor(FC->Id, Role, Index) : nullptr;
       if (auto X = ratio(TT, RT, FT, TC.Id))
         Worst = std::max(Worst.value_or(0), *X);
+      else if (AllCompared)
+        *AllCompared = false;
     }
     return Worst;
   }
@@ -351,7 +365,7 @@ private:
         Parts.push_back(X);
     size_t Rank = A->Shape.size();
     if (Rank != RefShape.size())
-      return T.values(A);
+      return std::nullopt;
     std::optional<size_t> Dim;
     for (size_t D = 0; D < Rank && !Dim; ++D) {
       int64_t Sum = 0;
@@ -367,7 +381,7 @@ private:
         Dim = D;
     }
     if (!Dim)
-      return T.values(A);
+      return std::nullopt; // the steps do not add up to the reference: not comparable
     std::vector<std::vector<double>> Values;
     std::vector<std::vector<int64_t>> Shapes;
     for (const TensorRecord *X : Parts) {
@@ -473,7 +487,8 @@ private:
       }
       C.Ratio = ruleRatio(TC, RC, FC, Rule.ConcatDim);
       // Inputs: the first reference component sees what the target does.
-      C.InputRatio = callRatio(TC, *RC[0], FC.empty() ? nullptr : FC[0], "input");
+      C.InputRatio =
+          callRatio(TC, *RC[0], FC.empty() ? nullptr : FC[0], "input", &C.InputsCompared);
       return true;
     }
     return false;
@@ -510,10 +525,12 @@ private:
         }
         C.ReferencePaths.push_back(RIt->second->Path);
         C.Ratio = callRatio(TC, *RIt->second, FC, "output");
-        C.InputRatio = callRatio(TC, *RIt->second, FC, "input");
+        C.InputRatio = callRatio(TC, *RIt->second, FC, "input", &C.InputsCompared);
       }
       if (C.Ratio)
         D.MaxRatio = std::max(D.MaxRatio, *C.Ratio);
+      else
+        ++D.Uncompared;
       D.Curve.push_back(std::move(C));
     }
   }
@@ -525,12 +542,16 @@ private:
     // call computed the difference itself; a call downstream of it sees a
     // diverged input and is not a root cause, and one that does not consume
     // the bad tensor (up_proj after a broken act_fn) is not elevated at all.
-    std::vector<size_t> Candidates;
+    // Strong candidates had every input compared; weak ones had some that
+    // could not be (not captured, or changed in place before they were
+    // recorded) and rank after all strong ones.
+    std::vector<size_t> Candidates, Weak;
     for (size_t I = 0; I < D.Curve.size(); ++I) {
       const ComponentRatio &C = D.Curve[I];
       if (C.Mapped && elevated(C.Ratio) && !elevated(C.InputRatio))
-        Candidates.push_back(I);
+        (C.InputsCompared ? Candidates : Weak).push_back(I);
     }
+    Candidates.insert(Candidates.end(), Weak.begin(), Weak.end());
     if (Candidates.empty()) {
       // Everything elevated has elevated inputs: the divergence enters from
       // a component without a reference counterpart. Blame its first
@@ -578,6 +599,7 @@ private:
           << ") while its inputs do not ("
           << (D.Curve[I].InputRatio ? "R = " + formatv("{0}", format("%.3g", *D.Curve[I].InputRatio)).str()
                                     : std::string("inputs not compared"))
+          << (D.Curve[I].InputsCompared ? "" : "; some inputs could not be compared")
           << ")";
       for (size_t J = I >= 3 ? I - 3 : 0; J < I; ++J)
         S.Before.push_back(D.Curve[J]);

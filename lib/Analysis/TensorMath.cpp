@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace ekka {
 
@@ -64,7 +65,16 @@ double unitRoundoff(DType Type) {
 double distance(const std::vector<double> &A, const std::vector<double> &B) {
   double S = 0;
   for (size_t I = 0; I < A.size() && I < B.size(); ++I) {
-    double D = A[I] - B[I];
+    double X = A[I], Y = B[I];
+    if (!std::isfinite(X) || !std::isfinite(Y)) {
+      // The same NaN or infinity on both sides agrees; anything else is
+      // as far apart as can be.
+      bool Same = (std::isnan(X) && std::isnan(Y)) || X == Y;
+      if (!Same)
+        return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    double D = X - Y;
     S += D * D;
   }
   return std::sqrt(S);
@@ -73,7 +83,8 @@ double distance(const std::vector<double> &A, const std::vector<double> &B) {
 double norm(const std::vector<double> &A) {
   double S = 0;
   for (double V : A)
-    S += V * V;
+    if (std::isfinite(V))
+      S += V * V;
   return std::sqrt(S);
 }
 

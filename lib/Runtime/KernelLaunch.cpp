@@ -9,12 +9,12 @@ namespace ekka {
 
 namespace {
 
-/// CUDA 13 launches through `__cudaLaunchKernel(const void *func, dim3 grid,
+/// CUDA 13 launches through `__cudaLaunchKernel(cudaKernel_t kernel, dim3 grid,
 /// dim3 block, void **args, size_t sharedMem, cudaStream_t stream)`, and
 /// CUPTI publishes no parameter struct for it (CBIDs 505/506). Its
 /// parameters are laid out as this struct, the same as cudaLaunchKernel's.
 struct CudaLaunchKernel13Params {
-  const void *Func;
+  const void *Kernel; // cudaKernel_t
   dim3 GridDim;
   dim3 BlockDim;
   void **Args;
@@ -42,9 +42,13 @@ bool isLaunchCallback(LaunchDomain Domain, uint32_t Cbid) {
            Cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060 ||
            Cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060 ||
            Cbid == CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000 ||
-           Cbid == CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000;
+           Cbid == CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000 ||
+           Cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000 ||
+           Cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000;
   return Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel ||
          Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz ||
+         Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel ||
+         Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz ||
          Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx ||
          Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz;
 }
@@ -61,7 +65,9 @@ std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
     switch (Cbid) {
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
-    {
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000: {
+      // The cooperative launch's parameters are laid out as these.
       auto *P = static_cast<const cudaLaunchKernel_v7000_params *>(FunctionParams);
       setLaunch(L, P->gridDim, P->blockDim, P->sharedMem, P->stream);
       return L;
@@ -83,7 +89,11 @@ std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
     }
   }
   if (Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel ||
-      Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz) {
+      Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz ||
+      Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel ||
+      Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz) {
+    // cuLaunchCooperativeKernel's parameters are cuLaunchKernel's without
+    // the trailing `extra`.
     auto *P = static_cast<const cuLaunchKernel_params *>(FunctionParams);
     setLaunch(L, dim3(P->gridDimX, P->gridDimY, P->gridDimZ),
               dim3(P->blockDimX, P->blockDimY, P->blockDimZ), P->sharedMemBytes, P->hStream);

@@ -10,25 +10,49 @@
 
 #include <torch/library.h>
 
+#include <atomic>
+#include <cstdio>
+
 namespace {
 
+// Nothing may throw into the traced program: an error in recording costs
+// that record, and is said once on stderr.
+template <typename Fn, typename R> R guarded(Fn F, R Fallback) {
+  try {
+    return F();
+  } catch (const std::exception &E) {
+    static std::atomic<bool> Said{false};
+    if (!Said.exchange(true))
+      std::fprintf(stderr, "ekka-trace: warning: a record was lost: %s\n", E.what());
+    return Fallback;
+  }
+}
+
 std::string startOp(std::string Dir, std::string Options, std::string CommandLine) {
-  return ekka::startTrace(Dir, Options, CommandLine);
+  return guarded([&] { return ekka::startTrace(Dir, Options, CommandLine); },
+                 std::string("the runtime failed to start"));
 }
 
 int64_t enterOp(std::string Path, std::string ClassName, std::string ClassQualname,
               std::string SourceFile, int64_t SourceLine, bool IsRoot,
               std::vector<at::Tensor> Inputs) {
-  return ekka::enterModule(Path, ClassName, ClassQualname, SourceFile, SourceLine, IsRoot,
-                           Inputs);
+  return guarded([&] {
+    return ekka::enterModule(Path, ClassName, ClassQualname, SourceFile, SourceLine, IsRoot,
+                             Inputs);
+  }, int64_t(0));
 }
 
 void exitOp(int64_t Id, std::vector<at::Tensor> Outputs, std::vector<at::Tensor> KeywordInputs,
             int64_t FirstKeywordIndex) {
-  ekka::exitModule(Id, Outputs, KeywordInputs, FirstKeywordIndex);
+  guarded([&] {
+    ekka::exitModule(Id, Outputs, KeywordInputs, FirstKeywordIndex);
+    return 0;
+  }, 0);
 }
 
-std::string stopOp() { return ekka::stopTrace(); }
+std::string stopOp() {
+  return guarded([&] { return ekka::stopTrace(); }, std::string("error: stopping failed"));
+}
 
 } // namespace
 

@@ -59,7 +59,8 @@ namespace {
 
 struct OpenCall {
   int64_t Id;
-  bool Capture; ///< Whether this call's tensors are captured.
+  bool Capture;       ///< Whether this call's tensors are captured.
+  int64_t FirstTensor; ///< Tensor ids from here on were recorded inside it.
 };
 
 /// A module output the trace recorded, to recognise it when it comes back as
@@ -94,6 +95,14 @@ thread_local std::unordered_map<const c10::TensorImpl *, ProducedTensor> Produce
 thread_local std::vector<int64_t> OpStack; ///< Ops running on this thread.
 thread_local bool InsideEkka = false;
 
+/// Marks the thread as inside Ekka (our own tensor ops are not recorded)
+/// for a scope, also when an exception leaves it.
+struct InsideEkkaScope {
+  bool Saved = InsideEkka;
+  InsideEkkaScope() { InsideEkka = true; }
+  ~InsideEkkaScope() { InsideEkka = Saved; }
+};
+
 int64_t openCall() {
   if (!CallStack.empty())
     return CallStack.back().Id;
@@ -121,6 +130,9 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   if (!describeTensor(T, R))
     return 0;
   R.SourceId = SourceId;
+  if (T.is_meta()) { // no data to read: metadata only
+    Stats = Capture = false;
+  }
   R.Id = S.Writer->nextTensorId();
   R.Owner = Owner;
   R.OwnerId = OwnerId;
@@ -145,17 +157,27 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   return Id;
 }
 
-/// The recorded module output that \p T still is, if any.
-std::optional<int64_t> producerOf(const at::Tensor &T) {
+/// What is known of where a module input came from.
+struct Provenance {
+  std::optional<int64_t> Source; ///< The recorded module output it still is.
+  bool ChangedInPlace = false;   ///< It was one, but an op has written to it since.
+};
+
+Provenance provenanceOf(const at::Tensor &T) {
+  Provenance P;
   if (!T.defined())
-    return std::nullopt;
+    return P;
   auto It = Producers.find(T.unsafeGetTensorImpl());
   if (It == Producers.end())
-    return std::nullopt;
+    return P;
   auto Alive = It->second.Impl.lock();
-  if (Alive.get() != T.unsafeGetTensorImpl() || T._version() != It->second.Version)
-    return std::nullopt;
-  return It->second.TensorId;
+  if (Alive.get() != T.unsafeGetTensorImpl())
+    return P;
+  if (T._version() != It->second.Version)
+    P.ChangedInPlace = true;
+  else
+    P.Source = It->second.TensorId;
+  return P;
 }
 
 /// An op's schema as text, formatted once per operator and thread: printing
@@ -176,7 +198,26 @@ struct OpContext : at::ObserverContext {
   int64_t OpId = 0;
 };
 
+std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn);
+void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw);
+
+// RecordFunction callbacks must not throw into PyTorch.
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction &Fn) {
+  try {
+    return onOpStartImpl(Fn);
+  } catch (const std::exception &) {
+    return nullptr;
+  }
+}
+
+void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
+  try {
+    onOpEndImpl(Fn, Raw);
+  } catch (const std::exception &) {
+  }
+}
+
+std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn) {
   Session *S = Current;
   if (!S || InsideEkka)
     return nullptr;
@@ -196,13 +237,13 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction &Fn) {
   return Ctx;
 }
 
-void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
+void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
   Session *S = Current;
   if (Raw && !OpStack.empty())
     OpStack.pop_back();
   if (!S || !Raw || InsideEkka)
     return;
-  InsideEkka = true;
+  InsideEkkaScope Inside;
   auto *Ctx = static_cast<OpContext *>(Raw);
   bool Capture = S->Options.OpFilter && stepCaptured(*S) &&
                  std::regex_search(std::string(Fn.name()), *S->Options.OpFilter);
@@ -229,7 +270,6 @@ void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
                      Mutated++, Stats, Capture);
     }
   }
-  InsideEkka = false;
 }
 
 /// A forked child has the parent's session but not its writer thread: it
@@ -243,11 +283,22 @@ void forgetSessionInChild() {
 }
 
 /// A module call's input: as the earlier output it is, or with statistics
-/// (and bytes, if captured) when no module produced it.
-void recordInput(Session &S, int64_t CallId, const at::Tensor &T, int64_t Index, bool Capture) {
-  if (auto Source = producerOf(T))
+/// (and bytes, if captured) when no module produced it. \p AtExit: recorded
+/// after the call ran (keyword inputs, which PyTorch's global pre-hooks do
+/// not see); then an output produced inside the call is no source of it,
+/// and an input written in place since it was produced is unknown — its
+/// value at the call's entry is gone.
+void recordInput(Session &S, int64_t CallId, const at::Tensor &T, int64_t Index, bool Capture,
+                 bool AtExit = false, int64_t FirstTensor = 0) {
+  Provenance P = provenanceOf(T);
+  if (P.Source && AtExit && *P.Source >= FirstTensor)
+    P.Source.reset();
+  if (P.Source)
     recordTensor(S, T, TensorOwner::ModuleCall, CallId, "input", Index, /*Stats=*/false,
-                 /*Capture=*/false, Source);
+                 /*Capture=*/false, P.Source);
+  else if (AtExit && P.ChangedInPlace)
+    recordTensor(S, T, TensorOwner::ModuleCall, CallId, "input", Index, /*Stats=*/false,
+                 /*Capture=*/false);
   else
     recordTensor(S, T, TensorOwner::ModuleCall, CallId, "input", Index, /*Stats=*/true, Capture);
 }
@@ -333,7 +384,7 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   Session *S = Current;
   if (!S)
     return 0;
-  InsideEkka = true;
+  InsideEkkaScope Inside;
   if (IsRoot)
     ++S->Step;
   ModuleCallRecord R;
@@ -355,9 +406,8 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   // parent computed with plain ops — with statistics and, if captured, bytes.
   for (size_t I = 0; I < Inputs.size(); ++I)
     recordInput(*S, R.Id, Inputs[I], int64_t(I), Capture || IsRoot);
-  CallStack.push_back({R.Id, Capture});
+  CallStack.push_back({R.Id, Capture, S->Writer->nextTensorId()});
   S->LastOpenCall = R.Id;
-  InsideEkka = false;
   return R.Id;
 }
 
@@ -366,18 +416,25 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
   Session *S = Current;
   if (!S || Id == 0)
     return;
-  InsideEkka = true;
-  // Calls that raised never reached their exit; close them with this one.
+  InsideEkkaScope Inside;
+  // Calls that raised never reached their exit; close them with this one
+  // (if this thread has it open at all).
+  if (llvm::none_of(CallStack, [&](const OpenCall &C) { return C.Id == Id; })) {
+    return;
+  }
   while (!CallStack.empty() && CallStack.back().Id != Id)
     CallStack.pop_back();
   bool Capture = S->Options.CaptureModules && stepCaptured(*S);
+  int64_t FirstTensor = 0;
   if (!CallStack.empty()) {
     Capture = CallStack.back().Capture;
+    FirstTensor = CallStack.back().FirstTensor;
     CallStack.pop_back();
   }
   S->LastOpenCall = CallStack.empty() ? 0 : CallStack.back().Id;
   for (size_t I = 0; I < KeywordInputs.size(); ++I)
-    recordInput(*S, Id, KeywordInputs[I], FirstKeywordIndex + int64_t(I), Capture);
+    recordInput(*S, Id, KeywordInputs[I], FirstKeywordIndex + int64_t(I), Capture,
+                /*AtExit=*/true, FirstTensor);
   for (size_t I = 0; I < Outputs.size(); ++I) {
     const at::Tensor &T = Outputs[I];
     int64_t TensorId = recordTensor(*S, T, TensorOwner::ModuleCall, Id, "output", int64_t(I),
@@ -392,7 +449,6 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
   // A forward of the root is over: its tensors feed nothing later.
   if (CallStack.empty())
     Producers.clear();
-  InsideEkka = false;
 }
 
 std::string stopTrace() {
@@ -414,7 +470,8 @@ std::string stopTrace() {
     Result = std::to_string(C.ModuleCalls) + " module calls, " + std::to_string(C.Ops) +
              " ops, " + std::to_string(C.Kernels) + " kernels, " + std::to_string(C.Tensors) +
              " tensors, " + std::to_string(C.CapturedBytes) + " bytes captured";
-  delete S;
+  // Not deleted: an observer or CUPTI callback on another thread may still
+  // hold it; the writer is closed and drops what they enqueue now.
   return Result;
 }
 

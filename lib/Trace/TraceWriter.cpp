@@ -271,6 +271,8 @@ TraceWriter::~TraceWriter() {
 
 void TraceWriter::enqueue(Item I, uint64_t Bytes) {
   std::unique_lock<std::mutex> Lock(Mutex);
+  if (Closing)
+    return; // closed: late records (a callback still running) are dropped
   // Back-pressure: a program that captures faster than the disk takes waits
   // here rather than growing the queue without bound.
   Drained.wait(Lock, [&] {

@@ -14,6 +14,7 @@ import atexit
 import inspect
 import os
 import sys
+import threading
 
 import torch
 from torch.nn.modules.module import (register_module_forward_hook,
@@ -28,9 +29,39 @@ class _State:
         self.trace_dir = trace_dir
         self.options = options
         self.started = False
-        self.stack = []          # (module, call id)
-        self.names = {}          # id(module) -> path, for the current root
+        self.local = threading.local()  # per thread: stack and names of its root
         self.sources = {}        # class -> (qualname, file, line)
+
+    @property
+    def stack(self):             # (module, call id, positional inputs)
+        if not hasattr(self.local, "stack"):
+            self.local.stack = []
+        return self.local.stack
+
+    @stack.setter
+    def stack(self, value):
+        self.local.stack = value
+
+    @property
+    def names(self):             # id(module) -> path, for this thread's root
+        if not hasattr(self.local, "names"):
+            self.local.names = {}
+        return self.local.names
+
+    @names.setter
+    def names(self, value):
+        self.local.names = value
+
+
+def _not_traceable():
+    """While torch.compile or torch.jit traces the program, hooks must stay
+    out of the graph: the ekka ops have no meta kernels and return strings."""
+    try:
+        if torch.compiler.is_compiling():
+            return True
+    except AttributeError:
+        pass
+    return torch._C._get_tracing_state() is not None or torch.jit.is_scripting()
 
 
 def _tensors(value):
@@ -105,6 +136,8 @@ def _start(state):
 
 def _pre_hook(module, args):
     state = _state
+    if _not_traceable():
+        return
     if not state.started and not _start(state):
         return
     is_root = not state.stack
@@ -123,9 +156,12 @@ def _pre_hook(module, args):
     state.stack.append((module, call_id, len(inputs)))
 
 
-def _post_hook(module, args, kwargs, output):
+def _post_hook(module, args, *rest):
+    # PyTorch passes (kwargs, output) normally, but only (output) when it
+    # calls an always_call hook for a forward that raised.
+    kwargs, output = (rest[0], rest[1]) if len(rest) == 2 else ({}, None)
     state = _state
-    if not state.stack:
+    if not state.stack or _not_traceable():
         return
     # Unwind to this module: a call that raised left without its exit.
     while state.stack and state.stack[-1][0] is not module:

@@ -19,6 +19,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <cmath>
+#include <limits>
 
 using namespace llvm;
 using namespace ekka;
@@ -56,7 +57,18 @@ std::unique_ptr<TraceReader> openTrace(StringRef Flag, StringRef Dir) {
   if (!Ranks)
     exitWithError(Tool, makeError("--" + Flag + ": " + toString(Ranks.takeError())));
   // Multi-rank gathering comes with the Align library; rank 0 for now.
+  if (Ranks->size() > 1)
+    errs() << Tool << ": warning: --" << Flag << " has " << Ranks->size()
+           << " ranks; only rank 0 is compared\n";
   return std::move((*Ranks)[0]);
+}
+
+/// A ratio as JSON: infinity (a NaN or Inf where the reference has none)
+/// is not a JSON number; the largest double stands for it.
+json::Value ratioJSON(const std::optional<double> &R) {
+  if (!R)
+    return nullptr;
+  return std::isfinite(*R) ? *R : std::numeric_limits<double>::max();
 }
 
 std::string ratioText(const std::optional<double> &R) {
@@ -174,7 +186,7 @@ void printText(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx)
 
 json::Value componentJSON(const ComponentRatio &C) {
   json::Object O{{"component", C.Path}, {"class", C.ClassName}, {"step", C.Step}};
-  O["ratio"] = C.Ratio ? json::Value(*C.Ratio) : json::Value(nullptr);
+  O["ratio"] = ratioJSON(C.Ratio);
   return json::Value(std::move(O));
 }
 
@@ -187,7 +199,7 @@ json::Value opJSON(const OpFinding &Op, std::vector<std::unique_ptr<CodeIndex>> 
   }
   return json::Object{{"op", Op.Name},
                       {"schema", Op.Schema},
-                      {"ratio", Op.Ratio ? json::Value(*Op.Ratio) : json::Value(nullptr)},
+                      {"ratio", ratioJSON(Op.Ratio)},
                       {"reference_op", Op.ReferenceName},
                       {"reason", Op.Reason},
                       {"kernels", std::move(Kernels)}};
@@ -205,9 +217,8 @@ json::Value toJSON(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &
     Suspects.push_back(json::Object{
         {"component", S.Component.Path},
         {"class", S.Component.ClassQualname},
-        {"ratio", S.Component.Ratio ? json::Value(*S.Component.Ratio) : json::Value(nullptr)},
-        {"input_ratio",
-         S.Component.InputRatio ? json::Value(*S.Component.InputRatio) : json::Value(nullptr)},
+        {"ratio", ratioJSON(S.Component.Ratio)},
+        {"input_ratio", ratioJSON(S.Component.InputRatio)},
         {"step", S.Component.Step},
         {"source", L.Location.empty() ? json::Value(nullptr) : json::Value(L.Location)},
         {"kernel", S.Op ? opJSON(*S.Op, Idx) : json::Value(nullptr)},
@@ -222,7 +233,8 @@ json::Value toJSON(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &
                  {"suspects", std::move(Suspects)},
                  {"threshold", D.Threshold},
                  {"noise_model", D.NoiseModel},
-                 {"max_ratio", D.MaxRatio},
+                 {"max_ratio", ratioJSON(D.MaxRatio)},
+                 {"uncompared", int64_t(D.Uncompared)},
                  {"merged_steps", D.MergedSteps},
                  {"components", std::move(Curve)}};
   if (D.Result == Diagnosis::Verdict::InputsDiffer)
@@ -323,8 +335,15 @@ int main(int argc, char **argv) {
           "2 usage or input error.\n");
   if (TargetDir.empty() || ReferenceDir.empty())
     exitWithError(Tool, makeError("needs --target TRACE and --reference TRACE (see --help)"));
-  if (Threshold <= 0)
-    exitWithError(Tool, makeError("--threshold must be positive"));
+  if (!(Threshold > 0) || !std::isfinite(Threshold))
+    exitWithError(Tool, makeError("--threshold must be a positive number"));
+  if (!HtmlFile.empty()) {
+    // Refuse an unwritable report before printing a diagnosis.
+    std::error_code EC;
+    raw_fd_ostream Probe(HtmlFile, EC);
+    if (EC)
+      exitWithError(Tool, makeError("cannot write '" + HtmlFile + "': " + EC.message()));
+  }
   auto Target = openTrace("target", TargetDir);
   auto Reference = openTrace("reference", ReferenceDir);
   std::unique_ptr<TraceReader> FP32;
@@ -354,6 +373,10 @@ int main(int argc, char **argv) {
     outs() << formatv("{0:2}", toJSON(D, Idx)) << "\n";
   else
     printText(D, Idx);
+  if (D.Uncompared && D.Result != Diagnosis::Verdict::InputsDiffer)
+    errs() << Tool << ": warning: " << D.Uncompared << " of " << D.Curve.size()
+           << " target module calls could not be compared (unmapped, not captured, or in "
+              "steps the reference did not run); --show-mapping lists them\n";
   if (!HtmlFile.empty())
     writeHtml(HtmlFile, D, Idx);
   return D.Result == Diagnosis::Verdict::NoDivergence ? ExitSuccess : ExitFinding;

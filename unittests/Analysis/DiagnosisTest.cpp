@@ -177,6 +177,18 @@ TEST_F(DiagnosisTest, DifferentTokenIdsAreInputsDiffer) {
       << D.InputsDifference;
 }
 
+TEST_F(DiagnosisTest, ANaNTheReferenceDoesNotHaveIsADivergence) {
+  mlpLike("ref", {1, 2}, {3, 4}, {5, 6});
+  mlpLike("tgt", {1, std::nanf("")}, {3, std::nanf("")}, {5, 6});
+  Diagnosis D = run("tgt", "ref");
+  ASSERT_EQ(D.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(D.Suspects[0].Component.Path, "a");
+  EXPECT_TRUE(std::isinf(*D.Suspects[0].Component.Ratio));
+  // The same NaN on both sides agrees.
+  mlpLike("ref2", {1, std::nanf("")}, {3, 4}, {5, 6});
+  EXPECT_EQ(run("ref2", "ref2").Result, Diagnosis::Verdict::NoDivergence);
+}
+
 TEST_F(DiagnosisTest, TheFP32ReferenceSetsTheScale) {
   // X_R misses Y_R by 1 (the reference's own rounding); a target that misses
   // by 1.2 is within noise, one that misses by 3 is not: R = 3.

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
+
 using namespace ekka;
 
 namespace {
@@ -29,13 +31,35 @@ TEST(KernelLaunch, RuntimeLaunchKernel) {
   EXPECT_EQ(L->CorrelationId, 77u);
 }
 
-TEST(KernelLaunch, Cuda13LaunchHasTheSameLayout) {
+/// The parameters of `__cudaLaunchKernel(cudaKernel_t, dim3, dim3, void **,
+/// size_t, cudaStream_t)` (crt/device_functions.h) as CUPTI lays them out:
+/// in order, in a struct.
+struct CudaLaunchKernel13Signature {
+  cudaKernel_t Kernel;
+  dim3 Grid;
+  dim3 Block;
+  void **Args;
+  size_t SharedMem;
+  cudaStream_t Stream;
+};
+
+TEST(KernelLaunch, Cuda13LaunchMatchesCudaLaunchKernelsLayout) {
   // CBIDs 505/506 have no published parameter struct; the runtime reads
-  // them with cudaLaunchKernel's layout.
-  cudaLaunchKernel_v7000_params P{};
-  P.gridDim = dim3(7, 1, 1);
-  P.blockDim = dim3(32, 4, 1);
-  P.sharedMem = 16;
+  // them as cudaLaunchKernel's. That holds if the two layouts agree.
+  using P7 = cudaLaunchKernel_v7000_params;
+  using P13 = CudaLaunchKernel13Signature;
+  EXPECT_EQ(sizeof(P7), sizeof(P13));
+  EXPECT_EQ(offsetof(P7, gridDim), offsetof(P13, Grid));
+  EXPECT_EQ(offsetof(P7, blockDim), offsetof(P13, Block));
+  EXPECT_EQ(offsetof(P7, sharedMem), offsetof(P13, SharedMem));
+  EXPECT_EQ(offsetof(P7, stream), offsetof(P13, Stream));
+}
+
+TEST(KernelLaunch, Cuda13Launch) {
+  CudaLaunchKernel13Signature P{};
+  P.Grid = dim3(7, 1, 1);
+  P.Block = dim3(32, 4, 1);
+  P.SharedMem = 16;
   auto L = decodeLaunch(LaunchDomain::RuntimeApi,
                         CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000, &P, "k", 1);
   ASSERT_TRUE(L.has_value());
@@ -89,6 +113,8 @@ TEST(KernelLaunch, OtherCallbacksAreNotLaunches) {
   EXPECT_FALSE(isLaunchCallback(LaunchDomain::DriverApi, CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2));
   EXPECT_TRUE(isLaunchCallback(LaunchDomain::RuntimeApi,
                                CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000));
+  EXPECT_TRUE(isLaunchCallback(LaunchDomain::DriverApi,
+                               CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel));
 }
 
 TEST(KernelLaunch, ARuntimeLaunchIsRecordedOnceNotAgainAsItsDriverLaunch) {

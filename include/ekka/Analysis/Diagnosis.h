@@ -56,6 +56,7 @@ struct ComponentRatio {
   std::optional<double> Ratio;      ///< Of its outputs; none if not comparable.
   std::optional<double> InputRatio; ///< Of its inputs (through the dataflow).
   bool Mapped = true;
+  bool InputsCompared = true; ///< Every input could be compared.
   std::string UnmappedReason;
   std::vector<std::string> ReferencePaths; ///< What it was mapped to.
 };
@@ -89,6 +90,9 @@ struct Diagnosis {
   /// Target forward steps folded into each component (prefill + decode
   /// steps against a one-shot reference); 1 when none were.
   int64_t MergedSteps = 1;
+  /// Target calls that could not be compared (unmapped, not captured, or in
+  /// steps the reference did not run).
+  unsigned Uncompared = 0;
 };
 
 llvm::StringRef verdictName(Diagnosis::Verdict V);

@@ -20,6 +20,9 @@ std::optional<std::vector<double>> toDoubles(DType Type, llvm::StringRef Bytes);
 double unitRoundoff(DType Type);
 
 /// ‖A − B‖₂ and ‖A‖₂, accumulated in double. A and B have the same size.
+/// Non-finite elements: equal NaNs or infinities on both sides agree and
+/// add nothing; a NaN or infinity on one side only makes the distance
+/// infinite. The norm counts finite elements.
 double distance(const std::vector<double> &A, const std::vector<double> &B);
 double norm(const std::vector<double> &A);
 
