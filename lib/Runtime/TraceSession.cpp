@@ -196,6 +196,9 @@ const std::string &schemaText(const at::RecordFunction &Fn) {
 
 struct OpContext : at::ObserverContext {
   int64_t OpId = 0;
+  /// Arguments the schema marks as written (`Tensor(a!)`), taken at the
+  /// op's start: RecordFunction's inputs are only valid then.
+  std::vector<at::Tensor> Mutated;
 };
 
 std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn);
@@ -232,6 +235,15 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   R.Seq = S->OpSeq++;
   R.Name = std::string(Name);
   R.Schema = schemaText(Fn);
+  if (auto Schema = Fn.operator_schema()) {
+    auto Inputs = Fn.inputs();
+    const auto &Args = Schema->arguments();
+    for (size_t I = 0; I < Args.size() && I < Inputs.size(); ++I) {
+      const c10::AliasInfo *Alias = Args[I].alias_info();
+      if (Alias && Alias->isWrite() && Inputs[I].isTensor())
+        Ctx->Mutated.push_back(Inputs[I].toTensor());
+    }
+  }
   S->Writer->addOp(std::move(R));
   OpStack.push_back(Ctx->OpId);
   return Ctx;
@@ -259,17 +271,9 @@ void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
   }
   // Arguments the schema marks as written (`Tensor(a!)`): what the op did
   // to them in place, as vLLM's fused kernels do.
-  if (auto Schema = Fn.operator_schema()) {
-    auto Inputs = Fn.inputs();
-    const auto &Args = Schema->arguments();
-    int64_t Mutated = 0;
-    for (size_t I = 0; I < Args.size() && I < Inputs.size(); ++I) {
-      const c10::AliasInfo *Alias = Args[I].alias_info();
-      if (Alias && Alias->isWrite() && Inputs[I].isTensor())
-        recordTensor(*S, Inputs[I].toTensor(), TensorOwner::Op, Ctx->OpId, "mutated",
-                     Mutated++, Stats, Capture);
-    }
-  }
+  int64_t Mutated = 0;
+  for (const at::Tensor &T : Ctx->Mutated)
+    recordTensor(*S, T, TensorOwner::Op, Ctx->OpId, "mutated", Mutated++, Stats, Capture);
 }
 
 /// A forked child has the parent's session but not its writer thread: it

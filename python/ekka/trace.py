@@ -197,8 +197,11 @@ def install(trace_dir, options="", runtime_library=None):
         return
     torch.ops.load_library(runtime_library or os.environ["EKKA_RUNTIME_LIB"])
     _state = _State(trace_dir, options)
-    register_module_forward_pre_hook(_pre_hook)
-    register_module_forward_hook(_post_hook, with_kwargs=True, always_call=True)
+    # torch.compile must not trace into the hooks: they run eagerly, outside
+    # its graphs, where they see real tensors.
+    disable = getattr(getattr(torch, "compiler", None), "disable", lambda f: f)
+    register_module_forward_pre_hook(disable(_pre_hook))
+    register_module_forward_hook(disable(_post_hook), with_kwargs=True, always_call=True)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 

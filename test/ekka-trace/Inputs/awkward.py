@@ -1,0 +1,60 @@
+"""Programs that tracing must not change: a module that raises (caught),
+torch.jit.trace, torch.compile, meta tensors, and a keyword input written in
+place inside the module."""
+import sys
+
+import torch
+
+kind = sys.argv[1]
+torch.manual_seed(0)
+
+
+class Raises(torch.nn.Module):
+    def forward(self, x):
+        raise ValueError("expected")
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.bad, self.b = torch.nn.Linear(4, 4), Raises(), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.a(x)
+        try:
+            self.bad(x)
+        except ValueError:
+            pass
+        return self.b(x)
+
+
+class InPlace(torch.nn.Module):
+    def forward(self, hidden_states):
+        hidden_states.mul_(2)
+        return hidden_states + 1
+
+
+x = torch.ones(2, 4)
+if kind == "raise":
+    m = Outer()
+    m(x)
+    m(x)
+elif kind == "jit":
+    traced = torch.jit.trace(torch.nn.Linear(4, 4), x)
+    traced(x)
+elif kind == "compile":
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend="eager")
+    compiled(x)
+elif kind == "meta":
+    torch.nn.Linear(4, 4, device="meta")(torch.empty(2, 4, device="meta"))
+elif kind == "inplace":
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.layer = torch.nn.Embedding(8, 4), InPlace()
+
+        def forward(self, ids):
+            return self.layer(hidden_states=self.emb(ids))
+
+    Model()(torch.tensor([1, 2]))
+print(kind, "ok")
