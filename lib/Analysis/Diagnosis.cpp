@@ -47,21 +47,39 @@ Expected<std::vector<MappingRule>> readMappingFile(StringRef Path) {
   std::vector<MappingRule> Out;
   for (size_t I = 0; I < Rules->size(); ++I) {
     const json::Object *R = (*Rules)[I].getAsObject();
-    auto Target = R ? R->getString("target") : std::nullopt;
+    if (!R)
+      return Bad("component " + Twine(I) + " is not an object");
+    auto Target = R->getString("target");
     if (!Target)
-      return Bad("component " + Twine(I) + " has no \"target\"");
+      return Bad("component " + Twine(I) + " has no \"target\" string");
     MappingRule Rule;
     Rule.Target = Target->str();
-    if (auto One = R->getString("reference"))
-      Rule.Reference.push_back(One->str());
-    else if (const json::Array *Many = R->getArray("reference"))
-      for (const json::Value &X : *Many)
-        if (auto S = X.getAsString())
+    std::string Where = ("component " + Twine(I) + " (" + *Target + ")").str();
+    if (const json::Value *Ref = R->get("reference")) {
+      if (auto One = Ref->getAsString()) {
+        Rule.Reference.push_back(One->str());
+      } else if (const json::Array *Many = Ref->getAsArray()) {
+        for (const json::Value &X : *Many) {
+          auto S = X.getAsString();
+          if (!S)
+            return Bad(Where + ": \"reference\" must hold strings");
           Rule.Reference.push_back(S->str());
+        }
+      }
+    }
     if (Rule.Reference.empty())
-      return Bad("component " + Twine(I) + " (" + *Target + ") has no \"reference\"");
-    if (auto Dim = R->getInteger("concat_dim"))
-      Rule.ConcatDim = int(*Dim);
+      return Bad(Where + " has no \"reference\"");
+    if (const json::Value *Dim = R->get("concat_dim")) {
+      auto D = Dim->getAsInteger();
+      if (!D)
+        return Bad(Where + ": \"concat_dim\" must be an integer");
+      Rule.ConcatDim = int(*D);
+    }
+    // Every star of a reference stands for one of the target's.
+    size_t Stars = StringRef(Rule.Target).count('*');
+    for (const std::string &P : Rule.Reference)
+      if (StringRef(P).count('*') > Stars)
+        return Bad(Where + ": reference '" + P + "' has more '*' than the target");
     Out.push_back(std::move(Rule));
   }
   return Out;
