@@ -20,3 +20,11 @@ config.substitutions.append(("%python", config.python_executable))
 config.substitutions.append(("%ekka-python", os.path.join(config.ekka_src_root, "python")))
 config.substitutions.append(
     ("%expect-exit", os.path.join(config.ekka_src_root, "utils", "lit", "expect-exit")))
+
+# A test that hangs (a traced program waiting forever) fails on its own,
+# with its name, instead of stalling the whole suite until ctest's timeout.
+try:
+    import psutil  # noqa: F401  lit needs it to kill a test's process tree
+    lit_config.maxIndividualTestTime = 300
+except ImportError:
+    lit_config.warning("psutil is missing: no per-test timeout")
