@@ -25,6 +25,6 @@ config.substitutions.append(
 # with its name, instead of stalling the whole suite until ctest's timeout.
 try:
     import psutil  # noqa: F401  lit needs it to kill a test's process tree
-    lit_config.maxIndividualTestTime = 300
+    config.maxIndividualTestTime = 300
 except ImportError:
     lit_config.warning("psutil is missing: no per-test timeout")
