@@ -143,7 +143,11 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   std::optional<std::string> Data;
   auto Use = TraceWriter::BytesUse::Capture;
   if (Captured) {
-    Data = tensorBytes(T); // the writer computes the statistics from them
+    // The writer's thread already has the shards to write: the statistics
+    // of what it stores are computed here.
+    if (Stats)
+      R.Stats = tensorStats(T);
+    Data = tensorBytes(T);
   } else if (Stats && T.device().is_cpu()) {
     // A copy is cheaper here than the statistics: they are computed on the
     // writer's thread.
