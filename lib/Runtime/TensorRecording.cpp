@@ -41,55 +41,6 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R) {
   return true;
 }
 
-namespace {
-
-/// One pass over a CPU tensor's elements, accumulating in double: several
-/// times cheaper than the eight ATen reductions it replaces, which matters
-/// because every module output of every step goes through here.
-template <typename T> TensorStats statsOfElements(const T *P, int64_t N) {
-  // Four independent lanes keep the floating-point dependency chains short;
-  // no branches in the loop. Min and max skip NaNs (comparisons with NaN are
-  // false); the sums include them, as the NaN count says.
-  constexpr int L = 4;
-  double Sum[L] = {}, SumSq[L] = {};
-  double Min[L], Max[L];
-  int64_t Nan[L] = {}, Inf[L] = {};
-  for (int J = 0; J < L; ++J) {
-    Min[J] = std::numeric_limits<double>::infinity();
-    Max[J] = -std::numeric_limits<double>::infinity();
-  }
-  auto Step = [&](int J, double V) {
-    Sum[J] += V;
-    SumSq[J] += V * V;
-    Min[J] = V < Min[J] ? V : Min[J];
-    Max[J] = V > Max[J] ? V : Max[J];
-    Nan[J] += V != V;
-    Inf[J] += std::abs(V) == std::numeric_limits<double>::infinity();
-  };
-  int64_t I = 0;
-  for (; I + L <= N; I += L)
-    for (int J = 0; J < L; ++J)
-      Step(J, static_cast<double>(P[I + J]));
-  for (; I < N; ++I)
-    Step(0, static_cast<double>(P[I]));
-  TensorStats S;
-  S.Min = std::numeric_limits<double>::infinity();
-  S.Max = -S.Min;
-  for (int J = 0; J < L; ++J) {
-    S.Sum += Sum[J];
-    S.SumSq += SumSq[J];
-    S.Min = std::min(S.Min, Min[J]);
-    S.Max = std::max(S.Max, Max[J]);
-    S.NanCount += Nan[J];
-    S.InfCount += Inf[J];
-  }
-  if (S.NanCount == N)
-    S.Min = S.Max = std::numeric_limits<double>::quiet_NaN();
-  return S;
-}
-
-} // namespace
-
 TensorStats tensorStats(const at::Tensor &T) {
   // Our own ops must neither be recorded nor enter autograd.
   at::RecordFunctionGuard NoRecord(false);
@@ -98,19 +49,13 @@ TensorStats tensorStats(const at::Tensor &T) {
   if (T.numel() == 0)
     return S;
   if (T.device().is_cpu() && T.layout() == at::kStrided) {
+    // One pass over the bytes, as the writer does for what it is handed.
     at::Tensor C = T.detach().contiguous();
-    switch (C.scalar_type()) {
-    case at::kFloat: return statsOfElements(C.const_data_ptr<float>(), C.numel());
-    case at::kDouble: return statsOfElements(C.const_data_ptr<double>(), C.numel());
-    case at::kHalf: return statsOfElements(C.const_data_ptr<at::Half>(), C.numel());
-    case at::kBFloat16: return statsOfElements(C.const_data_ptr<at::BFloat16>(), C.numel());
-    case at::kLong: return statsOfElements(C.const_data_ptr<int64_t>(), C.numel());
-    case at::kInt: return statsOfElements(C.const_data_ptr<int32_t>(), C.numel());
-    case at::kShort: return statsOfElements(C.const_data_ptr<int16_t>(), C.numel());
-    case at::kChar: return statsOfElements(C.const_data_ptr<int8_t>(), C.numel());
-    case at::kByte: return statsOfElements(C.const_data_ptr<uint8_t>(), C.numel());
-    case at::kBool: return statsOfElements(C.const_data_ptr<bool>(), C.numel());
-    default: break;
+    if (auto Type = traceDType(C)) {
+      llvm::StringRef Bytes(static_cast<const char *>(C.const_data_ptr()),
+                            size_t(C.numel()) * C.element_size());
+      if (auto Stats = statsOfBytes(*Type, Bytes))
+        return *Stats;
     }
   }
   // On a GPU, or an element type the loop does not know: reductions there,
