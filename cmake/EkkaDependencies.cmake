@@ -7,55 +7,79 @@
 #   Ekka::Torch        LibTorch from the torch wheel of EKKA_PYTHON (one ABI
 #                      with the Python side)
 #   Ekka::CUPTIHeaders CUPTI headers (the library is loaded at run time)
+# With EKKA_TRACER_ONLY, only what ekka-trace and its runtime need: LLVM's
+# headers and static Support library, SQLite, LibTorch, CUPTI headers.
 # utils/install-deps installs all of them from Debian's packages and PyPI.
 
 set(EKKA_LLVM_ROOT "/usr/lib/llvm-19" CACHE PATH
     "Root of the LLVM/Clang installation (Debian: /usr/lib/llvm-19)")
 
-# Debian's ClangConfigVersion refuses find_package(Clang 19) because it calls
-# itself 19.1, so both are found by path, without a version.
-find_package(LLVM REQUIRED CONFIG
-  PATHS ${EKKA_LLVM_ROOT}/lib/cmake/llvm NO_DEFAULT_PATH)
-find_package(Clang REQUIRED CONFIG
-  PATHS ${EKKA_LLVM_ROOT}/lib/cmake/clang NO_DEFAULT_PATH)
-message(STATUS "Ekka: LLVM ${LLVM_PACKAGE_VERSION} in ${LLVM_INSTALL_PREFIX}")
-
-# Headers only: what Support and Trace compile against. Who links which LLVM
-# is decided at the final link: tools take the shared libLLVM that
-# libclang-cpp needs anyway; the runtime, which lives inside somebody else's
-# Python process next to Triton's own LLVM, takes the static LLVMSupport with
-# its symbols hidden (Ekka::LLVMSupportStatic).
-add_library(Ekka::LLVMHeaders INTERFACE IMPORTED)
-target_include_directories(Ekka::LLVMHeaders SYSTEM INTERFACE ${LLVM_INCLUDE_DIRS})
-target_compile_definitions(Ekka::LLVMHeaders INTERFACE ${LLVM_DEFINITIONS_LIST})
-
-add_library(Ekka::LLVM INTERFACE IMPORTED)
-if(TARGET LLVM)
-  target_link_libraries(Ekka::LLVM INTERFACE Ekka::LLVMHeaders LLVM)
+if(EKKA_TRACER_ONLY)
+  # Only LLVM's headers and its static Support library, found by path: a
+  # serving container (or the GPU machine) may have nothing more of LLVM
+  # than a copy of these. Everything links Support statically.
+  foreach(f include/llvm/Support/raw_ostream.h lib/libLLVMSupport.a lib/libLLVMDemangle.a)
+    if(NOT EXISTS "${EKKA_LLVM_ROOT}/${f}")
+      message(FATAL_ERROR "EKKA_TRACER_ONLY: ${EKKA_LLVM_ROOT}/${f} not found")
+    endif()
+  endforeach()
+  message(STATUS "Ekka: tracer only, LLVM Support from ${EKKA_LLVM_ROOT}")
+  add_library(Ekka::LLVMHeaders INTERFACE IMPORTED)
+  target_include_directories(Ekka::LLVMHeaders SYSTEM INTERFACE ${EKKA_LLVM_ROOT}/include)
+  target_compile_definitions(Ekka::LLVMHeaders INTERFACE
+    _GNU_SOURCE __STDC_CONSTANT_MACROS __STDC_FORMAT_MACROS __STDC_LIMIT_MACROS)
+  set(LLVM_LIBRARY_DIR ${EKKA_LLVM_ROOT}/lib)
 else()
-  llvm_map_components_to_libnames(ekka_llvm_libs support demangle option)
-  target_link_libraries(Ekka::LLVM INTERFACE Ekka::LLVMHeaders ${ekka_llvm_libs})
+  # Debian's ClangConfigVersion refuses find_package(Clang 19) because it calls
+  # itself 19.1, so both are found by path, without a version.
+  find_package(LLVM REQUIRED CONFIG
+    PATHS ${EKKA_LLVM_ROOT}/lib/cmake/llvm NO_DEFAULT_PATH)
+  find_package(Clang REQUIRED CONFIG
+    PATHS ${EKKA_LLVM_ROOT}/lib/cmake/clang NO_DEFAULT_PATH)
+  message(STATUS "Ekka: LLVM ${LLVM_PACKAGE_VERSION} in ${LLVM_INSTALL_PREFIX}")
+
+  # Headers only: what Support and Trace compile against. Who links which LLVM
+  # is decided at the final link: tools take the shared libLLVM that
+  # libclang-cpp needs anyway; the runtime, which lives inside somebody else's
+  # Python process next to Triton's own LLVM, takes the static LLVMSupport with
+  # its symbols hidden (Ekka::LLVMSupportStatic).
+  add_library(Ekka::LLVMHeaders INTERFACE IMPORTED)
+  target_include_directories(Ekka::LLVMHeaders SYSTEM INTERFACE ${LLVM_INCLUDE_DIRS})
+  target_compile_definitions(Ekka::LLVMHeaders INTERFACE ${LLVM_DEFINITIONS_LIST})
+
+  add_library(Ekka::LLVM INTERFACE IMPORTED)
+  if(TARGET LLVM)
+    target_link_libraries(Ekka::LLVM INTERFACE Ekka::LLVMHeaders LLVM)
+  else()
+    llvm_map_components_to_libnames(ekka_llvm_libs support demangle option)
+    target_link_libraries(Ekka::LLVM INTERFACE Ekka::LLVMHeaders ${ekka_llvm_libs})
+  endif()
+
+  add_library(Ekka::ClangTooling INTERFACE IMPORTED)
+  target_include_directories(Ekka::ClangTooling SYSTEM INTERFACE ${CLANG_INCLUDE_DIRS})
+  if(TARGET clang-cpp)
+    target_link_libraries(Ekka::ClangTooling INTERFACE clang-cpp Ekka::LLVM)
+  else()
+    target_link_libraries(Ekka::ClangTooling INTERFACE
+      clangTooling clangFrontend clangIndex clangAST clangBasic Ekka::LLVM)
+  endif()
+  # Clang's own headers (stddef.h, CUDA builtins) that a parse needs.
+  set(EKKA_CLANG_RESOURCE_DIR "${LLVM_LIBRARY_DIR}/clang/${LLVM_VERSION_MAJOR}")
+  if(NOT EXISTS "${EKKA_CLANG_RESOURCE_DIR}/include/stddef.h")
+    message(FATAL_ERROR "Clang resource directory not found at ${EKKA_CLANG_RESOURCE_DIR}")
+  endif()
 endif()
 
 add_library(Ekka::LLVMSupportStatic INTERFACE IMPORTED)
 target_link_libraries(Ekka::LLVMSupportStatic INTERFACE Ekka::LLVMHeaders
   ${LLVM_LIBRARY_DIR}/libLLVMSupport.a ${LLVM_LIBRARY_DIR}/libLLVMDemangle.a)
 target_link_options(Ekka::LLVMSupportStatic INTERFACE "-Wl,--exclude-libs,ALL")
-
-add_library(Ekka::ClangTooling INTERFACE IMPORTED)
-target_include_directories(Ekka::ClangTooling SYSTEM INTERFACE ${CLANG_INCLUDE_DIRS})
-if(TARGET clang-cpp)
-  target_link_libraries(Ekka::ClangTooling INTERFACE clang-cpp Ekka::LLVM)
-else()
-  target_link_libraries(Ekka::ClangTooling INTERFACE
-    clangTooling clangFrontend clangIndex clangAST clangBasic Ekka::LLVM)
-endif()
-# Clang's own headers (stddef.h, CUDA builtins) that a parse needs.
-set(EKKA_CLANG_RESOURCE_DIR "${LLVM_LIBRARY_DIR}/clang/${LLVM_VERSION_MAJOR}")
-if(NOT EXISTS "${EKKA_CLANG_RESOURCE_DIR}/include/stddef.h")
-  message(FATAL_ERROR "Clang resource directory not found at ${EKKA_CLANG_RESOURCE_DIR}")
+if(EKKA_TRACER_ONLY)
+  add_library(Ekka::LLVM INTERFACE IMPORTED)
+  target_link_libraries(Ekka::LLVM INTERFACE Ekka::LLVMSupportStatic)
 endif()
 
+if(NOT EKKA_TRACER_ONLY)
 # --- tree-sitter ---------------------------------------------------------------
 # The runtime (tree-sitter 0.23) and the Python grammar (tree-sitter-python
 # 0.23.6, ABI 14), both compiled from the C sources their PyPI sdists ship;
@@ -85,13 +109,22 @@ set_target_properties(ekka_tree_sitter PROPERTIES POSITION_INDEPENDENT_CODE ON C
 target_compile_options(ekka_tree_sitter PRIVATE -O3 -w)
 add_library(Ekka::TreeSitter ALIAS ekka_tree_sitter)
 
+endif()
+
 # --- SQLite ----------------------------------------------------------------------
 find_package(SQLite3 REQUIRED)
 find_package(Threads REQUIRED)
+if(SQLite3_LIBRARY MATCHES "\\.a$")
+  # A static libsqlite3 (the GPU machine's kit) needs what it links itself.
+  set_property(TARGET SQLite::SQLite3 APPEND PROPERTY
+    INTERFACE_LINK_LIBRARIES ${CMAKE_DL_LIBS} m Threads::Threads)
+endif()
 
 # --- GoogleTest --------------------------------------------------------------------
-find_package(GTest REQUIRED)
-include(GoogleTest)
+if(NOT EKKA_TRACER_ONLY)
+  find_package(GTest REQUIRED)
+  include(GoogleTest)
+endif()
 
 # --- Python, LibTorch ------------------------------------------------------------
 set(EKKA_PYTHON "python3" CACHE FILEPATH
@@ -144,7 +177,9 @@ else()
 endif()
 
 # --- Test tools ------------------------------------------------------------------
-find_program(EKKA_FILECHECK FileCheck HINTS ${LLVM_TOOLS_BINARY_DIR} NO_DEFAULT_PATH REQUIRED)
-get_filename_component(ekka_python_bin ${EKKA_PYTHON} DIRECTORY)
-find_program(EKKA_LIT lit HINTS ${ekka_python_bin} REQUIRED)
-find_program(EKKA_CTAGS NAMES ctags-universal universal-ctags ctags)
+if(NOT EKKA_TRACER_ONLY)
+  find_program(EKKA_FILECHECK FileCheck HINTS ${LLVM_TOOLS_BINARY_DIR} NO_DEFAULT_PATH REQUIRED)
+  get_filename_component(ekka_python_bin ${EKKA_PYTHON} DIRECTORY)
+  find_program(EKKA_LIT lit HINTS ${ekka_python_bin} REQUIRED)
+  find_program(EKKA_CTAGS NAMES ctags-universal universal-ctags ctags)
+endif()

@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 #include <cupti.h>
 
+#include <cstring>
+
 namespace ekka {
 
 namespace {
@@ -33,7 +35,29 @@ void setLaunch(KernelLaunch &L, dim3 Grid, dim3 Block, uint64_t SharedMem, const
   L.Stream = reinterpret_cast<uint64_t>(Stream);
 }
 
+void setHandle(KernelLaunch &L, KernelHandle Kind, const void *Handle, void **Params) {
+  L.HandleKind = Handle ? Kind : KernelHandle::None;
+  L.Handle = Handle;
+  L.Params = Params;
+}
+
 } // namespace
+
+std::vector<PointerArgument> pointerArguments(void *const *Params,
+                                              const std::vector<size_t> &ParamSizes) {
+  std::vector<PointerArgument> Out;
+  if (!Params)
+    return Out;
+  for (size_t I = 0; I < ParamSizes.size(); ++I) {
+    if (ParamSizes[I] != sizeof(uint64_t) || !Params[I])
+      continue;
+    uint64_t Value;
+    std::memcpy(&Value, Params[I], sizeof(Value)); // parameters need not be aligned
+    if (Value)
+      Out.push_back({uint32_t(I), Value});
+  }
+  return Out;
+}
 
 bool isLaunchCallback(LaunchDomain Domain, uint32_t Cbid) {
   if (Domain == LaunchDomain::RuntimeApi)
@@ -70,16 +94,19 @@ std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
       // The cooperative launch's parameters are laid out as these.
       auto *P = static_cast<const cudaLaunchKernel_v7000_params *>(FunctionParams);
       setLaunch(L, P->gridDim, P->blockDim, P->sharedMem, P->stream);
+      setHandle(L, KernelHandle::HostStub, P->func, P->args);
       return L;
     }
     case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000:
     case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000: {
       auto *P = static_cast<const CudaLaunchKernel13Params *>(FunctionParams);
       setLaunch(L, P->GridDim, P->BlockDim, P->SharedMem, P->Stream);
+      setHandle(L, KernelHandle::Kernel, P->Kernel, P->Args);
       return L;
     }
     default: { // cudaLaunchKernelExC: the launch configuration holds it all
       auto *P = static_cast<const cudaLaunchKernelExC_v11060_params *>(FunctionParams);
+      setHandle(L, KernelHandle::HostStub, P->func, P->args);
       if (!P->config)
         return L;
       const cudaLaunchConfig_t &C = *P->config;
@@ -97,9 +124,11 @@ std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
     auto *P = static_cast<const cuLaunchKernel_params *>(FunctionParams);
     setLaunch(L, dim3(P->gridDimX, P->gridDimY, P->gridDimZ),
               dim3(P->blockDimX, P->blockDimY, P->blockDimZ), P->sharedMemBytes, P->hStream);
+    setHandle(L, KernelHandle::Function, P->f, P->kernelParams);
     return L;
   }
   auto *P = static_cast<const cuLaunchKernelEx_params *>(FunctionParams);
+  setHandle(L, KernelHandle::Function, P->f, P->kernelParams);
   if (!P->config)
     return L;
   const CUlaunchConfig &C = *P->config;
@@ -117,9 +146,13 @@ bool LaunchDeduplicator::enter(LaunchDomain Domain) {
   return RuntimeDepth == 0;
 }
 
-void LaunchDeduplicator::exit(LaunchDomain Domain) {
-  if (Domain == LaunchDomain::RuntimeApi && RuntimeDepth > 0)
-    --RuntimeDepth;
+bool LaunchDeduplicator::exit(LaunchDomain Domain) {
+  if (Domain == LaunchDomain::RuntimeApi) {
+    if (RuntimeDepth == 0)
+      return false;
+    return --RuntimeDepth == 0;
+  }
+  return RuntimeDepth == 0;
 }
 
 } // namespace ekka

@@ -5,11 +5,29 @@
 #include "ekka/Runtime/KernelLaunch.h"
 
 #include <string>
+#include <vector>
 
 namespace ekka {
 
-/// Records a kernel launch under the op and module call open on this thread.
-void recordKernelLaunch(const KernelLaunch &Launch);
+/// Records a kernel launch under the op and module call open on this thread;
+/// returns its kernel id, 0 when nothing is traced. \p Pointers are the
+/// launch's pointer-sized parameters: when the open op's tensors are
+/// captured, those that point into a tensor the op was given are copied by
+/// snapshotKernelBuffers(), which the launch's API exit calls, once the
+/// kernel is on its stream.
+int64_t recordKernelLaunch(const KernelLaunch &Launch,
+                           const std::vector<PointerArgument> &Pointers = {});
+void snapshotKernelBuffers();
+/// Whether the op open on this thread wants its kernels' buffers copied.
+bool kernelSnapshotsWanted();
+
+/// How device buffers are copied (stream-ordered, after the kernel) and
+/// waited for; the CUPTI tracer sets them from the driver API it loads.
+struct DeviceMemoryOps {
+  bool (*CopyAsync)(void *Dst, const void *Src, size_t Bytes, uint64_t Stream) = nullptr;
+  void (*Synchronize)(uint64_t Stream) = nullptr;
+};
+void setDeviceMemoryOps(DeviceMemoryOps Ops);
 
 /// Subscribes to CUPTI's launch callbacks through the libcupti at \p Path.
 /// Returns what `meta.gpu_kernels` should say: "traced", or "not traced: "

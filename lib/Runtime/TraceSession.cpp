@@ -6,8 +6,11 @@
 
 #include <ATen/record_function.h>
 #include <ATen/core/function_schema.h>
+#include <ATen/ops/empty_like.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdio>
 #include <mutex>
 #include <sstream>
@@ -92,7 +95,8 @@ Session *Current = nullptr;
 
 thread_local std::vector<OpenCall> CallStack;
 thread_local std::unordered_map<const c10::TensorImpl *, ProducedTensor> Producers;
-thread_local std::vector<int64_t> OpStack; ///< Ops running on this thread.
+struct OpContext;
+thread_local std::vector<OpContext *> OpStack; ///< Ops running on this thread.
 thread_local bool InsideEkka = false;
 
 /// Marks the thread as inside Ekka (our own tensor ops are not recorded)
@@ -198,12 +202,57 @@ const std::string &schemaText(const at::RecordFunction &Fn) {
   return It->second;
 }
 
+/// A copy of a buffer a kernel was given, taken right after the kernel on
+/// its stream.
+struct KernelSnapshot {
+  int64_t KernelId;
+  uint32_t Param;    ///< The kernel parameter that points into the tensor.
+  bool Mutable;      ///< The op's schema marks the tensor as written.
+  at::Tensor Copy;
+  uint64_t Stream;
+};
+
 struct OpContext : at::ObserverContext {
   int64_t OpId = 0;
+  bool Capture = false; ///< Whether this op's tensors are captured.
   /// Arguments the schema marks as written (`Tensor(a!)`), taken at the
   /// op's start: RecordFunction's inputs are only valid then.
   std::vector<at::Tensor> Mutated;
+  /// For a captured op: its tensor arguments, the buffers its kernels'
+  /// pointer parameters are matched against, and whether each is written.
+  std::vector<at::Tensor> Arguments;
+  std::vector<bool> ArgumentMutable;
+  std::vector<KernelSnapshot> Snapshots;
 };
+
+/// A snapshot decided at a launch's API entry, taken at its exit, when the
+/// kernel is on its stream.
+struct PendingSnapshot {
+  OpContext *Op;
+  int64_t KernelId;
+  uint32_t Param;
+  size_t Argument;
+  uint64_t Stream;
+};
+thread_local std::vector<PendingSnapshot> PendingSnapshots;
+DeviceMemoryOps DeviceMemory;
+
+/// The buffers the op's kernels were given, as they were after each kernel:
+/// owned by the kernel, `mutated` if the op's schema marks the tensor as
+/// written, else `argument`; the index is the kernel parameter's position.
+void recordKernelSnapshots(Session &S, OpContext &Ctx) {
+  std::vector<uint64_t> Synced;
+  for (KernelSnapshot &K : Ctx.Snapshots) {
+    if (K.Copy.is_cuda() && DeviceMemory.Synchronize &&
+        std::find(Synced.begin(), Synced.end(), K.Stream) == Synced.end()) {
+      DeviceMemory.Synchronize(K.Stream);
+      Synced.push_back(K.Stream);
+    }
+    recordTensor(S, K.Copy, TensorOwner::Kernel, K.KernelId, K.Mutable ? "mutated" : "argument",
+                 K.Param, /*Stats=*/true, /*Capture=*/true);
+  }
+  Ctx.Snapshots.clear();
+}
 
 std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn);
 void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw);
@@ -239,17 +288,25 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   R.Seq = S->OpSeq++;
   R.Name = std::string(Name);
   R.Schema = schemaText(Fn);
-  if (auto Schema = Fn.operator_schema()) {
-    auto Inputs = Fn.inputs();
-    const auto &Args = Schema->arguments();
-    for (size_t I = 0; I < Args.size() && I < Inputs.size(); ++I) {
-      const c10::AliasInfo *Alias = Args[I].alias_info();
-      if (Alias && Alias->isWrite() && Inputs[I].isTensor())
-        Ctx->Mutated.push_back(Inputs[I].toTensor());
+  Ctx->Capture = S->Options.OpFilter && stepCaptured(*S) &&
+                 std::regex_search(R.Name, *S->Options.OpFilter);
+  auto Inputs = Fn.inputs();
+  auto Schema = Fn.operator_schema();
+  for (size_t I = 0; I < Inputs.size(); ++I) {
+    if (!Inputs[I].isTensor())
+      continue;
+    const c10::AliasInfo *Alias =
+        Schema && I < Schema->arguments().size() ? Schema->arguments()[I].alias_info() : nullptr;
+    bool Written = Alias && Alias->isWrite();
+    if (Written)
+      Ctx->Mutated.push_back(Inputs[I].toTensor());
+    if (Ctx->Capture) {
+      Ctx->Arguments.push_back(Inputs[I].toTensor());
+      Ctx->ArgumentMutable.push_back(Written);
     }
   }
   S->Writer->addOp(std::move(R));
-  OpStack.push_back(Ctx->OpId);
+  OpStack.push_back(Ctx.get());
   return Ctx;
 }
 
@@ -261,8 +318,7 @@ void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
     return;
   InsideEkkaScope Inside;
   auto *Ctx = static_cast<OpContext *>(Raw);
-  bool Capture = S->Options.OpFilter && stepCaptured(*S) &&
-                 std::regex_search(std::string(Fn.name()), *S->Options.OpFilter);
+  bool Capture = Ctx->Capture;
   bool Stats = S->Options.OpStats || Capture;
   int64_t Index = 0;
   for (const c10::IValue &V : Fn.outputs()) {
@@ -278,6 +334,7 @@ void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
   int64_t Mutated = 0;
   for (const at::Tensor &T : Ctx->Mutated)
     recordTensor(*S, T, TensorOwner::Op, Ctx->OpId, "mutated", Mutated++, Stats, Capture);
+  recordKernelSnapshots(*S, *Ctx);
 }
 
 /// A forked child has the parent's session but not its writer thread: it
@@ -287,6 +344,7 @@ void forgetSessionInChild() {
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
   CallStack.clear();
   Producers.clear();
+  PendingSnapshots.clear();
   new (&SessionMutex) std::mutex();
 }
 
@@ -313,14 +371,17 @@ void recordInput(Session &S, int64_t CallId, const at::Tensor &T, int64_t Index,
 
 } // namespace
 
-void recordKernelLaunch(const KernelLaunch &L) {
+void setDeviceMemoryOps(DeviceMemoryOps Ops) { DeviceMemory = Ops; }
+
+int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgument> &Pointers) {
   Session *S = Current;
   if (!S || InsideEkka)
-    return;
+    return 0;
   KernelRecord R;
   R.Id = S->Writer->nextKernelId();
-  if (!OpStack.empty())
-    R.OpId = OpStack.back();
+  OpContext *Op = OpStack.empty() ? nullptr : OpStack.back();
+  if (Op)
+    R.OpId = Op->OpId;
   if (int64_t Call = openCall())
     R.ModuleCallId = Call;
   R.Seq = S->KernelSeq++;
@@ -332,7 +393,59 @@ void recordKernelLaunch(const KernelLaunch &L) {
   R.SharedMem = L.SharedMem;
   R.Stream = L.Stream;
   R.CorrelationId = L.CorrelationId;
+  int64_t Id = R.Id;
   S->Writer->addKernel(std::move(R));
+  // Which of the kernel's pointer parameters point into a tensor the op was
+  // given: those buffers are copied once the kernel is enqueued.
+  PendingSnapshots.clear();
+  if (Op && Op->Capture)
+    for (size_t A = 0; A < Op->Arguments.size(); ++A) {
+      const at::Tensor &T = Op->Arguments[A];
+      if (!T.defined() || !T.has_storage() || !T.is_contiguous() || T.numel() == 0)
+        continue;
+      uint64_t Begin = reinterpret_cast<uint64_t>(T.data_ptr());
+      uint64_t End = Begin + uint64_t(T.numel()) * T.element_size();
+      for (const PointerArgument &P : Pointers)
+        if (P.Value >= Begin && P.Value < End) {
+          PendingSnapshots.push_back({Op, Id, P.Index, A, L.Stream});
+          break; // one copy of each tensor per kernel
+        }
+    }
+  return Id;
+}
+
+bool kernelSnapshotsWanted() {
+  return Current && !InsideEkka && !OpStack.empty() && OpStack.back()->Capture &&
+         !OpStack.back()->Arguments.empty();
+}
+
+void snapshotKernelBuffers() {
+  Session *S = Current;
+  if (!S || InsideEkka || PendingSnapshots.empty())
+    return;
+  InsideEkkaScope Inside;
+  try {
+    for (const PendingSnapshot &P : PendingSnapshots) {
+      const at::Tensor &T = P.Op->Arguments[P.Argument];
+      size_t Bytes = size_t(T.numel()) * T.element_size();
+      if (!withinCaptureBudget(*S, Bytes))
+        break;
+      at::Tensor Copy = at::empty_like(T, at::MemoryFormat::Contiguous);
+      if (T.is_cuda()) {
+        if (!DeviceMemory.CopyAsync ||
+            !DeviceMemory.CopyAsync(Copy.data_ptr(), T.data_ptr(), Bytes, P.Stream))
+          continue;
+      } else if (T.device().is_cpu()) {
+        std::memcpy(Copy.data_ptr(), T.data_ptr(), Bytes);
+      } else {
+        continue;
+      }
+      P.Op->Snapshots.push_back(
+          {P.KernelId, P.Param, bool(P.Op->ArgumentMutable[P.Argument]), std::move(Copy), P.Stream});
+    }
+  } catch (const std::exception &) {
+  }
+  PendingSnapshots.clear();
 }
 
 std::string startTrace(const std::string &Dir, const std::string &OptionsText,

@@ -12,8 +12,11 @@
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"
 
+#include <ATen/ops/full.h>
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 using namespace ekka;
 using namespace llvm;
@@ -64,6 +67,67 @@ TEST(Attribution, KernelsGoToTheOpenOpAndModuleCall) {
   EXPECT_FALSE((*Kernels)[2].OpId.has_value());
   EXPECT_FALSE((*Kernels)[2].ModuleCallId.has_value());
   EXPECT_EQ((*Kernels)[0].Block[0], 32u);
+  sys::fs::remove_directories(Dir);
+}
+
+// A captured op's kernels: each pointer parameter that points into a tensor
+// the op was given has that tensor copied when the launch returns, so the
+// trace holds the buffer as each kernel left it. Host tensors stand in for
+// device buffers; the launch is synthetic.
+TEST(Attribution, KernelBuffersAreSnapshottedAfterEachKernel) {
+  SmallString<128> Dir;
+  ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-snap", Dir));
+  std::string Trace = (Dir + "/trace").str();
+  ASSERT_EQ(startTrace(Trace, "gpu=synthetic test;capture=none;ops=^zoo::two_pass$;", "test"), "");
+  at::Tensor Out = at::full({4, 8}, 0.0f);
+  at::Tensor Other = at::full({3}, 7.0f);
+  auto Ptr = [](const at::Tensor &T, size_t Offset) {
+    return reinterpret_cast<uint64_t>(T.data_ptr()) + Offset;
+  };
+  int64_t First = 0, Second = 0, Unrelated = 0;
+  {
+    RECORD_FUNCTION("zoo::two_pass", std::vector<c10::IValue>{Out});
+    Out.fill_(1.0f); // what the first kernel writes
+    First = recordKernelLaunch(launch("_Z5firstPf"), {{0, 0x10}, {2, Ptr(Out, 0)}});
+    snapshotKernelBuffers();
+    Out.fill_(2.0f); // the second kernel, given a pointer inside the tensor
+    Second = recordKernelLaunch(launch("_Z6secondPf"), {{1, Ptr(Out, 16)}});
+    snapshotKernelBuffers();
+  }
+  {
+    RECORD_FUNCTION("zoo::other", std::vector<c10::IValue>{Other});
+    Unrelated = recordKernelLaunch(launch("_Z5otherPf"), {{0, Ptr(Other, 0)}});
+    snapshotKernelBuffers(); // not a captured op: nothing copied
+  }
+  stopTrace();
+  ASSERT_GT(First, 0);
+
+  auto R = TraceReader::open(Trace);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  auto Tensors = (*R)->tensors();
+  ASSERT_TRUE(bool(Tensors));
+  std::map<int64_t, std::vector<TensorRecord>> ByKernel;
+  for (const TensorRecord &T : *Tensors)
+    if (T.Owner == TensorOwner::Kernel)
+      ByKernel[T.OwnerId].push_back(T);
+  ASSERT_EQ(ByKernel.size(), 2u);
+  ASSERT_EQ(ByKernel[First].size(), 1u);
+  ASSERT_EQ(ByKernel[Second].size(), 1u);
+  EXPECT_EQ(ByKernel.count(Unrelated), 0u);
+  for (auto [Id, Expected, Param] : {std::tuple{First, 1.0f, 2}, std::tuple{Second, 2.0f, 1}}) {
+    const TensorRecord &T = ByKernel[Id][0];
+    EXPECT_EQ(T.Role, "argument");
+    EXPECT_EQ(T.Index, Param);
+    EXPECT_EQ(T.Shape, (std::vector<int64_t>{4, 8}));
+    auto Bytes = (*R)->tensorBytes(T);
+    ASSERT_TRUE(bool(Bytes)) << toString(Bytes.takeError());
+    ASSERT_EQ(Bytes->size(), 32 * sizeof(float));
+    for (size_t I = 0; I < 32; ++I) {
+      float V;
+      std::memcpy(&V, Bytes->data() + I * sizeof(float), sizeof(float));
+      ASSERT_EQ(V, Expected) << "kernel " << Id << " element " << I;
+    }
+  }
   sys::fs::remove_directories(Dir);
 }
 

@@ -120,13 +120,68 @@ TEST(KernelLaunch, OtherCallbacksAreNotLaunches) {
 TEST(KernelLaunch, ARuntimeLaunchIsRecordedOnceNotAgainAsItsDriverLaunch) {
   LaunchDeduplicator D;
   // cudaLaunchKernel enter -> cuLaunchKernel enter/exit -> cudaLaunchKernel exit
+  // The recorded launch ends at the runtime's exit, not the driver's.
   EXPECT_TRUE(D.enter(LaunchDomain::RuntimeApi));
   EXPECT_FALSE(D.enter(LaunchDomain::DriverApi));
-  D.exit(LaunchDomain::DriverApi);
-  D.exit(LaunchDomain::RuntimeApi);
+  EXPECT_FALSE(D.exit(LaunchDomain::DriverApi));
+  EXPECT_TRUE(D.exit(LaunchDomain::RuntimeApi));
   // Triton launches through the driver alone: recorded.
   EXPECT_TRUE(D.enter(LaunchDomain::DriverApi));
-  D.exit(LaunchDomain::DriverApi);
+  EXPECT_TRUE(D.exit(LaunchDomain::DriverApi));
+  // An unmatched exit ends nothing.
+  EXPECT_FALSE(D.exit(LaunchDomain::RuntimeApi));
+}
+
+TEST(KernelLaunch, LaunchesCarryTheirFunctionAndParameters) {
+  float *Buffer = reinterpret_cast<float *>(0x7f0000001000);
+  void *Args[] = {&Buffer};
+  CudaLaunchKernel13Signature P{};
+  P.Kernel = reinterpret_cast<cudaKernel_t>(0x1234);
+  P.Args = Args;
+  auto L = decodeLaunch(LaunchDomain::RuntimeApi,
+                        CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000, &P, "k", 1);
+  ASSERT_TRUE(L.has_value());
+  EXPECT_EQ(L->HandleKind, KernelHandle::Kernel);
+  EXPECT_EQ(L->Handle, reinterpret_cast<const void *>(P.Kernel));
+  EXPECT_EQ(L->Params, Args);
+
+  cuLaunchKernel_params D{};
+  D.f = reinterpret_cast<CUfunction>(0x99);
+  D.kernelParams = Args;
+  auto LD = decodeLaunch(LaunchDomain::DriverApi, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, &D, "t", 2);
+  ASSERT_TRUE(LD.has_value());
+  EXPECT_EQ(LD->HandleKind, KernelHandle::Function);
+  EXPECT_EQ(LD->Params, Args);
+
+  cuLaunchKernel_params NoFunction{};
+  auto LN = decodeLaunch(LaunchDomain::DriverApi, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+                         &NoFunction, "t", 3);
+  EXPECT_EQ(LN->HandleKind, KernelHandle::None);
+}
+
+TEST(KernelLaunch, PointerArgumentsAreThePointerSizedParameters) {
+  // kernel(float *out, int n, const float *in, double scale, half2 h)
+  float *Out = reinterpret_cast<float *>(0x7f0000002000);
+  int N = 42;
+  const float *In = reinterpret_cast<const float *>(0x7f0000003000);
+  double Scale = 0.5;
+  uint32_t Half2 = 0x3c003c00;
+  void *Params[] = {&Out, &N, &In, &Scale, &Half2};
+  auto Pointers = pointerArguments(Params, {8, 4, 8, 8, 4});
+  // A double is pointer-sized too: it is a candidate that matches no tensor.
+  ASSERT_EQ(Pointers.size(), 3u);
+  EXPECT_EQ(Pointers[0].Index, 0u);
+  EXPECT_EQ(Pointers[0].Value, reinterpret_cast<uint64_t>(Out));
+  EXPECT_EQ(Pointers[1].Index, 2u);
+  EXPECT_EQ(Pointers[1].Value, reinterpret_cast<uint64_t>(In));
+  EXPECT_EQ(Pointers[2].Index, 3u);
+  // Unknown layout or no parameter array: nothing.
+  EXPECT_TRUE(pointerArguments(Params, {}).empty());
+  EXPECT_TRUE(pointerArguments(nullptr, {8}).empty());
+  // A null pointer is no buffer.
+  float *Null = nullptr;
+  void *NullParams[] = {&Null};
+  EXPECT_TRUE(pointerArguments(NullParams, {8}).empty());
 }
 
 } // namespace

@@ -9,18 +9,46 @@
 #ifndef EKKA_RUNTIME_KERNELLAUNCH_H
 #define EKKA_RUNTIME_KERNELLAUNCH_H
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ekka {
+
+/// How a launch names the function it runs, which decides how its
+/// parameter layout is asked for.
+enum class KernelHandle {
+  None,     ///< Not known.
+  Function, ///< A driver CUfunction (cuLaunchKernel, Triton).
+  Kernel,   ///< A CUkernel (CUDA 13's __cudaLaunchKernel: cudaKernel_t).
+  HostStub, ///< The host-side stub of a runtime launch (cudaLaunchKernel).
+};
 
 /// What CUPTI tells about one kernel launch.
 struct KernelLaunch {
   std::string Name; ///< The kernel's symbol, mangled, as CUPTI reports it.
   uint32_t Grid[3] = {0, 0, 0}, Block[3] = {0, 0, 0};
   uint64_t SharedMem = 0, Stream = 0, CorrelationId = 0;
+  /// The function launched and its parameter values (`kernelParams`: one
+  /// pointer to each parameter), when the launch passes them that way.
+  KernelHandle HandleKind = KernelHandle::None;
+  const void *Handle = nullptr;
+  void *const *Params = nullptr;
 };
+
+/// A kernel parameter the size of a device pointer, and its value.
+struct PointerArgument {
+  uint32_t Index; ///< The parameter's position.
+  uint64_t Value;
+};
+
+/// The pointer-sized parameters of a launch, given each parameter's size as
+/// the driver reports it (cuFuncGetParamInfo): the candidates for device
+/// buffers the kernel reads or writes.
+std::vector<PointerArgument> pointerArguments(void *const *Params,
+                                              const std::vector<size_t> &ParamSizes);
 
 /// Callback domains, as CUPTI numbers them.
 enum class LaunchDomain : int { RuntimeApi = 1, DriverApi = 2 };
@@ -43,7 +71,9 @@ class LaunchDeduplicator {
 public:
   /// At a launch callback's API entry: whether to record this launch.
   bool enter(LaunchDomain Domain);
-  void exit(LaunchDomain Domain);
+  /// At a launch callback's API exit: whether it ends a recorded launch
+  /// (its kernel is then enqueued).
+  bool exit(LaunchDomain Domain);
 
 private:
   unsigned RuntimeDepth = 0;

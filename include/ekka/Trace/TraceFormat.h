@@ -92,7 +92,7 @@ struct TensorRecord {
   int64_t Id = 0;
   TensorOwner Owner = TensorOwner::ModuleCall;
   int64_t OwnerId = 0;
-  std::string Role; ///< input | output | mutated
+  std::string Role; ///< input | output | mutated | argument (a kernel's buffer)
   int64_t Index = 0; ///< Position among the owner's tensors of that role.
   DType Type = DType::F32;
   std::vector<int64_t> Shape, Strides;
