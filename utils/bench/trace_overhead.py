@@ -8,7 +8,10 @@ under torch.profiler with record_shapes — and prints the time per forward and
 the ratios to plain. Then the capture's write rate against memcpy measured
 here. A benchmark, not a test: nothing asserts a timing.
 
-  utils/bench/trace_overhead.py [--iters N]
+  utils/bench/trace_overhead.py [--iters N] [--device cuda] [--ekka-trace PATH]
+
+On a GPU the capture's peer is also the device-to-host copy rate measured
+here, since every captured byte crosses it.
 """
 import argparse
 import os
@@ -44,14 +47,26 @@ def memcpy_gbps(nbytes=256 << 20, repeats=5):
     return nbytes / best / 1e9
 
 
+def d2h_gbps(nbytes=256 << 20, repeats=5):
+    import torch
+    src = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        src.cpu()
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best / 1e9
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--ekka-trace", default=os.path.join(ROOT, "build", "bin", "ekka-trace"))
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = ap.parse_args()
     py = sys.executable
     tmp = tempfile.mkdtemp(prefix="ekka-trace-bench-")
-    work = [py, WORKLOAD, "--iters", str(args.iters)]
+    work = [py, WORKLOAD, "--iters", str(args.iters), "--device", args.device]
 
     plain = ms_per_forward(work)
     meta = ms_per_forward([args.ekka_trace, "-o", f"{tmp}/meta", "--capture=none", "--"] + work)
@@ -69,8 +84,8 @@ def main():
     write_gbps = per_forward_bytes / extra_s / 1e9
     mem = memcpy_gbps()
 
-    print(f"workload: HF Llama, hidden 512, 4 layers, 256 tokens, CPU float32, 1 thread; "
-          f"{args.iters} forwards after a warm-up")
+    print(f"workload: HF Llama, hidden 512, 4 layers, 256 tokens, {args.device} float32, "
+          f"1 CPU thread; {args.iters} forwards after a warm-up")
     print(f"  {'':34}{'ms/forward':>11}{'ratio':>8}")
     for name, v in [("plain", plain), ("ekka-trace --capture=none", meta),
                     ("ekka-trace (capture modules)", capture),
@@ -79,6 +94,9 @@ def main():
     print(f"  captured per forward: {per_forward_bytes / 2**20:.1f} MiB; extra time per forward "
           f"over --capture=none: {extra_s * 1000:.2f} ms -> {write_gbps:.2f} GB/s")
     print(f"  memcpy here: {mem:.2f} GB/s; capture / memcpy: {write_gbps / mem:.2f}")
+    if args.device != "cpu":
+        d2h = d2h_gbps()
+        print(f"  device-to-host copy here: {d2h:.2f} GB/s; capture / that: {write_gbps / d2h:.2f}")
 
 
 if __name__ == "__main__":
