@@ -169,6 +169,18 @@ if(CUPTI_INCLUDE_DIR)
   set(EKKA_HAVE_CUPTI 1)
   message(STATUS "Ekka: CUPTI headers in ${CUPTI_INCLUDE_DIR}")
   target_include_directories(Ekka::CUPTIHeaders SYSTEM INTERFACE ${CUPTI_INCLUDE_DIR})
+  # Some wheels' include/ lacks the CUDA headers' crt/ part (seen on a GPU
+  # machine's image): take it from the toolkit then.
+  if(NOT EXISTS "${CUPTI_INCLUDE_DIR}/crt/host_defines.h")
+    find_program(EKKA_NVCC nvcc HINTS /usr/local/cuda/bin)
+    get_filename_component(ekka_nvcc_dir "${EKKA_NVCC}" DIRECTORY)
+    find_path(EKKA_CUDA_CRT_INCLUDE_DIR crt/host_defines.h
+      HINTS ${ekka_cupti_hints} ${ekka_nvcc_dir}/../include /usr/local/cuda/include
+            /usr/local/cuda/targets/x86_64-linux/include)
+    if(EKKA_CUDA_CRT_INCLUDE_DIR)
+      target_include_directories(Ekka::CUPTIHeaders SYSTEM INTERFACE ${EKKA_CUDA_CRT_INCLUDE_DIR})
+    endif()
+  endif()
   target_compile_definitions(Ekka::CUPTIHeaders INTERFACE EKKA_HAVE_CUPTI=1)
 else()
   set(EKKA_HAVE_CUPTI 0)

@@ -19,6 +19,8 @@
 #include <cupti.h>
 #include <dlfcn.h>
 
+#include <atomic>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -49,13 +51,24 @@ struct DriverApi {
   bool Tried = false, Loaded = false;
   CUresult (*FuncGetParamInfo)(CUfunction, size_t, size_t *, size_t *) = nullptr;
   CUresult (*KernelGetParamInfo)(CUkernel, size_t, size_t *, size_t *) = nullptr;
+  CUresult (*KernelGetFunction)(CUfunction *, CUkernel) = nullptr;
   CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*StreamSynchronize)(CUstream) = nullptr;
   CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *) = nullptr;
-  int (*GetFuncBySymbol)(CUfunction *, const void *) = nullptr; // the runtime's
+  int (*GetFuncBySymbol)(CUfunction *, const void *) = nullptr; // a runtime's
 };
 DriverApi Driver;
 std::mutex DriverMutex;
+
+/// Why launches in captured ops had no buffers snapshotted, for the trace's
+/// meta: a snapshot that silently never happens would look like a kernel
+/// that wrote nothing.
+std::map<std::string, uint64_t> SnapshotMisses;
+std::atomic<uint64_t> NestedDriverLaunches{0}, NestedRuntimeLaunches{0};
+void missedSnapshot(const std::string &Why) {
+  std::lock_guard<std::mutex> Lock(DriverMutex);
+  ++SnapshotMisses[Why];
+}
 
 template <typename F> bool loadFrom(void *Handle, F &Fn, const char *Name) {
   Fn = reinterpret_cast<F>(dlsym(Handle, Name));
@@ -72,10 +85,12 @@ bool loadDriver() {
     return false;
   Driver.Loaded = loadFrom(Cuda, Driver.FuncGetParamInfo, "cuFuncGetParamInfo") &&
                   loadFrom(Cuda, Driver.KernelGetParamInfo, "cuKernelGetParamInfo") &&
+                  loadFrom(Cuda, Driver.KernelGetFunction, "cuKernelGetFunction") &&
                   loadFrom(Cuda, Driver.MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2") &&
                   loadFrom(Cuda, Driver.StreamSynchronize, "cuStreamSynchronize") &&
                   loadFrom(Cuda, Driver.StreamIsCapturing, "cuStreamIsCapturing");
-  // Optional: only launches through cudaLaunchKernel's host stub need it.
+  // The process-wide fallback for cudaLaunchKernel's host stubs; see
+  // runtimeOf for the runtime that registered a given stub.
   loadFrom(RTLD_DEFAULT, Driver.GetFuncBySymbol, "cudaGetFuncBySymbol");
   if (Driver.Loaded)
     setDeviceMemoryOps({[](void *Dst, const void *Src, size_t Bytes, uint64_t Stream) {
@@ -90,44 +105,115 @@ bool loadDriver() {
   return Driver.Loaded;
 }
 
-/// Each parameter's size, as the driver reports it; cached per function.
-const std::vector<size_t> &parameterSizes(const KernelLaunch &L) {
-  thread_local std::unordered_map<const void *, std::vector<size_t>> Cache;
-  auto [It, Inserted] = Cache.try_emplace(L.Handle);
-  if (!Inserted)
-    return It->second;
-  CUfunction Function = nullptr;
-  if (L.HandleKind == KernelHandle::Function)
-    Function = static_cast<CUfunction>(const_cast<void *>(L.Handle));
-  else if (L.HandleKind == KernelHandle::HostStub &&
-           (!Driver.GetFuncBySymbol || Driver.GetFuncBySymbol(&Function, L.Handle) != 0))
-    return It->second;
-  for (size_t I = 0; I < 1024; ++I) {
-    size_t Offset = 0, Size = 0;
-    CUresult R = L.HandleKind == KernelHandle::Kernel
-                     ? Driver.KernelGetParamInfo(
-                           static_cast<CUkernel>(const_cast<void *>(L.Handle)), I, &Offset, &Size)
-                     : Driver.FuncGetParamInfo(Function, I, &Offset, &Size);
-    if (R != CUDA_SUCCESS)
-      break;
-    It->second.push_back(Size);
+using GetFuncBySymbolFn = int (*)(CUfunction *, const void *);
+
+/// The cudaGetFuncBySymbol of the CUDA runtime that registered host stub
+/// \p Stub: the library holding the stub resolves it, to its own statically
+/// linked runtime (nvcc's default) or to the libcudart it depends on
+/// (torch, cuBLAS). Only that runtime knows the stub.
+GetFuncBySymbolFn runtimeOf(const void *Stub) {
+  thread_local std::unordered_map<std::string, GetFuncBySymbolFn> ByLibrary;
+  Dl_info Where;
+  if (!dladdr(Stub, &Where) || !Where.dli_fname)
+    return Driver.GetFuncBySymbol;
+  auto [It, Inserted] = ByLibrary.try_emplace(Where.dli_fname, nullptr);
+  if (Inserted) {
+    if (void *Lib = dlopen(Where.dli_fname, RTLD_LAZY | RTLD_NOLOAD))
+      loadFrom(Lib, It->second, "cudaGetFuncBySymbol");
+    if (!It->second)
+      It->second = Driver.GetFuncBySymbol;
   }
   return It->second;
+}
+
+/// Each parameter's size, as the driver reports it; cached per function.
+/// Empty, with the reason in \p Why, when the driver does not tell.
+const std::vector<KernelParam> &parameterLayout(const KernelLaunch &L, std::string &Why) {
+  thread_local std::map<std::pair<int, const void *>,
+                        std::pair<std::vector<KernelParam>, std::string>>
+      Cache;
+  auto [It, Inserted] = Cache.try_emplace({int(L.HandleKind), L.Handle});
+  auto &[Layout, Reason] = It->second;
+  if (Inserted) {
+    // A CUkernel is asked directly, then through its function in this
+    // context; a host stub through the runtime that registered it.
+    CUfunction Function = nullptr;
+    CUresult First = CUDA_SUCCESS;
+    auto Ask = [&](auto Fn, auto Handle) {
+      for (size_t I = 0; I < 1024; ++I) {
+        size_t Offset = 0, Size = 0;
+        CUresult R = Fn(Handle, I, &Offset, &Size);
+        if (R != CUDA_SUCCESS) {
+          if (I == 0)
+            First = R;
+          return I > 0;
+        }
+        Layout.push_back({Offset, Size});
+      }
+      return true;
+    };
+    bool Known = false;
+    if (L.HandleKind == KernelHandle::Function) {
+      Known = Ask(Driver.FuncGetParamInfo, static_cast<CUfunction>(const_cast<void *>(L.Handle)));
+      // The runtime launches a CUkernel cast to a CUfunction (CUDA 12's
+      // context-independent loading), which only the kernel query takes.
+      if (!Known)
+        Known = Ask(Driver.KernelGetParamInfo, static_cast<CUkernel>(const_cast<void *>(L.Handle)));
+    } else if (L.HandleKind == KernelHandle::Kernel) {
+      auto *K = static_cast<CUkernel>(const_cast<void *>(L.Handle));
+      Known = Ask(Driver.KernelGetParamInfo, K);
+      if (!Known && Driver.KernelGetFunction(&Function, K) == CUDA_SUCCESS)
+        Known = Ask(Driver.FuncGetParamInfo, Function);
+    } else if (GetFuncBySymbolFn ByStub = runtimeOf(L.Handle)) {
+      int R = ByStub(&Function, L.Handle);
+      if (R == 0)
+        Known = Ask(Driver.FuncGetParamInfo, Function);
+      else
+        Reason = "no parameter layout: cudaGetFuncBySymbol error " + std::to_string(R);
+    } else {
+      Reason = "no parameter layout: no cudaGetFuncBySymbol for the host stub";
+    }
+    if (!Known && Reason.empty())
+      Reason = "no parameter layout: driver error " + std::to_string(int(First));
+    static const char *Kinds[] = {"", " (CUfunction)", " (CUkernel)", " (host stub)"};
+    if (!Reason.empty())
+      Reason += Kinds[int(L.HandleKind)];
+  }
+  Why = Reason;
+  return Layout;
 }
 
 /// The launch's pointer-sized parameters, when the open op wants the
 /// buffers its kernels are given and the stream is not capturing a graph
 /// (a copy would become part of the graph).
 std::vector<PointerArgument> snapshotCandidates(const KernelLaunch &L) {
-  if (!L.Params || L.HandleKind == KernelHandle::None || !kernelSnapshotsWanted() ||
-      !loadDriver())
+  if (!kernelSnapshotsWanted())
     return {};
+  if ((!L.Params && !L.ArgBuffer) || L.HandleKind == KernelHandle::None) {
+    missedSnapshot("no parameter array in the launch");
+    return {};
+  }
+  if (!loadDriver()) {
+    missedSnapshot("the CUDA driver API could not be loaded");
+    return {};
+  }
   CUstreamCaptureStatus Capturing = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (Driver.StreamIsCapturing(reinterpret_cast<CUstream>(L.Stream), &Capturing) !=
-          CUDA_SUCCESS ||
-      Capturing != CU_STREAM_CAPTURE_STATUS_NONE)
+  CUresult R = Driver.StreamIsCapturing(reinterpret_cast<CUstream>(L.Stream), &Capturing);
+  if (R != CUDA_SUCCESS || Capturing != CU_STREAM_CAPTURE_STATUS_NONE) {
+    missedSnapshot(R != CUDA_SUCCESS ? "stream state unknown: driver error " + std::to_string(int(R))
+                                     : "stream capturing a CUDA graph");
     return {};
-  return pointerArguments(L.Params, parameterSizes(L));
+  }
+  std::string Why;
+  const std::vector<KernelParam> &Layout = parameterLayout(L, Why);
+  if (!Why.empty())
+    missedSnapshot(Why);
+  if (!L.Params)
+    return pointerArguments(L.ArgBuffer, L.ArgBufferSize, Layout);
+  std::vector<size_t> Sizes;
+  for (const KernelParam &P : Layout)
+    Sizes.push_back(P.Size);
+  return pointerArguments(L.Params, Sizes);
 }
 
 void CUPTIAPI onCallback(void *, CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid,
@@ -143,8 +229,17 @@ void CUPTIAPI onCallback(void *, CUpti_CallbackDomain Domain, CUpti_CallbackId C
       snapshotKernelBuffers();
     return;
   }
-  if (!Dedup.enter(D))
+  if (!Dedup.enter(D)) {
+    // A launch underneath a recorded runtime launch: the same kernel, which
+    // may tell its parameters (a driver launch, by CUfunction) when the
+    // outer launch's handle did not.
+    ++(D == LaunchDomain::DriverApi ? NestedDriverLaunches : NestedRuntimeLaunches);
+    if (kernelSnapshotsWanted())
+      if (auto Launch = decodeLaunch(D, Cbid, Info->functionParams, Info->symbolName,
+                                     Info->correlationId))
+        matchKernelPointers(snapshotCandidates(*Launch));
     return;
+  }
   if (auto Launch = decodeLaunch(D, Cbid, Info->functionParams, Info->symbolName,
                                  Info->correlationId))
     recordKernelLaunch(*Launch, snapshotCandidates(*Launch));
@@ -195,10 +290,21 @@ std::string startKernelTracing(const std::string &Path) {
   return "traced";
 }
 
-void stopKernelTracing() {
+std::string stopKernelTracing() {
   if (Subscriber)
     Api.Unsubscribe(Subscriber);
   Subscriber = nullptr;
+  std::lock_guard<std::mutex> Lock(DriverMutex);
+  std::string Report;
+  uint64_t NestedDriver = NestedDriverLaunches.exchange(0);
+  uint64_t NestedRuntime = NestedRuntimeLaunches.exchange(0);
+  if (NestedDriver || NestedRuntime)
+    Report = "launches inside a recorded launch, not recorded twice: " +
+             std::to_string(NestedDriver) + " driver, " + std::to_string(NestedRuntime) + " runtime";
+  for (const auto &[Why, Count] : SnapshotMisses)
+    Report += (Report.empty() ? "" : "; ") + std::to_string(Count) + " launches: " + Why;
+  SnapshotMisses.clear();
+  return Report;
 }
 
 #else
@@ -206,7 +312,7 @@ void stopKernelTracing() {
 std::string startKernelTracing(const std::string &) {
   return "not traced: this runtime was built without CUPTI headers";
 }
-void stopKernelTracing() {}
+std::string stopKernelTracing() { return ""; }
 
 #endif
 

@@ -59,6 +59,35 @@ std::vector<PointerArgument> pointerArguments(void *const *Params,
   return Out;
 }
 
+std::vector<PointerArgument> pointerArguments(const void *ArgBuffer, size_t Bytes,
+                                              const std::vector<KernelParam> &Layout) {
+  std::vector<PointerArgument> Out;
+  if (!ArgBuffer)
+    return Out;
+  for (size_t I = 0; I < Layout.size(); ++I) {
+    const KernelParam &P = Layout[I];
+    if (P.Size != sizeof(uint64_t) || P.Offset + P.Size > Bytes)
+      continue;
+    uint64_t Value;
+    std::memcpy(&Value, static_cast<const char *>(ArgBuffer) + P.Offset, sizeof(Value));
+    if (Value)
+      Out.push_back({uint32_t(I), Value});
+  }
+  return Out;
+}
+
+/// cuLaunchKernel's `extra`: key/value pairs up to CU_LAUNCH_PARAM_END.
+void setArgBuffer(KernelLaunch &L, void **Extra) {
+  if (!Extra)
+    return;
+  for (size_t I = 0; I < 64 && Extra[I] != CU_LAUNCH_PARAM_END; I += 2) {
+    if (Extra[I] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+      L.ArgBuffer = Extra[I + 1];
+    else if (Extra[I] == CU_LAUNCH_PARAM_BUFFER_SIZE && Extra[I + 1])
+      L.ArgBufferSize = *static_cast<size_t *>(Extra[I + 1]);
+  }
+}
+
 bool isLaunchCallback(LaunchDomain Domain, uint32_t Cbid) {
   if (Domain == LaunchDomain::RuntimeApi)
     return Cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000 ||
@@ -125,10 +154,15 @@ std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
     setLaunch(L, dim3(P->gridDimX, P->gridDimY, P->gridDimZ),
               dim3(P->blockDimX, P->blockDimY, P->blockDimZ), P->sharedMemBytes, P->hStream);
     setHandle(L, KernelHandle::Function, P->f, P->kernelParams);
+    if (!P->kernelParams && (Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel ||
+                             Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz))
+      setArgBuffer(L, P->extra);
     return L;
   }
   auto *P = static_cast<const cuLaunchKernelEx_params *>(FunctionParams);
   setHandle(L, KernelHandle::Function, P->f, P->kernelParams);
+  if (!P->kernelParams)
+    setArgBuffer(L, P->extra);
   if (!P->config)
     return L;
   const CUlaunchConfig &C = *P->config;

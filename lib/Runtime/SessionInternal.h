@@ -18,6 +18,10 @@ namespace ekka {
 int64_t recordKernelLaunch(const KernelLaunch &Launch,
                            const std::vector<PointerArgument> &Pointers = {});
 void snapshotKernelBuffers();
+/// More pointer parameters of the launch recorded last on this thread (the
+/// driver launch a runtime launch makes underneath, when the runtime's own
+/// parameters gave none).
+void matchKernelPointers(const std::vector<PointerArgument> &Pointers);
 /// Whether the op open on this thread wants its kernels' buffers copied.
 bool kernelSnapshotsWanted();
 
@@ -33,7 +37,9 @@ void setDeviceMemoryOps(DeviceMemoryOps Ops);
 /// Returns what `meta.gpu_kernels` should say: "traced", or "not traced: "
 /// and why (another subscriber, a library that does not load, ...).
 std::string startKernelTracing(const std::string &Path);
-void stopKernelTracing();
+/// Unsubscribes; returns why launches in captured ops had no buffers
+/// snapshotted ("" if none was missed).
+std::string stopKernelTracing();
 
 } // namespace ekka
 

@@ -6,6 +6,7 @@
 // with "ekka::").
 //
 //===----------------------------------------------------------------------===//
+#include "SessionInternal.h"
 #include "ekka/Runtime/TraceSession.h"
 
 #include <torch/library.h>
@@ -54,9 +55,29 @@ std::string stopOp() {
   return guarded([&] { return ekka::stopTrace(); }, std::string("error: stopping failed"));
 }
 
+/// A kernel launch as CUPTI would report it, made from inside a program:
+/// for tests on machines without a GPU. The kernel gets one pointer
+/// parameter per buffer, pointing at its data, and is recorded under the op
+/// and module call open around this call; its buffers are snapshotted as
+/// after a real launch.
+void simulatedLaunchOp(std::string Name, std::vector<at::Tensor> Buffers) {
+  guarded([&] {
+    ekka::KernelLaunch L;
+    L.Name = Name;
+    L.Grid[0] = L.Block[0] = 1;
+    std::vector<ekka::PointerArgument> Pointers;
+    for (size_t I = 0; I < Buffers.size(); ++I)
+      Pointers.push_back({uint32_t(I), reinterpret_cast<uint64_t>(Buffers[I].data_ptr())});
+    ekka::recordKernelLaunch(L, Pointers);
+    ekka::snapshotKernelBuffers();
+    return 0;
+  }, 0);
+}
+
 } // namespace
 
 TORCH_LIBRARY(ekka, m) {
+  m.def("simulated_launch(str name, Tensor[] buffers) -> ()", simulatedLaunchOp);
   m.def("start(str dir, str options, str command_line) -> str", startOp);
   m.def("enter(str path, str class_name, str class_qualname, str source_file, "
         "int source_line, bool is_root, Tensor[] inputs) -> int",

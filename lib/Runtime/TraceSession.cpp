@@ -81,7 +81,15 @@ struct Session {
   std::unique_ptr<TraceWriter> Writer;
   CaptureOptions Options;
   std::string OptionsText;
-  std::atomic<int64_t> CallSeq{0}, OpSeq{0}, KernelSeq{0};
+  std::atomic<int64_t> CallSeq{0}, OpSeq{0}, KernelSeq{0}, KernelSnapshots{0};
+  /// Launches inside captured ops, and those whose pointers matched no
+  /// tensor of the op or whose copy failed: the meta's kernel_snapshots.
+  std::atomic<int64_t> CapturedOpLaunches{0}, UnmatchedLaunches{0}, FailedCopies{0},
+      RecordedSnapshots{0};
+  std::string SnapshotError; ///< The first error recording a snapshot.
+  std::mutex SnapshotErrorMutex;
+  int64_t LostRecords = 0; ///< Under SnapshotErrorMutex, with the first reason.
+  std::string FirstLoss;
   bool TracingKernels = false;
   std::atomic<int64_t> Step{0};
   std::atomic<uint64_t> CapturedBytes{0};
@@ -235,6 +243,13 @@ struct PendingSnapshot {
   uint64_t Stream;
 };
 thread_local std::vector<PendingSnapshot> PendingSnapshots;
+/// The launch recorded last on this thread, whose kernel may still get its
+/// pointer parameters (from the driver launch underneath a runtime launch).
+struct {
+  OpContext *Op = nullptr;
+  int64_t KernelId = 0;
+  uint64_t Stream = 0;
+} thread_local LastLaunch;
 DeviceMemoryOps DeviceMemory;
 
 /// The buffers the op's kernels were given, as they were after each kernel:
@@ -242,14 +257,22 @@ DeviceMemoryOps DeviceMemory;
 /// written, else `argument`; the index is the kernel parameter's position.
 void recordKernelSnapshots(Session &S, OpContext &Ctx) {
   std::vector<uint64_t> Synced;
-  for (KernelSnapshot &K : Ctx.Snapshots) {
-    if (K.Copy.is_cuda() && DeviceMemory.Synchronize &&
-        std::find(Synced.begin(), Synced.end(), K.Stream) == Synced.end()) {
-      DeviceMemory.Synchronize(K.Stream);
-      Synced.push_back(K.Stream);
+  try {
+    for (KernelSnapshot &K : Ctx.Snapshots) {
+      if (K.Copy.is_cuda() && DeviceMemory.Synchronize &&
+          std::find(Synced.begin(), Synced.end(), K.Stream) == Synced.end()) {
+        DeviceMemory.Synchronize(K.Stream);
+        Synced.push_back(K.Stream);
+      }
+      if (recordTensor(S, K.Copy, TensorOwner::Kernel, K.KernelId,
+                       K.Mutable ? "mutated" : "argument", K.Param, /*Stats=*/true,
+                       /*Capture=*/true))
+        ++S.RecordedSnapshots;
     }
-    recordTensor(S, K.Copy, TensorOwner::Kernel, K.KernelId, K.Mutable ? "mutated" : "argument",
-                 K.Param, /*Stats=*/true, /*Capture=*/true);
+  } catch (const std::exception &E) {
+    std::lock_guard<std::mutex> Lock(S.SnapshotErrorMutex);
+    if (S.SnapshotError.empty())
+      S.SnapshotError = E.what();
   }
   Ctx.Snapshots.clear();
 }
@@ -257,11 +280,24 @@ void recordKernelSnapshots(Session &S, OpContext &Ctx) {
 std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn);
 void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw);
 
+/// A record lost to an error inside the observer: counted, and the first
+/// error kept, for the trace's meta (`lost_records`): a trace must not be
+/// silently partial.
+void lostRecord(const char *Where, const std::exception &E) {
+  Session *S = Current;
+  if (!S)
+    return;
+  std::lock_guard<std::mutex> Lock(S->SnapshotErrorMutex);
+  if (S->LostRecords++ == 0)
+    S->FirstLoss = std::string(Where) + ": " + E.what();
+}
+
 // RecordFunction callbacks must not throw into PyTorch.
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction &Fn) {
   try {
     return onOpStartImpl(Fn);
-  } catch (const std::exception &) {
+  } catch (const std::exception &E) {
+    lostRecord("op start", E);
     return nullptr;
   }
 }
@@ -269,7 +305,8 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction &Fn) {
 void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
   try {
     onOpEndImpl(Fn, Raw);
-  } catch (const std::exception &) {
+  } catch (const std::exception &E) {
+    lostRecord("op end", E);
   }
 }
 
@@ -318,6 +355,7 @@ void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
     return;
   InsideEkkaScope Inside;
   auto *Ctx = static_cast<OpContext *>(Raw);
+  recordKernelSnapshots(*S, *Ctx);
   bool Capture = Ctx->Capture;
   bool Stats = S->Options.OpStats || Capture;
   int64_t Index = 0;
@@ -334,7 +372,6 @@ void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
   int64_t Mutated = 0;
   for (const at::Tensor &T : Ctx->Mutated)
     recordTensor(*S, T, TensorOwner::Op, Ctx->OpId, "mutated", Mutated++, Stats, Capture);
-  recordKernelSnapshots(*S, *Ctx);
 }
 
 /// A forked child has the parent's session but not its writer thread: it
@@ -345,6 +382,7 @@ void forgetSessionInChild() {
   CallStack.clear();
   Producers.clear();
   PendingSnapshots.clear();
+  LastLaunch = {};
   new (&SessionMutex) std::mutex();
 }
 
@@ -395,23 +433,37 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
   R.CorrelationId = L.CorrelationId;
   int64_t Id = R.Id;
   S->Writer->addKernel(std::move(R));
+  PendingSnapshots.clear();
+  LastLaunch = {Op, Id, L.Stream};
+  if (Op && Op->Capture) {
+    ++S->CapturedOpLaunches;
+    ++S->UnmatchedLaunches; // until a pointer matches
+  }
+  matchKernelPointers(Pointers);
+  return Id;
+}
+
+void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
+  Session *S = Current;
+  OpContext *Op = LastLaunch.Op;
+  if (!S || !Op || !Op->Capture || Pointers.empty() || !PendingSnapshots.empty())
+    return;
   // Which of the kernel's pointer parameters point into a tensor the op was
   // given: those buffers are copied once the kernel is enqueued.
-  PendingSnapshots.clear();
-  if (Op && Op->Capture)
-    for (size_t A = 0; A < Op->Arguments.size(); ++A) {
-      const at::Tensor &T = Op->Arguments[A];
-      if (!T.defined() || !T.has_storage() || !T.is_contiguous() || T.numel() == 0)
-        continue;
-      uint64_t Begin = reinterpret_cast<uint64_t>(T.data_ptr());
-      uint64_t End = Begin + uint64_t(T.numel()) * T.element_size();
-      for (const PointerArgument &P : Pointers)
-        if (P.Value >= Begin && P.Value < End) {
-          PendingSnapshots.push_back({Op, Id, P.Index, A, L.Stream});
-          break; // one copy of each tensor per kernel
-        }
-    }
-  return Id;
+  for (size_t A = 0; A < Op->Arguments.size(); ++A) {
+    const at::Tensor &T = Op->Arguments[A];
+    if (!T.defined() || !T.has_storage() || !T.is_contiguous() || T.numel() == 0)
+      continue;
+    uint64_t Begin = reinterpret_cast<uint64_t>(T.data_ptr());
+    uint64_t End = Begin + uint64_t(T.numel()) * T.element_size();
+    for (const PointerArgument &P : Pointers)
+      if (P.Value >= Begin && P.Value < End) {
+        PendingSnapshots.push_back({Op, LastLaunch.KernelId, P.Index, A, LastLaunch.Stream});
+        break; // one copy of each tensor per kernel
+      }
+  }
+  if (!PendingSnapshots.empty())
+    --S->UnmatchedLaunches;
 }
 
 bool kernelSnapshotsWanted() {
@@ -424,6 +476,7 @@ void snapshotKernelBuffers() {
   if (!S || InsideEkka || PendingSnapshots.empty())
     return;
   InsideEkkaScope Inside;
+  LastLaunch = {};
   try {
     for (const PendingSnapshot &P : PendingSnapshots) {
       const at::Tensor &T = P.Op->Arguments[P.Argument];
@@ -433,8 +486,10 @@ void snapshotKernelBuffers() {
       at::Tensor Copy = at::empty_like(T, at::MemoryFormat::Contiguous);
       if (T.is_cuda()) {
         if (!DeviceMemory.CopyAsync ||
-            !DeviceMemory.CopyAsync(Copy.data_ptr(), T.data_ptr(), Bytes, P.Stream))
+            !DeviceMemory.CopyAsync(Copy.data_ptr(), T.data_ptr(), Bytes, P.Stream)) {
+          ++S->FailedCopies;
           continue;
+        }
       } else if (T.device().is_cpu()) {
         std::memcpy(Copy.data_ptr(), T.data_ptr(), Bytes);
       } else {
@@ -442,8 +497,11 @@ void snapshotKernelBuffers() {
       }
       P.Op->Snapshots.push_back(
           {P.KernelId, P.Param, bool(P.Op->ArgumentMutable[P.Argument]), std::move(Copy), P.Stream});
+      ++S->KernelSnapshots;
     }
-  } catch (const std::exception &) {
+  } catch (const std::exception &E) {
+    ++S->FailedCopies;
+    lostRecord("kernel snapshot", E);
   }
   PendingSnapshots.clear();
 }
@@ -577,10 +635,28 @@ std::string stopTrace() {
   Session *S = Current;
   if (!S)
     return "";
-  if (S->TracingKernels)
-    stopKernelTracing();
   if (S->Observer)
     at::removeCallback(*S->Observer);
+  if (S->TracingKernels) {
+    std::string Missed = stopKernelTracing();
+    std::string Taken = std::to_string(S->KernelSnapshots.load()) + " buffers snapshotted from " +
+                        std::to_string(S->CapturedOpLaunches.load()) + " launches in captured ops (" +
+                        std::to_string(S->UnmatchedLaunches.load()) +
+                        " pointing into no argument of the op, " +
+                        std::to_string(S->FailedCopies.load()) + " copies failed, " +
+                        std::to_string(S->RecordedSnapshots.load()) + " recorded" +
+                        (S->SnapshotError.empty() ? "" : ": " + S->SnapshotError.substr(0, 300)) +
+                        ")";
+    S->Writer->setMeta("kernel_snapshots", Missed.empty() ? Taken : Taken + "; " + Missed);
+  }
+  std::string Lost;
+  {
+    std::lock_guard<std::mutex> Lock(S->SnapshotErrorMutex);
+    if (S->LostRecords)
+      Lost = std::to_string(S->LostRecords) + " records lost to errors (first: " +
+             S->FirstLoss.substr(0, 300) + ")";
+  }
+  S->Writer->setMeta("lost_records", Lost.empty() ? "0" : Lost);
   Current = nullptr;
   llvm::Error E = S->Writer->close();
   TraceCounts C = S->Writer->counts();
@@ -591,6 +667,8 @@ std::string stopTrace() {
     Result = std::to_string(C.ModuleCalls) + " module calls, " + std::to_string(C.Ops) +
              " ops, " + std::to_string(C.Kernels) + " kernels, " + std::to_string(C.Tensors) +
              " tensors, " + std::to_string(C.CapturedBytes) + " bytes captured";
+  if (!Result.empty() && !Lost.empty() && Result.rfind("error: ", 0) != 0)
+    Result += "; warning: " + Lost;
   // Not deleted: an observer or CUPTI callback on another thread may still
   // hold it; the writer is closed and drops what they enqueue now.
   return Result;

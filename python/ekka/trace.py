@@ -180,6 +180,8 @@ def _stop():
     summary = torch.ops.ekka.stop()
     if summary.startswith("error: "):
         print(f"ekka-trace: {summary}", file=sys.stderr)
+    elif "; warning: " in summary:
+        print(f"ekka-trace: warning: {summary.split('; warning: ', 1)[1]}", file=sys.stderr)
 
 
 def _after_fork_in_child():

@@ -36,6 +36,15 @@ struct KernelLaunch {
   KernelHandle HandleKind = KernelHandle::None;
   const void *Handle = nullptr;
   void *const *Params = nullptr;
+  /// Or packed into one buffer (cuLaunchKernel's `extra`,
+  /// CU_LAUNCH_PARAM_BUFFER_POINTER), at the offsets the driver reports.
+  const void *ArgBuffer = nullptr;
+  size_t ArgBufferSize = 0;
+};
+
+/// Where a kernel parameter lies in the packed argument buffer.
+struct KernelParam {
+  size_t Offset, Size;
 };
 
 /// A kernel parameter the size of a device pointer, and its value.
@@ -49,6 +58,9 @@ struct PointerArgument {
 /// buffers the kernel reads or writes.
 std::vector<PointerArgument> pointerArguments(void *const *Params,
                                               const std::vector<size_t> &ParamSizes);
+/// The same from a packed argument buffer of \p Bytes bytes.
+std::vector<PointerArgument> pointerArguments(const void *ArgBuffer, size_t Bytes,
+                                              const std::vector<KernelParam> &Layout);
 
 /// Callback domains, as CUPTI numbers them.
 enum class LaunchDomain : int { RuntimeApi = 1, DriverApi = 2 };
