@@ -18,6 +18,12 @@ config.environment["PATH"] = os.pathsep.join(
 config.environment["EKKA_PROGRESS"] = "0"
 config.substitutions.append(("%python", config.python_executable))
 config.substitutions.append(("%ekka-python", os.path.join(config.ekka_src_root, "python")))
+# One side of a zoo case (utils/zoo/run_side.py), with the engine's kernels
+# from this build.
+config.substitutions.append(
+    ("%zoo-side", "env EKKA_BUILD_DIR={1} {2} {0}/run_side.py".format(
+        os.path.join(config.ekka_src_root, "utils", "zoo"), config.ekka_obj_root,
+        config.python_executable)))
 config.substitutions.append(
     ("%expect-exit", os.path.join(config.ekka_src_root, "utils", "lit", "expect-exit")))
 

@@ -34,10 +34,12 @@ Expected<std::vector<MappingRule>> readMappingFile(StringRef Path) {
   auto Buffer = MemoryBuffer::getFile(Path);
   if (!Buffer)
     return makeError("cannot read mapping file '" + Path + "': " + Buffer.getError().message());
-  auto Bad = [&](const Twine &Why) {
-    return makeError("mapping file '" + Path + "': " + Why);
-  };
-  Expected<json::Value> V = json::parse((*Buffer)->getBuffer());
+  return parseMappingRules((*Buffer)->getBuffer(), ("mapping file '" + Path + "'").str());
+}
+
+Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef Name) {
+  auto Bad = [&](const Twine &Why) { return makeError(Name + ": " + Why); };
+  Expected<json::Value> V = json::parse(Text);
   if (!V)
     return Bad("not JSON (" + toString(V.takeError()) + ")");
   const json::Object *O = V->getAsObject();
@@ -83,6 +85,35 @@ Expected<std::vector<MappingRule>> readMappingFile(StringRef Path) {
     Out.push_back(std::move(Rule));
   }
   return Out;
+}
+
+// The knowledge base, version 1: serving engines' names (vLLM's and
+// SGLang's model code share them) against HuggingFace Transformers'.
+static const char *RecipesV1 = R"json({"components": [
+  {"target": "model.layers.*.self_attn.qkv_proj",
+   "reference": ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.k_proj",
+                 "model.layers.*.self_attn.v_proj"], "concat_dim": -1},
+  {"target": "model.layers.*.mlp.gate_up_proj",
+   "reference": ["model.layers.*.mlp.gate_proj", "model.layers.*.mlp.up_proj"],
+   "concat_dim": -1},
+  {"target": "model.layers.*.mlp.shared_expert.gate_up_proj",
+   "reference": ["model.layers.*.mlp.shared_expert.gate_proj",
+                 "model.layers.*.mlp.shared_expert.up_proj"], "concat_dim": -1},
+  {"target": "logits_processor", "reference": "lm_head"}
+]})json";
+
+const std::vector<MappingRule> &builtinRecipes() {
+  static const std::vector<MappingRule> Rules = [] {
+    auto R = parseMappingRules(RecipesV1, "built-in recipes");
+    if (!R) {
+      consumeError(R.takeError()); // a test guards the text
+      return std::vector<MappingRule>();
+    }
+    for (MappingRule &Rule : *R)
+      Rule.Source = "recipe vllm-hf 1";
+    return std::move(*R);
+  }();
+  return Rules;
 }
 
 namespace {
@@ -160,6 +191,8 @@ struct Side {
   std::vector<KernelRecord> Kernels;
   /// op id -> its output tensors by index
   std::map<int64_t, std::map<int64_t, const TensorRecord *>> OpOutputs;
+  /// op id -> the captured tensors it produced or wrote in place
+  std::map<int64_t, std::vector<const TensorRecord *>> OpWrites;
   std::vector<TensorRecord> Tensors;
   DenseMap<int64_t, const ModuleCallRecord *> CallById;
   DenseMap<int64_t, const TensorRecord *> TensorById;
@@ -201,6 +234,9 @@ struct Side {
         ByCall[X.OwnerId][X.Role][X.Index] = &X;
       else if (X.Owner == TensorOwner::Op && X.Role == "output" && !X.Shard.empty())
         OpOutputs[X.OwnerId][X.Index] = &X;
+      if (X.Owner == TensorOwner::Op && (X.Role == "output" || X.Role == "mutated") &&
+          !X.Shard.empty())
+        OpWrites[X.OwnerId].push_back(&X);
     }
     return Error::success();
   }
@@ -260,6 +296,7 @@ public:
     if (checkInputs(D))
       return D;
     computeRatios(D);
+    CurveSoFar = D.Curve;
     localize(D);
     return D;
   }
@@ -319,7 +356,14 @@ private:
                               int64_t TargetCall = 0) {
     if (!A || !B)
       return std::nullopt;
-    auto XT = targetValues(A, TargetCall, B->Shape), XR = R.values(B);
+    return ratioOf(targetValues(A, TargetCall, B->Shape), A->Type, B, C);
+  }
+
+  /// The ratio of the target's values \p XT (of dtype \p TargetType) to
+  /// reference tensor \p B, with FP32 reference tensor \p C if any.
+  std::optional<double> ratioOf(std::optional<std::vector<double>> XT, DType TargetType,
+                                const TensorRecord *B, const TensorRecord *C) {
+    auto XR = R.values(B);
     if (!XT || !XR || XT->size() != XR->size() || XT->empty())
       return std::nullopt;
     // A NaN or infinity where the reference has none (or the reverse) is a
@@ -335,7 +379,7 @@ private:
         return distance(*XT, *YR) / (Den + 1e-30);
       }
     }
-    double Den = O.NoiseUnits * std::max(unitRoundoff(B->Type), unitRoundoff(A->Type)) * norm(*XR);
+    double Den = O.NoiseUnits * std::max(unitRoundoff(B->Type), unitRoundoff(TargetType)) * norm(*XR);
     double Num = distance(*XT, *XR);
     if (Num == 0)
       return 0.0;
@@ -346,25 +390,97 @@ private:
   /// (if given) says whether every such tensor could be compared.
   std::optional<double> callRatio(const ModuleCallRecord &TC, const ModuleCallRecord &RC,
                                   const ModuleCallRecord *FC, StringRef Role,
-                                  bool *AllCompared = nullptr) {
+                                  bool *AllCompared = nullptr, bool *ResidualPair = nullptr) {
     std::optional<double> Worst;
     if (AllCompared)
       *AllCompared = true;
-    auto It = T.ByCall.find(TC.Id);
-    if (It == T.ByCall.end())
-      return Worst;
-    auto RoleIt = It->second.find(Role.str());
-    if (RoleIt == It->second.end())
-      return Worst;
-    for (const auto &[Index, TT] : RoleIt->second) {
-      const TensorRecord *RT = R.tensor(RC.Id, Role, Index);
-      const TensorRecord *FT = FC ? F->tensor(FC->Id, Role, Index) : nullptr;
-      if (auto X = ratio(TT, RT, FT, TC.Id))
-        Worst = std::max(Worst.value_or(0), *X);
+    RoleTensors TT = roleTensors(T, TC.Id, Role), RT = roleTensors(R, RC.Id, Role);
+    RoleTensors FT = FC ? roleTensors(*F, FC->Id, Role) : RoleTensors();
+    // Only integer inputs (token ids, positions) on both sides: nothing
+    // floating flows in, nothing to depart (the root's ids are checked
+    // first, as inputs).
+    if (Role == "input" && TT.empty() && RT.empty() && T.ByCall.count(TC.Id))
+      return 0.0;
+    if (auto Pair = residualPairRatio(TC, Role, TT, RT, FT)) {
+      if (ResidualPair)
+        *ResidualPair = true;
+      return Pair;
+    }
+    for (const auto &[Index, X] : TT) {
+      if (auto Ratio = ratio(X, at(RT, Index), at(FT, Index), TC.Id))
+        Worst = std::max(Worst.value_or(0), *Ratio);
       else if (AllCompared)
         *AllCompared = false;
     }
     return Worst;
+  }
+
+  using RoleTensors = std::map<int64_t, const TensorRecord *>;
+  static const TensorRecord *at(const RoleTensors &M, int64_t I) {
+    auto It = M.find(I);
+    return It == M.end() ? nullptr : It->second;
+  }
+
+  /// A call's tensors of one role, by position. Inputs are paired among the
+  /// floating-point ones only, in order: the two programs pass integer
+  /// side inputs (positions, ids) in different places, and a serving
+  /// engine's module takes `positions` first where HF's takes the hidden
+  /// states first.
+  static RoleTensors roleTensors(const Side &S, int64_t Call, StringRef Role) {
+    RoleTensors Out;
+    auto C = S.ByCall.find(Call);
+    if (C == S.ByCall.end())
+      return Out;
+    auto R = C->second.find(Role.str());
+    if (R == C->second.end())
+      return Out;
+    if (Role != "input")
+      return R->second;
+    int64_t N = 0;
+    for (const auto &[Index, X] : R->second)
+      if (unitRoundoff(X->Type) != 0)
+        Out[N++] = X;
+    return Out;
+  }
+
+  /// A fused residual-add + norm (vLLM's decoder layers and norms) returns
+  /// the pair (output, residual) where the reference returns one tensor:
+  /// the norm's output, or the layer's output = output + residual. When the
+  /// target call has two tensors of one shape first and the reference one
+  /// (its next, if any, has another shape), both readings are tried —
+  /// the first alone, and the sum — and the closer one is taken (validated
+  /// on the values, as the paper's tensor-sum matching; the set stays these
+  /// two, so no arithmetic is invented to explain a difference away).
+  /// Inputs likewise: the layer after a fused one, and the fused norm
+  /// itself, take (hidden, residual) where the reference takes their sum.
+  std::optional<double> residualPairRatio(const ModuleCallRecord &TC, StringRef Role,
+                                          const RoleTensors &TT, const RoleTensors &RT,
+                                          const RoleTensors &FT) {
+    const TensorRecord *A = at(TT, 0), *B = at(TT, 1), *Ref = at(RT, 0);
+    if (!A || !B || !Ref)
+      return std::nullopt;
+    if (A->Shape != B->Shape || unitRoundoff(A->Type) == 0 || unitRoundoff(Ref->Type) == 0)
+      return std::nullopt;
+    // The reference has no second tensor of that shape in that place.
+    if (const TensorRecord *Ref1 = at(RT, 1); Ref1 && Ref1->Shape == Ref->Shape)
+      return std::nullopt;
+    if (Role == "output" && TT.size() != 2)
+      return std::nullopt;
+    const TensorRecord *Fp = at(FT, 0);
+    auto First = targetValues(A, TC.Id, Ref->Shape);
+    auto Second = targetValues(B, TC.Id, Ref->Shape);
+    std::optional<double> Alone = ratioOf(First, A->Type, Ref, Fp), Sum;
+    if (First && Second && First->size() == Second->size()) {
+      std::vector<double> Added = *First;
+      for (size_t I = 0; I < Added.size(); ++I)
+        Added[I] += (*Second)[I];
+      Sum = ratioOf(std::move(Added), A->Type, Ref, Fp);
+    }
+    if (!Sum)
+      return Alone;
+    if (!Alone)
+      return Sum;
+    return std::min(*Alone, *Sum);
   }
 
   /// The target's values for tensor \p A of call \p Call. When the target
@@ -382,7 +498,12 @@ private:
       if (const TensorRecord *X = T.tensor(Later->Id, A->Role, A->Index))
         Parts.push_back(X);
     size_t Rank = A->Shape.size();
-    if (Rank != RefShape.size())
+    // [tokens, hidden] meets [1, tokens, hidden]: a serving engine flattens
+    // the batch of one sequence.
+    std::vector<int64_t> Ref = RefShape;
+    while (Ref.size() > Rank && Ref.front() == 1)
+      Ref.erase(Ref.begin());
+    if (Rank != Ref.size())
       return std::nullopt;
     std::optional<size_t> Dim;
     for (size_t D = 0; D < Rank && !Dim; ++D) {
@@ -393,9 +514,9 @@ private:
           return std::nullopt;
         Sum += X->Shape[D];
         for (size_t E = 0; E < Rank; ++E)
-          Others &= E == D || X->Shape[E] == RefShape[E];
+          Others &= E == D || X->Shape[E] == Ref[E];
       }
-      if (Others && Sum == RefShape[D])
+      if (Others && Sum == Ref[D])
         Dim = D;
     }
     if (!Dim)
@@ -445,7 +566,24 @@ private:
     const TensorRecord *TT = T.tensor(TC.Id, "output", 0);
     if (!TT)
       return std::nullopt;
-    auto XT = T.values(TT);
+    // The reference side's shape: its parts' shapes, concatenated.
+    std::vector<int64_t> RefShape;
+    for (const ModuleCallRecord *C : RC) {
+      const TensorRecord *X = R.tensor(C->Id, "output", 0);
+      if (!X)
+        return std::nullopt;
+      if (RefShape.empty()) {
+        RefShape = X->Shape;
+        continue;
+      }
+      if (X->Shape.size() != RefShape.size() || RefShape.empty())
+        return std::nullopt;
+      size_t D = Dim < 0 ? RefShape.size() + Dim : size_t(Dim);
+      if (D >= RefShape.size())
+        return std::nullopt;
+      RefShape[D] += X->Shape[D];
+    }
+    auto XT = targetValues(TT, TC.Id, RefShape);
     auto Gather = [&](Side &S, const std::vector<const ModuleCallRecord *> &Calls)
         -> std::optional<std::vector<double>> {
       std::vector<std::vector<double>> Parts;
@@ -480,19 +618,50 @@ private:
                   1e-30);
   }
 
+  /// Structural evidence against a pairing by path: the same name for a
+  /// different computation (vLLM's `act_fn` is SiluAndMul, which takes the
+  /// gate and up projections together; HF's is the activation alone). Their
+  /// first input's or first output's last dimension (the feature size)
+  /// differ. Empty when nothing speaks against the pair.
+  std::string structureDiffers(const ModuleCallRecord &TC, const ModuleCallRecord &RC) {
+    for (StringRef Role : {"input", "output"}) {
+      const TensorRecord *A = T.tensor(TC.Id, Role, 0), *B = R.tensor(RC.Id, Role, 0);
+      if (!A || !B || A->Shape.empty() || B->Shape.empty() || unitRoundoff(A->Type) == 0 ||
+          unitRoundoff(B->Type) == 0)
+        continue;
+      if (A->Shape.back() != B->Shape.back())
+        return ("same path, but a different computation: its first " + Role +
+                " has " + Twine(A->Shape.back()) + " features against the reference's " +
+                Twine(B->Shape.back()))
+            .str();
+    }
+    return "";
+  }
+
   /// Applies the first mapping rule that matches \p TC; true if one did.
   bool applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
-    for (const MappingRule &Rule : O.Mapping) {
+    std::vector<const MappingRule *> Rules;
+    for (const MappingRule &Rule : O.Mapping)
+      Rules.push_back(&Rule);
+    if (O.UseRecipes)
+      for (const MappingRule &Rule : builtinRecipes())
+        Rules.push_back(&Rule);
+    for (const MappingRule *RulePtr : Rules) {
+      const MappingRule &Rule = *RulePtr;
       auto Stars = matchPath(Rule.Target, TC.Path);
       if (!Stars)
         continue;
+      bool Recipe = Rule.Source != "mapping file";
       auto Key = T.KeyOf.lookup(TC.Id);
       std::vector<const ModuleCallRecord *> RC, FC;
+      C.ReferencePaths.clear();
       for (const std::string &Pattern : Rule.Reference) {
         std::string Path = substitute(Pattern, *Stars);
         C.ReferencePaths.push_back(Path);
         auto RK = std::make_tuple(std::get<0>(Key), Path, std::get<2>(Key));
         auto RIt = R.ByKey.find(RK);
+        if (RIt == R.ByKey.end() && Recipe)
+          break;
         if (RIt == R.ByKey.end()) {
           C.Mapped = false;
           C.UnmappedReason = "the mapping names reference '" + Path + "', which did not run";
@@ -503,6 +672,11 @@ private:
           if (auto FIt = F->ByKey.find(RK); FIt != F->ByKey.end())
             FC.push_back(FIt->second);
       }
+      if (RC.size() != Rule.Reference.size()) { // a recipe that does not apply here
+        C.ReferencePaths.clear();
+        continue;
+      }
+      C.MappedBy = Rule.Source;
       C.Ratio = ruleRatio(TC, RC, FC, Rule.ConcatDim);
       // Inputs: the first reference component sees what the target does.
       C.InputRatio =
@@ -535,6 +709,9 @@ private:
       } else if (RIt == R.ByKey.end()) {
         C.Mapped = false;
         C.UnmappedReason = "no reference call with this path at this step";
+      } else if (std::string Why = structureDiffers(TC, *RIt->second); !Why.empty()) {
+        C.Mapped = false;
+        C.UnmappedReason = Why;
       } else {
         const ModuleCallRecord *FC = nullptr;
         if (F) {
@@ -542,7 +719,7 @@ private:
           FC = FIt == F->ByKey.end() ? nullptr : FIt->second;
         }
         C.ReferencePaths.push_back(RIt->second->Path);
-        C.Ratio = callRatio(TC, *RIt->second, FC, "output");
+        C.Ratio = callRatio(TC, *RIt->second, FC, "output", nullptr, &C.ResidualPair);
         C.InputRatio = callRatio(TC, *RIt->second, FC, "input", &C.InputsCompared);
       }
       if (C.Ratio)
@@ -651,6 +828,8 @@ private:
   /// op at the same place (same name, same occurrence), or the first op the
   /// reference did not run.
   std::optional<OpFinding> drillDown(const ComponentRatio &C) {
+    if (auto Writer = lastWriter(C))
+      return Writer;
     auto RIt = R.ByKey.find(T.KeyOf.lookup(C.CallId));
     if (RIt == R.ByKey.end())
       return std::nullopt;
@@ -700,6 +879,75 @@ private:
     }
     return std::nullopt;
   }
+
+  /// Inside a suspect whose own computation has no reference counterpart
+  /// (a serving engine's attention: its custom ops and unmapped children),
+  /// the divergence first shows as the elevated input of a mapped child
+  /// (`o_proj`): the op that last wrote that tensor is the one that made
+  /// it. It is found by value — the op's captured output or written
+  /// argument holds exactly what the child was given — among the suspect's
+  /// ops (its children's included) that ran before the child.
+  std::optional<OpFinding> lastWriter(const ComponentRatio &C) {
+    const ModuleCallRecord *Suspect = T.CallById.lookup(C.CallId);
+    if (!Suspect)
+      return std::nullopt;
+    auto Inside = [&](int64_t Call) {
+      for (const ModuleCallRecord *M = T.CallById.lookup(Call); M;
+           M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
+        if (M->Id == Suspect->Id)
+          return true;
+      return false;
+    };
+    // The first mapped descendant whose input departs.
+    const ComponentRatio *Child = nullptr;
+    for (const ComponentRatio &X : CurveSoFar)
+      if (X.CallId != C.CallId && X.Mapped && elevated(X.InputRatio) && Inside(X.CallId)) {
+        Child = &X;
+        break;
+      }
+    if (!Child)
+      return std::nullopt;
+    const TensorRecord *Given = T.tensor(Child->CallId, "input", 0);
+    auto Wanted = Given ? T.values(Given) : std::nullopt;
+    if (!Wanted)
+      return std::nullopt;
+    int64_t ChildFirstOp = std::numeric_limits<int64_t>::max();
+    for (const OpRecord &Op : T.Ops)
+      if (Op.ModuleCallId && *Op.ModuleCallId == Child->CallId)
+        ChildFirstOp = std::min(ChildFirstOp, Op.Seq);
+    const OpRecord *Writer = nullptr;
+    for (const OpRecord &Op : T.Ops) {
+      if (!Op.ModuleCallId || !Inside(*Op.ModuleCallId) || Op.Seq >= ChildFirstOp)
+        continue;
+      auto W = T.OpWrites.find(Op.Id);
+      if (W == T.OpWrites.end())
+        continue;
+      for (const TensorRecord *X : W->second) {
+        auto V = T.values(X);
+        if (V && *V == *Wanted) {
+          Writer = &Op; // the last one before the child wins
+          break;
+        }
+      }
+    }
+    if (!Writer)
+      return std::nullopt;
+    OpFinding F;
+    F.Name = Writer->Name;
+    F.Schema = Writer->Schema;
+    F.Ratio = Child->InputRatio;
+    for (const KernelRecord &K : T.Kernels)
+      if (K.OpId && *K.OpId == Writer->Id)
+        F.Kernels.push_back(K.Name);
+    F.Reason = "it last wrote what " + (Child->Path.empty() ? std::string("(root)") : Child->Path) +
+               " was given, and that departs from what the reference's " +
+               (Child->ReferencePaths.empty() ? Child->Path : Child->ReferencePaths[0]) +
+               " was given";
+    return F;
+  }
+
+  /// The components compared so far, for the drill-down.
+  std::vector<ComponentRatio> CurveSoFar;
 
   Side &T, &R;
   Side *F;

@@ -49,6 +49,10 @@ cl::opt<std::string> MappingFile(
     "mapping", cl::value_desc("FILE"), cl::cat(Category),
     cl::desc("A JSON file mapping target components onto reference ones (renamed, fused: "
              "qkv_proj onto q_proj,k_proj,v_proj); see docs/Diagnose.md"));
+cl::opt<bool> NoRecipes(
+    "no-recipes", cl::cat(Category),
+    cl::desc("Do not use the built-in recipes that map serving engines' naming (vLLM, SGLang: "
+             "qkv_proj, gate_up_proj, logits_processor) onto HuggingFace's"));
 cl::opt<bool> ShowMapping("show-mapping", cl::cat(Category),
                           cl::desc("Print how target components map to reference components"));
 
@@ -357,6 +361,7 @@ int main(int argc, char **argv) {
   Options.Threshold = Threshold;
   if (!MappingFile.empty())
     Options.Mapping = unwrapOrExit(Tool, readMappingFile(MappingFile));
+  Options.UseRecipes = !NoRecipes;
   Diagnosis D = unwrapOrExit(Tool, diagnose(*Target, *Reference, FP32.get(), Options));
 
   if (ShowMapping) {
@@ -364,9 +369,16 @@ int main(int argc, char **argv) {
       std::string Refs;
       for (const std::string &P : C.ReferencePaths)
         Refs += (Refs.empty() ? "" : ", ") + (P.empty() ? std::string("(root)") : P);
+      std::string How;
+      if (!C.MappedBy.empty())
+        How += "by " + C.MappedBy;
+      if (C.ResidualPair)
+        How += std::string(How.empty() ? "" : ", ") + "(output, residual) pair summed";
       outs() << (C.Mapped ? "mapped    " : "unmapped  ") << "step " << C.Step << "  "
              << componentName(C)
-             << (C.Mapped ? "  <->  " + Refs : "  (" + C.UnmappedReason + ")") << "\n";
+             << (C.Mapped ? "  <->  " + Refs + (How.empty() ? "" : "  [" + How + "]")
+                          : "  (" + C.UnmappedReason + ")")
+             << "\n";
     }
   }
   if (Json)

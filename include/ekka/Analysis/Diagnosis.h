@@ -32,13 +32,27 @@ struct MappingRule {
   std::string Target;
   std::vector<std::string> Reference;
   int ConcatDim = -1;
+  /// Where the rule comes from: the user's file, or a built-in recipe
+  /// ("recipe vllm-hf 1"). A recipe whose reference components did not run
+  /// does not apply (the call is mapped by path); a user's rule then leaves
+  /// the call unmapped.
+  std::string Source = "mapping file";
 };
 
 /// Reads a mapping file: {"components": [rule, ...]}.
 llvm::Expected<std::vector<MappingRule>> readMappingFile(llvm::StringRef Path);
+/// Parses mapping rules from JSON text; \p Name names it in errors.
+llvm::Expected<std::vector<MappingRule>> parseMappingRules(llvm::StringRef Text,
+                                                           llvm::StringRef Name);
+
+/// The built-in knowledge base: recipes that map serving engines' module
+/// naming (vLLM, SGLang: fused QKV, merged gate/up, the logits processor)
+/// onto HuggingFace Transformers'. Versioned; tried after the user's rules.
+const std::vector<MappingRule> &builtinRecipes();
 
 struct DiagnoseOptions {
   std::vector<MappingRule> Mapping; ///< Tried before matching paths.
+  bool UseRecipes = true;           ///< Then the built-in recipes.
   /// R above this is divergence beyond numerical noise (the paper's 1.5).
   double Threshold = 1.5;
   /// Without an FP32 reference: how many units of roundoff of the traced
@@ -58,6 +72,12 @@ struct ComponentRatio {
   bool Mapped = true;
   bool InputsCompared = true; ///< Every input could be compared.
   std::string UnmappedReason;
+  /// Which rule mapped it ("mapping file", "recipe vllm-hf 1"); empty when
+  /// paired by path.
+  std::string MappedBy;
+  /// Its outputs were a fused add+norm's (output, residual) pair, compared
+  /// as their sum with the reference's one output.
+  bool ResidualPair = false;
   std::vector<std::string> ReferencePaths; ///< What it was mapped to.
 };
 

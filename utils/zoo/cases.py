@@ -1,0 +1,66 @@
+"""The zoo's cases (../shared/ZOO.md): each a reference model built from a
+tiny config with seeded random weights, a prompt, the bug switched on in the
+engine (none for clean pairs), and the ground truth, which only the runner
+reads: Ekka sees three traces and the code index, as a user's run would."""
+import transformers
+
+SEED = 0
+
+
+def llama_config():
+    return transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
+def gemma3_config():
+    return transformers.Gemma3TextConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+        query_pre_attn_scalar=16, max_position_embeddings=256,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"])
+
+
+# A prompt of 34 tokens: past the sliding window (8), not a multiple of the
+# KV cache's page size (4).
+PROMPT = [2] + [(7 * i + 3) % 250 + 3 for i in range(33)]
+
+
+class Case:
+    def __init__(self, id, source, model, config, bugs, accepted, kernel=None,
+                 prompt=PROMPT, decode=4, symptom=""):
+        self.id, self.source, self.model, self.config = id, source, model, config
+        self.bugs, self.accepted, self.kernel = tuple(bugs), tuple(accepted), kernel
+        self.prompt, self.decode, self.symptom = prompt, decode, symptom
+
+    @property
+    def clean(self):
+        return not self.bugs
+
+    def hf_model_class(self):
+        return getattr(transformers, self.model)
+
+
+CASES = [
+    Case("clean-llama", "clean pair", "LlamaForCausalLM", llama_config, [], []),
+    Case("clean-gemma3", "clean pair", "Gemma3ForCausalLM", gemma3_config, [], []),
+    Case("swa-all-layers", "vLLM-17689", "Gemma3ForCausalLM", gemma3_config,
+         ["swa-all-layers"], ["model.layers.1.self_attn", "model.layers.1.self_attn.attn"],
+         symptom="every layer attends through the sliding window: long-range context lost"),
+    Case("swa-size-unset", "SGLang-4807", "Gemma3ForCausalLM", gemma3_config,
+         ["swa-size-unset"], ["model.layers.0.self_attn", "model.layers.0.self_attn.attn"],
+         symptom="sliding layers attend to the whole prompt"),
+    Case("output-not-written", "vLLM-26812", "LlamaForCausalLM", llama_config,
+         ["output-not-written"], ["model.layers.0.mlp"],
+         symptom="the MLP's prefill result is dropped"),
+    Case("lm-head-overwritten", "SGLang-17887", "LlamaForCausalLM", llama_config,
+         ["lm-head-overwritten"], ["lm_head"],
+         symptom="untied lm_head replaced by the embedding matrix"),
+    Case("paged-attn-last-page", "SGLang-13044, SGLang-7936", "LlamaForCausalLM", llama_config,
+         ["paged-attn-last-page"], ["model.layers.0.self_attn", "model.layers.0.self_attn.attn"],
+         kernel="zoo::paged_attention",
+         symptom="attention reads the unfilled tail of the last KV page"),
+]
+
+BY_ID = {c.id: c for c in CASES}

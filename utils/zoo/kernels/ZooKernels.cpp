@@ -1,0 +1,193 @@
+//===- ZooKernels.cpp - The zoo engine's kernels as PyTorch custom ops ----===//
+//
+// The serving engine of the silent-error zoo (utils/zoo) runs its hot paths
+// through these ops, as vLLM runs its own through `_C`: RMSNorm, fused
+// residual-add + RMSNorm (in place, returning the pair through its
+// arguments), rotary embedding applied in place, writing keys and values
+// into a paged cache, and paged attention over it. CPU implementations;
+// they compute in float and write the tensor's own dtype.
+//
+// Bug switches (`zoo::set_bugs`) plant the kernel-level silent errors of
+// ../shared/ZOO.md. Nothing outside these switches knows about them.
+//
+//===----------------------------------------------------------------------===//
+#include <torch/library.h>
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::set<std::string> &bugs() {
+  static std::set<std::string> B;
+  return B;
+}
+bool bug(const char *Name) { return bugs().count(Name) != 0; }
+
+void setBugs(std::string List) {
+  bugs().clear();
+  std::stringstream In(List);
+  std::string Item;
+  while (std::getline(In, Item, ','))
+    if (!Item.empty())
+      bugs().insert(Item);
+}
+
+/// y = x / rms(x) * (offset + w), over the last dimension, in float.
+void rmsNormRow(const float *X, const float *W, float *Y, int64_t N, double Eps, double Offset) {
+  double Sum = 0;
+  for (int64_t I = 0; I < N; ++I)
+    Sum += double(X[I]) * X[I];
+  float Inv = float(1.0 / std::sqrt(Sum / N + Eps));
+  for (int64_t I = 0; I < N; ++I)
+    Y[I] = X[I] * Inv * float(Offset + W[I]);
+}
+
+// out = rms_norm(input) * (offset + weight)
+void rmsNorm(at::Tensor Out, const at::Tensor &Input, const at::Tensor &Weight, double Eps,
+             double Offset) {
+  at::Tensor X = Input.to(at::kFloat).contiguous();
+  at::Tensor W = Weight.to(at::kFloat).contiguous();
+  int64_t N = X.size(-1), Rows = X.numel() / N;
+  at::Tensor Y = at::empty_like(X);
+  for (int64_t R = 0; R < Rows; ++R)
+    rmsNormRow(X.data_ptr<float>() + R * N, W.data_ptr<float>(), Y.data_ptr<float>() + R * N, N,
+               Eps, Offset);
+  Out.copy_(Y.view(Out.sizes()));
+}
+
+// residual += input (in the residual's dtype, as vLLM does); input = norm(residual).
+void fusedAddRmsNorm(at::Tensor Input, at::Tensor Residual, const at::Tensor &Weight, double Eps,
+                     double Offset) {
+  Residual.add_(Input);
+  rmsNorm(Input, Residual, Weight, Eps, Offset);
+}
+
+// Rotary embedding applied in place to query [T, Hq*D] and key [T, Hk*D]
+// (neox style: the two halves of each head rotate together).
+void rotaryEmbedding(const at::Tensor &Positions, at::Tensor Query, at::Tensor Key, int64_t HeadDim,
+                     double Theta) {
+  auto Apply = [&](at::Tensor T) {
+    int64_t Tokens = T.size(0);
+    at::Tensor F = T.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                       .reshape({Tokens, -1, HeadDim})
+                       .contiguous();
+    int64_t Heads = F.size(1), Half = HeadDim / 2;
+    float *P = F.data_ptr<float>();
+    at::Tensor Pos = Positions.to(at::kLong).contiguous();
+    for (int64_t Tk = 0; Tk < Tokens; ++Tk) {
+      double Position = double(Pos.data_ptr<int64_t>()[Tk]);
+      for (int64_t I = 0; I < Half; ++I) {
+        double InvFreq = 1.0 / std::pow(Theta, double(2 * I) / double(HeadDim));
+        float C = float(std::cos(Position * InvFreq)), S = float(std::sin(Position * InvFreq));
+        for (int64_t H = 0; H < Heads; ++H) {
+          float *Row = P + (Tk * Heads + H) * HeadDim;
+          float A = Row[I], B = Row[I + Half];
+          Row[I] = A * C - B * S;
+          Row[I + Half] = B * C + A * S;
+        }
+      }
+    }
+    T.copy_(F.view(T.sizes()));
+  };
+  Apply(Query);
+  Apply(Key);
+}
+
+// Writes key/value [T, Hk, D] into the paged caches [blocks, block_size, Hk, D]
+// at slot_mapping[t] = block * block_size + offset.
+void reshapeAndCache(const at::Tensor &Key, const at::Tensor &Value, at::Tensor KeyCache,
+                     at::Tensor ValueCache, const at::Tensor &SlotMapping) {
+  int64_t BlockSize = KeyCache.size(1);
+  at::Tensor Slots = SlotMapping.to(at::kLong).contiguous();
+  for (int64_t T = 0; T < Key.size(0); ++T) {
+    int64_t Slot = Slots.data_ptr<int64_t>()[T];
+    KeyCache[Slot / BlockSize][Slot % BlockSize].copy_(Key[T]);
+    ValueCache[Slot / BlockSize][Slot % BlockSize].copy_(Value[T]);
+  }
+}
+
+// out[t] = softmax(q[t] . K^T * scale) V over the cached positions the token
+// may see: positions <= positions[t], and > positions[t] - window when
+// window > 0. The sequence's pages are block_table; query heads share key
+// heads in groups (GQA).
+void pagedAttention(at::Tensor Out, const at::Tensor &Query, const at::Tensor &KeyCache,
+                    const at::Tensor &ValueCache, const at::Tensor &BlockTable,
+                    const at::Tensor &Positions, double Scale, int64_t Window) {
+  int64_t Tokens = Query.size(0), Heads = Query.size(1), HeadDim = Query.size(2);
+  int64_t BlockSize = KeyCache.size(1), KvHeads = KeyCache.size(2);
+  int64_t Group = Heads / KvHeads;
+  at::Tensor Q = Query.to(at::kFloat).contiguous();
+  at::Tensor K = KeyCache.to(at::kFloat).contiguous();
+  at::Tensor V = ValueCache.to(at::kFloat).contiguous();
+  at::Tensor Blocks = BlockTable.to(at::kLong).contiguous();
+  at::Tensor Pos = Positions.to(at::kLong).contiguous();
+  at::Tensor O = at::zeros({Tokens, Heads, HeadDim}, at::kFloat);
+  const float *Qp = Q.data_ptr<float>(), *Kp = K.data_ptr<float>(), *Vp = V.data_ptr<float>();
+  float *Op = O.data_ptr<float>();
+  auto CacheRow = [&](const float *Cache, int64_t Position, int64_t KvHead) {
+    int64_t Block = Blocks.data_ptr<int64_t>()[Position / BlockSize];
+    return Cache + ((Block * BlockSize + Position % BlockSize) * KvHeads + KvHead) * HeadDim;
+  };
+  std::vector<float> Scores;
+  for (int64_t T = 0; T < Tokens; ++T) {
+    int64_t Last = Pos.data_ptr<int64_t>()[T];
+    int64_t First = Window > 0 ? std::max<int64_t>(0, Last - Window + 1) : 0;
+    int64_t End = Last + 1;
+    if (bug("paged-attn-last-page"))
+      End = (Last / BlockSize + 1) * BlockSize; // the whole last page, filled or not
+    for (int64_t H = 0; H < Heads; ++H) {
+      const float *Qr = Qp + (T * Heads + H) * HeadDim;
+      Scores.assign(End - First, 0.0f);
+      float Max = -std::numeric_limits<float>::infinity();
+      for (int64_t P = First; P < End; ++P) {
+        const float *Kr = CacheRow(Kp, P, H / Group);
+        double Dot = 0;
+        for (int64_t D = 0; D < HeadDim; ++D)
+          Dot += double(Qr[D]) * Kr[D];
+        Scores[P - First] = float(Dot * Scale);
+        Max = std::max(Max, Scores[P - First]);
+      }
+      double Sum = 0;
+      for (float &S : Scores)
+        Sum += (S = std::exp(S - Max));
+      float *Or = Op + (T * Heads + H) * HeadDim;
+      for (int64_t P = First; P < End; ++P) {
+        const float *Vr = CacheRow(Vp, P, H / Group);
+        float Wt = float(Scores[P - First] / Sum);
+        for (int64_t D = 0; D < HeadDim; ++D)
+          Or[D] += Wt * Vr[D];
+      }
+    }
+  }
+  Out.copy_(O.view(Out.sizes()));
+}
+
+} // namespace
+
+TORCH_LIBRARY(zoo, m) {
+  m.def("set_bugs(str bugs) -> ()", setBugs);
+  m.def("rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float eps, float offset) -> ()");
+  m.def("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, "
+        "float offset) -> ()");
+  m.def("rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_dim, "
+        "float theta) -> ()");
+  m.def("reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
+        "Tensor(b!) value_cache, Tensor slot_mapping) -> ()");
+  m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+        "Tensor block_table, Tensor positions, float scale, int window) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(zoo, CPU, m) {
+  m.impl("rms_norm", rmsNorm);
+  m.impl("fused_add_rms_norm", fusedAddRmsNorm);
+  m.impl("rotary_embedding", rotaryEmbedding);
+  m.impl("reshape_and_cache", reshapeAndCache);
+  m.impl("paged_attention", pagedAttention);
+}

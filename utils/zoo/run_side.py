@@ -1,0 +1,60 @@
+"""One side of a zoo case, the program ekka-trace runs:
+
+  run_side.py checkpoint CASE DIR         build the reference model (seeded) and
+                                          save its weights to DIR/checkpoint.safetensors
+  run_side.py target CASE DIR             serve the prompt with the engine (bf16,
+                                          prefill + decode), save the consumed
+                                          tokens to DIR/tokens.json
+  run_side.py reference CASE DIR DTYPE    run the HF model (bf16 or fp32) on those
+                                          tokens in one forward
+"""
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cases import BY_ID, SEED  # noqa: E402
+
+
+def reference_model(case, dtype):
+    torch.manual_seed(SEED)
+    model = case.hf_model_class()(case.config()).eval()
+    model.load_state_dict(load_file(os.path.join(DIR, "checkpoint.safetensors")), strict=False)
+    return model.to(dtype)
+
+
+def main():
+    global DIR
+    what, case_id, DIR = sys.argv[1:4]
+    case = BY_ID[case_id]
+    if what == "checkpoint":
+        torch.manual_seed(SEED)
+        model = case.hf_model_class()(case.config())
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, os.path.join(DIR, "checkpoint.safetensors"))
+    elif what == "target":
+        from zoo_engine import Engine
+        checkpoint = {k: v.to(torch.bfloat16)
+                      for k, v in load_file(os.path.join(DIR, "checkpoint.safetensors")).items()}
+        engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs)
+        consumed, generated = engine.generate(case.prompt, case.decode)
+        with open(os.path.join(DIR, "tokens.json"), "w") as f:
+            json.dump({"consumed": consumed, "generated": generated}, f)
+    elif what == "reference":
+        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[sys.argv[4]]
+        with open(os.path.join(DIR, "tokens.json")) as f:
+            tokens = json.load(f)["consumed"]
+        model = reference_model(case, dtype)
+        with torch.no_grad():
+            model(torch.tensor([tokens]))
+    else:
+        raise SystemExit(f"run_side.py: unknown step '{what}'")
+
+
+if __name__ == "__main__":
+    main()

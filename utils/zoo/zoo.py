@@ -1,0 +1,185 @@
+"""The silent-error zoo's runner (utils/zoo/zoo is its entry point).
+
+  zoo list                     the cases, with their source and ground truth
+  zoo run CASE [--work DIR]    trace the reference (bf16 and fp32) and the
+                               engine with the case's bug, run ekka-diagnose,
+                               and show its report next to the ground truth
+  zoo bench [--json FILE]      every case; a table and the totals: top-1,
+                               top-3 and kernel-level accuracy, false alarms
+                               on clean pairs, seconds per case
+
+Ekka sees what a user's run would give it: three traces and the code index
+of the engine (utils/zoo); the ground truth is read here only, to score.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from cases import CASES, BY_ID  # noqa: E402
+
+BUILD = os.environ.get("EKKA_BUILD_DIR", os.path.join(ROOT, "build"))
+BIN = os.path.join(BUILD, "bin")
+
+
+def tool(name):
+    return os.path.join(BIN, name)
+
+
+def sh(cmd, what, env=None):
+    """Runs a step; its output is kept for the error message."""
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if out.returncode != 0:
+        sys.exit(f"zoo: {what} failed (exit code {out.returncode}):\n{out.stdout[-3000:]}")
+    return out.stdout
+
+
+def code_index():
+    """The index of the engine's code (its Python and C++ kernels), built
+    once and kept up to date incrementally."""
+    index = os.path.join(BUILD, "zoo.index")
+    sh([tool("ekka-index"), "build", "-o", index, HERE], "indexing utils/zoo")
+    return index
+
+
+def run_case(case, work, index, quiet=False):
+    """Traces and diagnoses one case; returns (report dict, seconds)."""
+    start = time.time()
+    if os.path.exists(work):
+        shutil.rmtree(work)
+    os.makedirs(work)
+    py = sys.executable
+    side = os.path.join(HERE, "run_side.py")
+    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               EKKA_PROGRESS="0")
+    sh([py, side, "checkpoint", case.id, work], "building the reference checkpoint", env)
+    trace = [tool("ekka-trace"), "--force"]
+    sh(trace + ["-o", f"{work}/target", "--capture-ops", "^zoo::", "--",
+                py, side, "target", case.id, work], "tracing the engine", env)
+    for dtype in ("bf16", "fp32"):
+        sh(trace + ["-o", f"{work}/reference-{dtype}", "--", py, side, "reference", case.id,
+                    work, dtype], f"tracing the reference ({dtype})", env)
+    cmd = [tool("ekka-diagnose"), "--target", f"{work}/target",
+           "--reference", f"{work}/reference-bf16", "--reference-fp32", f"{work}/reference-fp32",
+           "--index", index]
+    text = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    js = subprocess.run(cmd + ["--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if js.returncode not in (0, 1):
+        sys.exit(f"zoo: ekka-diagnose failed (exit code {js.returncode}):\n{js.stderr}")
+    report = json.loads(js.stdout)
+    report["_text"] = text.stdout
+    report["_exit"] = js.returncode
+    return report, time.time() - start
+
+
+def score(case, report, seconds):
+    suspects = [s.get("component", "") for s in report.get("suspects", [])]
+    divergence = report.get("verdict") != "no-divergence"
+    row = {"id": case.id, "clean": case.clean, "expected": list(case.accepted),
+           "suspects": suspects[:3], "top1": None, "top3": None, "kernel": None,
+           "false_alarm": None, "seconds": round(seconds, 2), "verdict": report.get("verdict")}
+    if case.clean:
+        row["false_alarm"] = divergence
+    else:
+        row["top1"] = bool(suspects) and suspects[0] in case.accepted
+        row["top3"] = any(s in case.accepted for s in suspects[:3])
+        if case.kernel:
+            first = (report.get("suspects") or [{}])[0]
+            named = json.dumps(first.get("kernel") or "")
+            row["kernel"] = row["top1"] and case.kernel in named
+    return row
+
+
+def cmd_list(args):
+    for c in CASES:
+        truth = "no divergence" if c.clean else ", ".join(c.accepted)
+        kernel = f" (kernel {c.kernel})" if c.kernel else ""
+        print(f"{c.id:22} {c.source:26} {c.model:20} -> {truth}{kernel}")
+
+
+def cmd_run(args):
+    case = BY_ID.get(args.case)
+    if not case:
+        sys.exit(f"zoo: no case '{args.case}' (zoo list shows them)")
+    work = args.work or os.path.join(tempfile.gettempdir(), f"ekka-zoo-{case.id}")
+    print(f"zoo: {case.id} ({case.source}): {case.model}, bug: {', '.join(case.bugs) or 'none'}",
+          file=sys.stderr)
+    report, seconds = run_case(case, work, code_index())
+    print(report["_text"], end="")
+    row = score(case, report, seconds)
+    print("---")
+    if case.clean:
+        print(f"ground truth: clean pair, no divergence expected; "
+              f"{'FALSE ALARM' if row['false_alarm'] else 'ok'}")
+    else:
+        print(f"ground truth: {' or '.join(case.accepted)}"
+              + (f", kernel {case.kernel}" if case.kernel else "") + f" ({case.symptom})")
+        print(f"top-1 {'hit' if row['top1'] else 'MISS'}, top-3 {'hit' if row['top3'] else 'MISS'}"
+              + (f", kernel {'hit' if row['kernel'] else 'MISS'}" if case.kernel else ""))
+    print(f"traces in {work}; {seconds:.1f} s")
+    return 0 if (row["false_alarm"] is False or row["top1"]) else 1
+
+
+def cmd_bench(args):
+    index = code_index()
+    rows = []
+    work_root = tempfile.mkdtemp(prefix="ekka-zoo-bench-")
+    for i, case in enumerate(CASES):
+        print(f"zoo: [{i + 1}/{len(CASES)}] {case.id}", file=sys.stderr)
+        report, seconds = run_case(case, os.path.join(work_root, case.id), index)
+        rows.append(score(case, report, seconds))
+    shutil.rmtree(work_root, ignore_errors=True)
+    mark = {True: "yes", False: "no", None: "-"}
+    print(f"{'case':22} {'expected':34} {'Ekka top 3':60} top1 top3 kernel  s")
+    for r in rows:
+        expected = "(clean)" if r["clean"] else r["expected"][0]
+        got = ", ".join(r["suspects"]) or f"({r['verdict']})"
+        t1 = ("FALSE ALARM" if r["false_alarm"] else "ok") if r["clean"] else mark[r["top1"]]
+        print(f"{r['id']:22} {expected:34} {got[:60]:60} {t1:4} {mark[r['top3']]:4} "
+              f"{mark[r['kernel']]:6} {r['seconds']:.1f}")
+    bugs = [r for r in rows if not r["clean"]]
+    kernels = [r for r in bugs if r["kernel"] is not None]
+    clean = [r for r in rows if r["clean"]]
+    totals = {
+        "cases": len(bugs), "clean_pairs": len(clean),
+        "top1": sum(r["top1"] for r in bugs) / max(len(bugs), 1),
+        "top3": sum(r["top3"] for r in bugs) / max(len(bugs), 1),
+        "kernel": sum(r["kernel"] for r in kernels) / max(len(kernels), 1) if kernels else None,
+        "false_alarms": sum(r["false_alarm"] for r in clean),
+        "seconds_per_case": sum(r["seconds"] for r in rows) / max(len(rows), 1),
+    }
+    print(f"top-1 {totals['top1']:.0%} ({sum(r['top1'] for r in bugs)}/{len(bugs)}), "
+          f"top-3 {totals['top3']:.0%}, kernel-level "
+          + (f"{totals['kernel']:.0%} ({sum(r['kernel'] for r in kernels)}/{len(kernels)})"
+             if kernels else "-")
+          + f", false alarms {totals['false_alarms']}/{len(clean)}, "
+          f"{totals['seconds_per_case']:.1f} s per case")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cases": rows, "totals": totals}, f, indent=1)
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(prog="zoo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the cases and their ground truth")
+    run = sub.add_parser("run", help="trace and diagnose one case")
+    run.add_argument("case")
+    run.add_argument("--work", help="where the traces go (default: a temporary folder per case)")
+    bench = sub.add_parser("bench", help="every case, with accuracy and time")
+    bench.add_argument("--json", help="also write the results as JSON to this file")
+    args = ap.parse_args()
+    return {"list": cmd_list, "run": cmd_run, "bench": cmd_bench}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Serving: the weight loader, the paged KV cache and the prefill/decode loop."""
+import os
+import types
+
+import torch
+
+from .model import Arch, ForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+
+# (target parameter, HF checkpoint name, shard): vLLM's stacked_params_mapping.
+STACKED = [
+    ("qkv_proj", "q_proj", "q"),
+    ("qkv_proj", "k_proj", "k"),
+    ("qkv_proj", "v_proj", "v"),
+    ("gate_up_proj", "gate_proj", 0),
+    ("gate_up_proj", "up_proj", 1),
+]
+
+
+def load_kernels(path=None):
+    """Loads the engine's C++ kernels (the `zoo::` custom ops)."""
+    if hasattr(torch.ops, "zoo") and hasattr(torch.ops.zoo, "paged_attention"):
+        return
+    path = path or os.environ.get("EKKA_ZOO_KERNELS") or os.path.join(
+        os.environ.get("EKKA_BUILD_DIR", os.path.join(ROOT, "build")), "lib",
+        "libekka_zoo_kernels.so")
+    if not os.path.exists(path):
+        raise SystemExit(f"zoo: the engine's kernels are not built ({path}); run utils/build")
+    torch.ops.load_library(path)
+
+
+class Engine:
+    """One sequence at a time: prefill the prompt, then decode greedily."""
+
+    def __init__(self, hf_config, checkpoint, dtype=torch.bfloat16, bugs=(), block_size=4,
+                 num_blocks=64):
+        load_kernels()
+        self.bugs = frozenset(bugs)
+        torch.ops.zoo.set_bugs(",".join(sorted(self.bugs)))
+        self.arch = Arch(hf_config)
+        self.dtype = dtype
+        with torch.device("meta"):
+            model = ForCausalLM(self.arch, self.bugs)
+        self.model = model.to_empty(device="cpu").to(dtype).eval()
+        self.load_weights(checkpoint)
+        a = self.arch
+        self.block_size = block_size
+        shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
+        for layer in self.model.model.layers:
+            layer.self_attn.attn.kv_cache = (torch.zeros(shape, dtype=dtype),
+                                             torch.zeros(shape, dtype=dtype))
+        # Pages are handed out from the end of the pool, so that a sequence's
+        # pages are not the first ones (paging is visible in the cache).
+        self.free_blocks = list(range(num_blocks))
+
+    def load_weights(self, checkpoint):
+        """Maps HF checkpoint names onto the engine's (fused) parameters."""
+        params = dict(self.model.named_parameters())
+        a = self.arch
+        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv),
+                   0: (0, a.intermediate_size), 1: (a.intermediate_size, a.intermediate_size)}
+        loaded = set()
+        with torch.no_grad():
+            for name, weight in checkpoint.items():
+                for fused, part, shard in STACKED:
+                    if f".{part}." in name:
+                        target = name.replace(f".{part}.", f".{fused}.")
+                        start, size = offsets[shard]
+                        params[target][start:start + size].copy_(weight)
+                        loaded.add(target)
+                        break
+                else:
+                    if name in params:
+                        params[name].copy_(weight)
+                        loaded.add(name)
+            if "lm_head.weight" not in checkpoint or a.tie_word_embeddings \
+                    or "lm-head-overwritten" in self.bugs:
+                # Tied embeddings: the head is the embedding matrix. (The
+                # planted bug copies it whether or not they are tied.)
+                params["lm_head.weight"].copy_(params["model.embed_tokens.weight"])
+                loaded.add("lm_head.weight")
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise SystemExit(f"zoo: weights missing from the checkpoint: {missing[:4]}")
+
+    def _slots(self, table, positions):
+        bs = self.block_size
+        while len(table) * bs < int(positions[-1]) + 1:
+            table.append(self.free_blocks.pop())
+        return torch.tensor([table[p // bs] * bs + p % bs for p in positions.tolist()])
+
+    def generate(self, prompt, max_new_tokens):
+        """Greedy decoding. Returns the tokens the model consumed (the prompt,
+        then each decode step's input) and the tokens it generated."""
+        table = []
+        consumed, generated = list(prompt), []
+        ids = torch.tensor(prompt)
+        positions = torch.arange(len(prompt))
+        with torch.no_grad():
+            for step in range(max_new_tokens):
+                meta = types.SimpleNamespace(slot_mapping=self._slots(table, positions),
+                                             block_table=torch.tensor(table),
+                                             positions=positions)
+                logits = self.model(ids, positions, meta=meta)
+                token = int(logits[-1].argmax())
+                generated.append(token)
+                if step + 1 < max_new_tokens:
+                    consumed.append(token)
+                positions = torch.tensor([int(positions[-1]) + 1])
+                ids = torch.tensor([token])
+        return consumed, generated

@@ -1,0 +1,270 @@
+"""The engine's model: decoder-only transformers (Llama and Gemma-3 style)
+with vLLM's module structure and names. Tensors are token-major:
+[tokens, hidden], one sequence at a time."""
+import math
+
+import torch
+from torch import nn
+
+
+class Arch:
+    """What differs between the supported families, read off a HF config."""
+
+    def __init__(self, hf_config):
+        c = hf_config
+        self.family = "gemma3" if c.model_type.startswith("gemma3") else "llama"
+        self.vocab_size = c.vocab_size
+        self.hidden_size = c.hidden_size
+        self.intermediate_size = c.intermediate_size
+        self.num_layers = c.num_hidden_layers
+        self.num_heads = c.num_attention_heads
+        self.num_kv_heads = c.num_key_value_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.eps = c.rms_norm_eps
+        self.tie_word_embeddings = bool(getattr(c, "tie_word_embeddings", False))
+        rope = getattr(c, "rope_parameters", None) or {}
+        if self.family == "gemma3":
+            self.norm_offset = 1.0  # Gemma's norms scale by (1 + weight)
+            self.layer_types = list(c.layer_types)
+            self.sliding_window = c.sliding_window
+            self.rope_theta = {t: rope[t]["rope_theta"] for t in rope}
+            self.scale = c.query_pre_attn_scalar ** -0.5
+            self.activation = "gelu_tanh"
+            self.embed_scale = c.hidden_size ** 0.5
+            self.qk_norm = True
+        else:
+            self.norm_offset = 0.0
+            self.layer_types = ["full_attention"] * self.num_layers
+            self.sliding_window = 0
+            theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+            self.rope_theta = {"full_attention": theta}
+            self.scale = self.head_dim ** -0.5
+            self.activation = "silu"
+            self.embed_scale = None
+            self.qk_norm = False
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm; called with a residual, the fused add + norm: returns
+    (norm(x + residual), x + residual), both written in place."""
+
+    def __init__(self, size, eps, offset):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size) if offset else torch.ones(size))
+        self.eps, self.offset = eps, offset
+
+    def forward(self, x, residual=None):
+        if residual is None:
+            out = torch.empty_like(x)
+            torch.ops.zoo.rms_norm(out, x, self.weight, self.eps, self.offset)
+            return out
+        torch.ops.zoo.fused_add_rms_norm(x, residual, self.weight, self.eps, self.offset)
+        return x, residual
+
+
+class HeadNorm(RMSNorm):
+    """Gemma-3's q_norm/k_norm: RMSNorm over each head of [tokens, heads*dim]."""
+
+    def __init__(self, head_dim, eps, offset, bugs):
+        super().__init__(head_dim, eps, offset)
+        self.head_dim, self.bugs = head_dim, bugs
+
+    def forward(self, x):
+        shaped = x.view(x.shape[0], -1, self.head_dim)
+        out = torch.empty_like(shaped)
+        torch.ops.zoo.rms_norm(out, shaped, self.weight, self.eps, self.offset)
+        return out.view_as(x)
+
+
+class Linear(nn.Module):
+    """A linear layer without bias (vLLM's Column/RowParallelLinear on one rank)."""
+
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight)
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies rotary position embedding to q and k in place."""
+
+    def __init__(self, head_dim, theta):
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+
+    def forward(self, positions, q, k):
+        torch.ops.zoo.rotary_embedding(positions, q, k, self.head_dim, self.theta)
+        return q, k
+
+
+class PagedAttention(nn.Module):
+    """Writes this step's keys and values into the paged cache, then
+    attends over the cache (the engine's own kernels)."""
+
+    def __init__(self, num_heads, num_kv_heads, head_dim, scale, window):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale, self.window = scale, window
+        self.kv_cache = None  # (key_cache, value_cache), set by the engine
+
+    def forward(self, q, k, v, meta):
+        t = q.shape[0]
+        key_cache, value_cache = self.kv_cache
+        torch.ops.zoo.reshape_and_cache(k.view(t, self.num_kv_heads, self.head_dim),
+                                        v.view(t, self.num_kv_heads, self.head_dim),
+                                        key_cache, value_cache, meta.slot_mapping)
+        out = torch.empty(t, self.num_heads, self.head_dim, dtype=q.dtype)
+        torch.ops.zoo.paged_attention(out, q.view(t, self.num_heads, self.head_dim), key_cache,
+                                      value_cache, meta.block_table, meta.positions, self.scale,
+                                      self.window)
+        return out.view(t, self.num_heads * self.head_dim)
+
+
+class Attention(nn.Module):
+    def __init__(self, arch, layer, bugs):
+        super().__init__()
+        a = arch
+        self.q_size = a.num_heads * a.head_dim
+        self.kv_size = a.num_kv_heads * a.head_dim
+        self.qkv_proj = Linear(a.hidden_size, self.q_size + 2 * self.kv_size)
+        if a.qk_norm:
+            self.q_norm = HeadNorm(a.head_dim, a.eps, a.norm_offset, bugs)
+            self.k_norm = HeadNorm(a.head_dim, a.eps, a.norm_offset, bugs)
+        layer_type = a.layer_types[layer]
+        sliding = layer_type == "sliding_attention"
+        # The per-layer window as the model's config gives it.
+        window = a.sliding_window if sliding else 0
+        if "swa-all-layers" in bugs:
+            # The per-layer choice is read from a config key that no longer
+            # exists: every layer falls back to the sliding window.
+            window = a.sliding_window
+        if "swa-size-unset" in bugs:
+            window = 0  # the backend is created without the window
+        theta = a.rope_theta.get(layer_type, next(iter(a.rope_theta.values())))
+        self.rotary_emb = RotaryEmbedding(a.head_dim, theta)
+        self.attn = PagedAttention(a.num_heads, a.num_kv_heads, a.head_dim, a.scale, window)
+        self.o_proj = Linear(self.q_size, a.hidden_size)
+        self.qk_norm = a.qk_norm
+
+    def forward(self, positions, hidden_states, meta):
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = q.contiguous(), k.contiguous()
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v.contiguous(), meta))
+
+
+class ActAndMul(nn.Module):
+    """act(x[..., :d]) * x[..., d:] (vLLM's SiluAndMul / GeluAndMul)."""
+
+    def __init__(self, activation):
+        super().__init__()
+        self.activation = activation
+
+    def forward(self, x):
+        d = x.shape[-1] // 2
+        gate, up = x[..., :d], x[..., d:]
+        if self.activation == "silu":
+            return torch.nn.functional.silu(gate) * up
+        return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
+class MLP(nn.Module):
+    def __init__(self, arch, bugs):
+        super().__init__()
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size)
+        self.act_fn = ActAndMul(arch.activation)
+        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size)
+        self.bugs = bugs
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        result = self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        if "output-not-written" in self.bugs and x.shape[0] > 1:
+            # The prefill path computes its result and returns the
+            # pre-allocated buffer without copying into it.
+            return out.zero_()
+        out.copy_(result)
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch, layer, bugs):
+        super().__init__()
+        a = arch
+        self.gemma = a.family == "gemma3"
+        self.input_layernorm = RMSNorm(a.hidden_size, a.eps, a.norm_offset)
+        self.self_attn = Attention(a, layer, bugs)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.eps, a.norm_offset)
+        if self.gemma:
+            self.pre_feedforward_layernorm = RMSNorm(a.hidden_size, a.eps, a.norm_offset)
+            self.post_feedforward_layernorm = RMSNorm(a.hidden_size, a.eps, a.norm_offset)
+        self.mlp = MLP(a, bugs)
+
+    def forward(self, hidden_states, residual, positions, meta):
+        if residual is None:
+            residual = hidden_states.clone()
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, meta)
+        if self.gemma:
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
+            hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))
+        else:
+            hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+            hidden_states = self.mlp(hidden_states)
+        return hidden_states, residual
+
+
+class Embedding(nn.Module):
+    def __init__(self, arch):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(arch.vocab_size, arch.hidden_size))
+        self.scale = arch.embed_scale
+
+    def forward(self, ids):
+        x = torch.nn.functional.embedding(ids, self.weight)
+        if self.scale is not None:
+            x = x * torch.tensor(self.scale, dtype=x.dtype)
+        return x
+
+
+class Model(nn.Module):
+    def __init__(self, arch, bugs):
+        super().__init__()
+        self.embed_tokens = Embedding(arch)
+        self.layers = nn.ModuleList(DecoderLayer(arch, i, bugs) for i in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.eps, arch.norm_offset)
+
+    def forward(self, ids, positions, meta):
+        hidden_states, residual = self.embed_tokens(ids), None
+        for layer in self.layers:
+            hidden_states, residual = layer(hidden_states, residual, positions=positions, meta=meta)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LogitsProcessor(nn.Module):
+    """Logits of the positions the engine samples from (here: every
+    position, as the reference computes them), in float32."""
+
+    def forward(self, logits):
+        return logits.float()
+
+
+class ForCausalLM(nn.Module):
+    def __init__(self, arch, bugs=frozenset()):
+        super().__init__()
+        self.arch = arch
+        self.model = Model(arch, bugs)
+        self.lm_head = Linear(arch.hidden_size, arch.vocab_size)
+        self.logits_processor = LogitsProcessor()
+
+    def forward(self, ids, positions, meta):
+        return self.logits_processor(self.lm_head(self.model(ids, positions, meta=meta)))
