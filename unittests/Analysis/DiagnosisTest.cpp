@@ -60,6 +60,38 @@ public:
     Writer->addTensor(O, std::string(reinterpret_cast<char *>(Out.data()), Out.size() * 4));
   }
 
+  /// Adds call Path with several outputs, each of shape \p Shape, fed by
+  /// the first output of each call in \p From.
+  void callOutputs(const std::string &Path, const std::string &Parent,
+                   std::vector<std::vector<float>> Outs, std::vector<int64_t> Shape,
+                   std::vector<std::string> From = {}) {
+    ModuleCallRecord C;
+    C.Id = Writer->nextModuleCallId();
+    if (Calls.count(Parent) && Path != Parent)
+      C.ParentId = Calls[Parent];
+    C.Seq = Seq++;
+    C.Step = 1;
+    C.Path = Path;
+    C.ClassName = "C_" + Path;
+    C.ClassQualname = "m.C_" + Path;
+    Writer->addModuleCall(C);
+    Calls[Path] = C.Id;
+    int64_t Index = 0;
+    for (const std::string &F : From) {
+      TensorRecord T = record(C.Id, "input", Index++, DType::F32, 0);
+      T.SourceId = Outputs.at(F);
+      Writer->addTensor(T);
+    }
+    for (size_t I = 0; I < Outs.size(); ++I) {
+      TensorRecord O = record(C.Id, "output", int64_t(I), DType::F32, 0);
+      O.Shape = Shape;
+      if (I == 0)
+        Outputs[Path] = O.Id;
+      Writer->addTensor(O, std::string(reinterpret_cast<char *>(Outs[I].data()),
+                                       Outs[I].size() * 4));
+    }
+  }
+
   void close() { EXPECT_FALSE(bool(Writer->close())); }
 
 private:
@@ -202,6 +234,93 @@ TEST_F(DiagnosisTest, TheFP32ReferenceSetsTheScale) {
   ASSERT_EQ(Bad.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(Bad.Suspects[0].Component.Path, "a");
   EXPECT_NEAR(*Bad.Suspects[0].Component.Ratio, 3.0, 1e-5);
+}
+
+// A fused add+norm layer returns (output, residual) where the reference's
+// layer returns their sum: compared as the sum, no divergence; a layer whose
+// sum is off is blamed.
+TEST_F(DiagnosisTest, AResidualPairIsComparedAsItsSum) {
+  auto Reference = [&](StringRef Name) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callOutputs("layer", "", {{4, 6}}, {2});
+    T.close();
+  };
+  auto Target = [&](StringRef Name, float Second) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callOutputs("layer", "", {{1, 2}, {3, Second}}, {2});
+    T.close();
+  };
+  Reference("ref");
+  Target("ok", 4);
+  Target("bad", 9);
+  Diagnosis Ok = run("ok", "ref");
+  EXPECT_EQ(Ok.Result, Diagnosis::Verdict::NoDivergence) << Ok.MaxRatio;
+  for (const ComponentRatio &C : Ok.Curve)
+    if (C.Path == "layer")
+      EXPECT_TRUE(C.ResidualPair);
+  Diagnosis Bad = run("bad", "ref");
+  ASSERT_EQ(Bad.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(Bad.Suspects[0].Component.Path, "layer");
+}
+
+// vLLM's act_fn (SiluAndMul) takes gate and up together: the same path as
+// HF's act_fn, another computation. Its features differ, so it is not
+// paired (and not blamed for the difference that makes).
+TEST_F(DiagnosisTest, TheSameNameForAnotherComputationIsNotPaired) {
+  {
+    TraceBuilder T(dir("ref"));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callOutputs("mlp.act_fn", "", {{1, 2, 3, 4}}, {1, 4});
+    T.close();
+  }
+  {
+    TraceBuilder T(dir("tgt"));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callOutputs("mlp.act_fn", "", {{5, 6}}, {1, 2});
+    T.close();
+  }
+  Diagnosis D = run("tgt", "ref");
+  EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence);
+  for (const ComponentRatio &C : D.Curve)
+    if (C.Path == "mlp.act_fn") {
+      EXPECT_FALSE(C.Mapped);
+      EXPECT_NE(C.UnmappedReason.find("different computation"), std::string::npos);
+    }
+}
+
+// The built-in recipes map a fused projection onto the reference's
+// separate ones, concatenated: right when the parts agree, blamed when one
+// part is off.
+TEST_F(DiagnosisTest, RecipesMapFusedProjections) {
+  ASSERT_FALSE(builtinRecipes().empty());
+  {
+    TraceBuilder T(dir("ref"));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callOutputs("model.layers.0.mlp.gate_proj", "", {{1, 2}}, {1, 2});
+    T.callOutputs("model.layers.0.mlp.up_proj", "", {{3, 4}}, {1, 2});
+    T.close();
+  }
+  auto Target = [&](StringRef Name, float Up) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callOutputs("model.layers.0.mlp.gate_up_proj", "", {{1, 2, 3, Up}}, {1, 4});
+    T.close();
+  };
+  Target("ok", 4);
+  Target("bad", 40);
+  Diagnosis Ok = run("ok", "ref");
+  EXPECT_EQ(Ok.Result, Diagnosis::Verdict::NoDivergence);
+  for (const ComponentRatio &C : Ok.Curve)
+    if (C.Path == "model.layers.0.mlp.gate_up_proj") {
+      EXPECT_TRUE(C.Mapped);
+      EXPECT_EQ(C.MappedBy, "recipe vllm-hf 1");
+      EXPECT_EQ(C.ReferencePaths.size(), 2u);
+    }
+  Diagnosis Bad = run("bad", "ref");
+  ASSERT_EQ(Bad.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(Bad.Suspects[0].Component.Path, "model.layers.0.mlp.gate_up_proj");
 }
 
 } // namespace
