@@ -15,6 +15,7 @@
 
 #include <cerrno>
 #include <deque>
+#include <set>
 #include <signal.h>
 
 using namespace llvm;
@@ -122,6 +123,7 @@ DefinitionKind parseKind(StringRef K) {
       .Case("union", DefinitionKind::Union)
       .Case("method", DefinitionKind::Method)
       .Case("kernel", DefinitionKind::Kernel)
+      .Case("op", DefinitionKind::Op)
       .Default(DefinitionKind::Function);
 }
 
@@ -671,6 +673,37 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findKernel(StringRef Symbol)
   return Tag(selectDefinitions("d.kind = 'function' AND d.language = 'python' AND d.name = ?1",
                                {Base.str()}),
              "function-name");
+}
+
+Expected<std::vector<IndexedDefinition>> CodeIndex::findOp(StringRef Name) {
+  Name = Name.trim();
+  StringRef Base = Name.contains("::") ? Name.rsplit("::").second : Name;
+  auto Ops = selectDefinitions(
+      "d.kind = 'op' AND (d.qualified_name = ?1 OR (?1 = ?2 AND d.name = ?2))",
+      {Name.str(), Base.str()});
+  if (!Ops)
+    return Ops;
+  // The implementing functions, once each, in the registrations' order.
+  std::vector<IndexedDefinition> Out = *Ops;
+  std::set<std::string> Seen;
+  for (const IndexedDefinition &Op : *Ops)
+    for (const std::string &Function : Op.Def.Bases) {
+      StringRef Fn = StringRef(Function).ltrim("&");
+      if (!Seen.insert(Fn.str()).second)
+        continue;
+      StringRef Simple = Fn.contains("::") ? Fn.rsplit("::").second : Fn;
+      auto Impl = selectDefinitions(
+          "d.kind IN ('function', 'method') AND (d.qualified_name = ?1 OR d.name = ?2) "
+          "AND d.is_declaration = 0",
+          {Fn.str(), Simple.str()});
+      if (!Impl)
+        return Impl.takeError();
+      for (IndexedDefinition &D : *Impl) {
+        D.Relation = "implements " + Op.Def.QualifiedName;
+        Out.push_back(std::move(D));
+      }
+    }
+  return Out;
 }
 
 Expected<std::vector<IndexedDefinition>> CodeIndex::search(StringRef Text,

@@ -91,6 +91,13 @@ void recoverDefinitionsMissedByParser(clang::FileID FID,
                                       const clang::LangOptions &LangOpts,
                                       std::vector<Definition> &Defs);
 
+/// Adds an `op` definition for each custom op that \p Text registers with
+/// TORCH_LIBRARY / TORCH_LIBRARY_IMPL / TORCH_LIBRARY_FRAGMENT (and vLLM's
+/// TORCH_LIBRARY_EXPAND): `def` and `impl` calls, named `namespace::op`, with
+/// the implementing function as base and the dispatch key as decorator.
+void findTorchOpRegistrations(llvm::StringRef Text, const clang::LangOptions &LangOpts,
+                              std::vector<Definition> &Defs);
+
 } // namespace ekka
 
 #endif

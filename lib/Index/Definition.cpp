@@ -19,6 +19,8 @@ llvm::StringRef kindName(DefinitionKind K) {
     return "method";
   case DefinitionKind::Kernel:
     return "kernel";
+  case DefinitionKind::Op:
+    return "op";
   }
   return "unknown";
 }

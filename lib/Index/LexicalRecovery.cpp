@@ -405,6 +405,7 @@ void recoverDefinitionsMissedByParser(FileID FID, const SourceManager &SM,
   if (Invalid)
     return;
   LexicalScanner(FID, SM, LangOpts, Defs).run();
+  findTorchOpRegistrations(SM.getBufferData(FID), LangOpts, Defs);
   // A record whose closing brace never came (unbalanced #if branches) ends
   // where its head does.
   for (Definition &D : Defs)

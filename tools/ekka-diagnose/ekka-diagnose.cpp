@@ -116,6 +116,26 @@ std::string kernelSource(StringRef Kernel, std::vector<std::unique_ptr<CodeIndex
   return "";
 }
 
+/// Where a custom op is implemented, from the code indexes (find_op): the
+/// implementing function if known, else its registration.
+std::string opSource(StringRef Op, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
+  for (auto &I : Idx) {
+    auto Defs = I->findOp(Op);
+    if (!Defs) {
+      consumeError(Defs.takeError());
+      continue;
+    }
+    const IndexedDefinition *Best = nullptr;
+    for (const IndexedDefinition &D : *Defs)
+      if (!Best || (!D.Relation.empty() && Best->Relation.empty()))
+        Best = &D;
+    if (Best)
+      return Best->File + ":" + std::to_string(Best->Def.LineStart) +
+             (Best->Relation.empty() ? " (registration)" : " (" + Best->Def.Name + ")");
+  }
+  return "";
+}
+
 std::string componentName(const ComponentRatio &C) {
   return C.Path.empty() ? "(root " + C.ClassName + ")" : C.Path;
 }
@@ -165,6 +185,8 @@ void printText(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx)
       if (S.Op->Ratio)
         OS << ", R = " << ratioText(S.Op->Ratio);
       OS << " (" << S.Op->Reason << ")\n";
+      if (std::string Where = opSource(S.Op->Name, Idx); !Where.empty())
+        OS << "  op source: " << Where << "\n";
       for (const std::string &K : S.Op->Kernels) {
         OS << "  kernel: " << K;
         if (std::string Where = kernelSource(K, Idx); !Where.empty())
@@ -201,8 +223,10 @@ json::Value opJSON(const OpFinding &Op, std::vector<std::unique_ptr<CodeIndex>> 
     Kernels.push_back(json::Object{
         {"name", K}, {"source", Where.empty() ? json::Value(nullptr) : json::Value(Where)}});
   }
+  std::string OpWhere = opSource(Op.Name, Idx);
   return json::Object{{"op", Op.Name},
                       {"schema", Op.Schema},
+                      {"source", OpWhere.empty() ? json::Value(nullptr) : json::Value(OpWhere)},
                       {"ratio", ratioJSON(Op.Ratio)},
                       {"reference_op", Op.ReferenceName},
                       {"reason", Op.Reason},

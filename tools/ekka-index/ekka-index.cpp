@@ -40,6 +40,10 @@ cl::SubCommand QueryCmd(
     "  ekka-index query INDEX subclasses NAME             classes deriving from NAME\n"
     "  ekka-index query INDEX find_kernel SYMBOL          a kernel by mangled name (as\n"
     "                                                     CUPTI reports it) or demangled name\n"
+    "  ekka-index query INDEX find_op NAME               a PyTorch custom op by registered\n"
+    "                                                     name (zoo::paged_attention): its\n"
+    "                                                     TORCH_LIBRARY registrations and the\n"
+    "                                                     functions implementing it\n"
     "  ekka-index query INDEX search TEXT                 definitions whose name contains TEXT\n"
     "NAME may be simple (LlamaAttention), qualified (transformers.models.llama.\n"
     "modeling_llama.LlamaAttention) or a qualified suffix (modeling_llama.LlamaAttention).\n"
@@ -119,6 +123,8 @@ json::Value toJSON(const IndexedDefinition &R, StringRef Query) {
     O["derives_from"] = R.Relation;
   if (Query == "find_kernel")
     O["match"] = R.Relation;
+  if (Query == "find_op" && !R.Relation.empty())
+    O["implements"] = StringRef(R.Relation).drop_front(strlen("implements ")).str();
   return json::Value(std::move(O));
 }
 
@@ -142,12 +148,20 @@ void printWithSource(raw_ostream &OS, const IndexedDefinition &R) {
   printHeader(OS, R);
   OS << '\n';
   if (!R.Def.Bases.empty())
-    OS << "# bases: " << joined(R.Def.Bases) << '\n';
+    OS << (R.Def.Kind == DefinitionKind::Op ? "# implemented by: " : "# bases: ")
+       << joined(R.Def.Bases)
+       << (R.Def.Kind == DefinitionKind::Op && !R.Def.Decorators.empty()
+               ? " (dispatch key " + joined(R.Def.Decorators) + ")"
+               : std::string())
+       << '\n';
   if (!R.Def.Methods.empty())
     OS << "# methods: " << joined(R.Def.Methods) << '\n';
   if (!R.Def.MangledName.empty())
     OS << "# mangled: " << R.Def.MangledName << '\n';
-  if (R.Def.FoundByLexer)
+  if (R.Def.Kind == DefinitionKind::Op)
+    OS << "# registered in a TORCH_LIBRARY block" << (R.Def.IsDeclaration ? " (schema)" : "")
+       << '\n';
+  else if (R.Def.FoundByLexer)
     OS << "# found by the lexer: in code the parser did not see (an inactive #if branch, "
           "or names from a missing header)\n";
   OS << R.Source << "\n\n";
@@ -213,11 +227,12 @@ int runQuery() {
           .Case("get_class_definition", [&] { return Index->classDefinitions(Arg); })
           .Case("subclasses", [&] { return Index->subclasses(Arg, Transitive); })
           .Case("find_kernel", [&] { return Index->findKernel(Arg); })
+          .Case("find_op", [&] { return Index->findOp(Arg); })
           .Case("search", [&] { return Index->search(Arg, Limit); })
           .Default([&]() -> Expected<std::vector<IndexedDefinition>> {
             return makeError("unknown query '" + Query +
                              "' (expected get_class_definition, subclasses, "
-                             "find_kernel or search)");
+                             "find_kernel, find_op or search)");
           })();
   std::vector<IndexedDefinition> Defs = unwrapOrExit(Tool, std::move(Results));
   if (Json) {
@@ -225,9 +240,12 @@ int runQuery() {
     for (const IndexedDefinition &R : Defs)
       A.push_back(toJSON(R, Query));
     outs() << formatv("{0:2}", json::Value(std::move(A))) << '\n';
-  } else if (Query == "get_class_definition" || Query == "find_kernel") {
-    for (const IndexedDefinition &R : Defs)
+  } else if (Query == "get_class_definition" || Query == "find_kernel" || Query == "find_op") {
+    for (const IndexedDefinition &R : Defs) {
+      if (Query == "find_op" && !R.Relation.empty())
+        outs() << "(" << R.Relation << ")\n";
       printWithSource(outs(), R);
+    }
   } else {
     for (const IndexedDefinition &R : Defs) {
       printHeader(outs(), R);

@@ -1,12 +1,15 @@
 """One side of a zoo case, the program ekka-trace runs:
 
-  run_side.py checkpoint CASE DIR         build the reference model (seeded) and
-                                          save its weights to DIR/checkpoint.safetensors
-  run_side.py target CASE DIR             serve the prompt with the engine (bf16,
-                                          prefill + decode), save the consumed
-                                          tokens to DIR/tokens.json
-  run_side.py reference CASE DIR DTYPE    run the HF model (bf16 or fp32) on those
-                                          tokens in one forward
+  run_side.py target CASE DIR             build the reference model (seeded), save
+                                          its weights to DIR/checkpoint.safetensors,
+                                          load them into the engine and serve the
+                                          prompt (bf16, prefill + decode); save the
+                                          consumed tokens to DIR/tokens.json
+  run_side.py reference CASE DIR DTYPE    run the HF model (bf16 or fp32) with those
+                                          weights on those tokens in one forward
+
+Building the checkpoint in the target's process saves a Python start (the
+model is only constructed there: nothing of it is traced, no forward runs).
 """
 import json
 import os
@@ -30,14 +33,14 @@ def main():
     global DIR
     what, case_id, DIR = sys.argv[1:4]
     case = BY_ID[case_id]
-    if what == "checkpoint":
+    if what == "target":
         torch.manual_seed(SEED)
         model = case.hf_model_class()(case.config())
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         if model.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         save_file(state, os.path.join(DIR, "checkpoint.safetensors"))
-    elif what == "target":
+        del model
         from zoo_engine import Engine
         checkpoint = {k: v.to(torch.bfloat16)
                       for k, v in load_file(os.path.join(DIR, "checkpoint.safetensors")).items()}

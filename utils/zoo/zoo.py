@@ -59,7 +59,6 @@ def run_case(case, work, index, quiet=False):
     side = os.path.join(HERE, "run_side.py")
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
                EKKA_PROGRESS="0")
-    sh([py, side, "checkpoint", case.id, work], "building the reference checkpoint", env)
     trace = [tool("ekka-trace"), "--force"]
     sh(trace + ["-o", f"{work}/target", "--capture-ops", "^zoo::", "--",
                 py, side, "target", case.id, work], "tracing the engine", env)

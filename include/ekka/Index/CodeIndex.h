@@ -115,6 +115,10 @@ public:
   /// Falls back to functions of that name (Triton kernels are Python
   /// functions); Relation says which rule matched.
   llvm::Expected<std::vector<IndexedDefinition>> findKernel(llvm::StringRef Symbol);
+  /// A PyTorch custom op by its registered name (`zoo::paged_attention`, or
+  /// the name without its namespace): its registrations (`def`, `impl`),
+  /// then the functions that implement it (Relation: "implements NAME").
+  llvm::Expected<std::vector<IndexedDefinition>> findOp(llvm::StringRef Name);
   /// Definitions whose name or qualified name contains \p Text
   /// (case-insensitive), exact names first.
   llvm::Expected<std::vector<IndexedDefinition>> search(llvm::StringRef Text,

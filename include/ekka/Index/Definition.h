@@ -12,7 +12,9 @@ namespace ekka {
 
 /// What a definition is. Kernels are CUDA `__global__` functions, kept apart
 /// from functions because find_kernel links CUPTI's kernel names to them.
-enum class DefinitionKind { Namespace, Class, Struct, Union, Function, Method, Kernel };
+/// Ops are PyTorch custom ops as registered (TORCH_LIBRARY), by their
+/// registered name, linked to the function implementing them.
+enum class DefinitionKind { Namespace, Class, Struct, Union, Function, Method, Kernel, Op };
 
 llvm::StringRef kindName(DefinitionKind K);
 /// Whether a kind is a class-like record (answers get_class_definition).

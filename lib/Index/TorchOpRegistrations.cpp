@@ -1,0 +1,185 @@
+//===- TorchOpRegistrations.cpp - Custom ops registered with TORCH_LIBRARY --===//
+//
+// A PyTorch custom op is named in a trace by its registered name
+// (`zoo::paged_attention`, vLLM's `_C::rms_norm`), not by the C++ function
+// that implements it. The registration says which function that is:
+//
+//   TORCH_LIBRARY(zoo, m) { m.def("paged_attention(Tensor(a!) out, ...) -> ()"); }
+//   TORCH_LIBRARY_IMPL(zoo, CPU, m) { m.impl("paged_attention", pagedAttention); }
+//   TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) { ops.impl("x", torch::kCUDA, &x); }
+//
+// A raw lexer finds these blocks (Clang skips function bodies, and the
+// macros hide them in a static initializer) and records each `def` and
+// `impl` as an `op` definition named `namespace::op`, whose bases are the
+// implementing function (and, for an impl, its dispatch key).
+//
+//===----------------------------------------------------------------------===//
+#include "CxxIndexerInternal.h"
+
+#include "clang/Lex/Lexer.h"
+
+using namespace clang;
+using namespace llvm;
+
+namespace ekka {
+
+namespace {
+
+/// The contents of a string literal token (no prefixes, no escapes beyond
+/// what an op schema uses).
+std::string literalText(StringRef Spelling) {
+  size_t Open = Spelling.find('"'), Close = Spelling.rfind('"');
+  if (Open == StringRef::npos || Close <= Open)
+    return "";
+  return Spelling.substr(Open + 1, Close - Open - 1).str();
+}
+
+class RegistrationScanner {
+public:
+  RegistrationScanner(StringRef Text, const LangOptions &LangOpts, std::vector<Definition> &Defs)
+      : Text(Text), Lex(SourceLocation(), LangOpts, Text.begin(), Text.begin(), Text.end()),
+        Defs(Defs) {}
+
+  void run() {
+    next();
+    while (!Tok.is(tok::eof)) {
+      if (Tok.is(tok::raw_identifier) && Tok.getRawIdentifier().starts_with("TORCH_LIBRARY"))
+        block();
+      else
+        next();
+    }
+  }
+
+private:
+  void next() { Lex.LexFromRawLexer(Tok); }
+  unsigned offset() const { return unsigned(Tok.getLocation().getRawEncoding()); }
+  unsigned lineOf(unsigned Offset) const { return 1 + Text.take_front(Offset).count('\n'); }
+  StringRef spelling() const { return Text.substr(offset(), Tok.getLength()); }
+
+  /// TORCH_LIBRARY*( ns , [key ,] var ) { registrations }
+  void block() {
+    std::string Macro = Tok.getRawIdentifier().str();
+    next();
+    if (!Tok.is(tok::l_paren))
+      return;
+    std::vector<std::string> Args;
+    std::string Arg;
+    for (next(); !Tok.isOneOf(tok::r_paren, tok::eof); next()) {
+      if (Tok.is(tok::comma)) {
+        Args.push_back(Arg);
+        Arg.clear();
+      } else {
+        Arg += spelling().str();
+      }
+    }
+    Args.push_back(Arg);
+    next();
+    if (Args.size() < 2 || !Tok.is(tok::l_brace) || Macro == "TORCH_LIBRARY_IMPL_DECLARATION")
+      return;
+    std::string Namespace = Args.front(), Var = Args.back();
+    std::string Key = Args.size() >= 3 ? Args[1] : "";
+    unsigned Depth = 1;
+    for (next(); Depth && !Tok.is(tok::eof); next()) {
+      if (Tok.is(tok::l_brace))
+        ++Depth;
+      else if (Tok.is(tok::r_brace))
+        --Depth;
+      else if (Tok.is(tok::raw_identifier) && Tok.getRawIdentifier() == Var)
+        registration(Namespace, Key);
+    }
+  }
+
+  /// var . def|impl ( "name..." , args... ) ;
+  void registration(const std::string &Namespace, const std::string &BlockKey) {
+    unsigned Start = offset();
+    next();
+    if (!Tok.is(tok::period))
+      return;
+    next();
+    if (!Tok.is(tok::raw_identifier) ||
+        (Tok.getRawIdentifier() != "def" && Tok.getRawIdentifier() != "impl"))
+      return;
+    bool IsDef = Tok.getRawIdentifier() == "def";
+    next();
+    if (!Tok.is(tok::l_paren))
+      return;
+    next();
+    std::string Schema;
+    while (Tok.is(tok::string_literal)) { // adjacent literals concatenate
+      Schema += literalText(spelling());
+      next();
+    }
+    if (Schema.empty())
+      return;
+    // The arguments after the name: a dispatch key, the function.
+    std::vector<std::string> Rest;
+    std::string Arg;
+    unsigned Depth = 1;
+    unsigned End = offset();
+    for (; Depth && !Tok.is(tok::eof); next()) {
+      End = offset() + Tok.getLength();
+      if (Tok.is(tok::l_paren)) {
+        ++Depth;
+      } else if (Tok.is(tok::r_paren)) {
+        if (--Depth == 0)
+          break;
+      } else if (Tok.is(tok::comma) && Depth == 1) {
+        if (!Arg.empty())
+          Rest.push_back(Arg);
+        Arg.clear();
+        continue;
+      }
+      if (Tok.is(tok::raw_identifier) || Tok.is(tok::coloncolon))
+        Arg += spelling().str();
+    }
+    if (!Arg.empty())
+      Rest.push_back(Arg);
+    StringRef Name = StringRef(Schema).split('(').first.trim();
+    Name = Name.split('.').first; // an overload name: `op.out`
+    Definition D;
+    D.Kind = DefinitionKind::Op;
+    D.Name = Name.str();
+    D.QualifiedName = Namespace + "::" + D.Name;
+    D.ByteStart = Start;
+    D.ByteEnd = End;
+    D.LineStart = lineOf(Start);
+    D.LineEnd = lineOf(End > Start ? End - 1 : Start);
+    D.FoundByLexer = true;
+    // The implementing function: the last argument that names one
+    // (`&fn`, `TORCH_FN(fn)`, `torch::kCUDA, fn`); dispatch keys are kept
+    // apart.
+    std::string Function, Key = BlockKey;
+    for (const std::string &A : Rest) {
+      StringRef S(A);
+      if (S.starts_with("torch::k") || S.starts_with("at::k") || S.starts_with("c10::k") ||
+          S.contains("DispatchKey"))
+        Key = S.rsplit("::").second.empty() ? A : S.rsplit("::").second.str();
+      else if (S == "TORCH_FN" || S.empty())
+        continue;
+      else
+        Function = S.starts_with("TORCH_FN") ? S.drop_front(8).str() : A;
+    }
+    if (!Function.empty())
+      D.Bases.push_back(Function);
+    if (!Key.empty())
+      D.Decorators.push_back(Key);
+    D.IsDeclaration = IsDef && Function.empty(); // a schema without an implementation
+    Defs.push_back(std::move(D));
+  }
+
+  StringRef Text;
+  Lexer Lex;
+  Token Tok;
+  std::vector<Definition> &Defs;
+};
+
+} // namespace
+
+void findTorchOpRegistrations(StringRef Text, const LangOptions &LangOpts,
+                              std::vector<Definition> &Defs) {
+  if (!Text.contains("TORCH_LIBRARY"))
+    return;
+  RegistrationScanner(Text, LangOpts, Defs).run();
+}
+
+} // namespace ekka
