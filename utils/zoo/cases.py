@@ -2,6 +2,7 @@
 tiny config with seeded random weights, a prompt, the bug switched on in the
 engine (none for clean pairs), and the ground truth, which only the runner
 reads: Ekka sees three traces and the code index, as a user's run would."""
+import torch
 import transformers
 
 SEED = 0
@@ -25,20 +26,49 @@ def gemma3_config():
 # A prompt of 34 tokens: past the sliding window (8), not a multiple of the
 # KV cache's page size (4).
 PROMPT = [2] + [(7 * i + 3) % 250 + 3 for i in range(33)]
+# Embedding cases embed a batch of prompts of one length (the reference runs
+# them as a batch, the engine as one flattened sequence of tokens): many
+# short prompts, as an embedding server batches queries.
+PROMPTS = [[2] + [(7 * i + 13 * j + 3) % 250 + 3 for i in range(11)] for j in range(32)]
+
+
+class MeanPooler(torch.nn.Module):
+    """The reference embedding model's pooling: the mean over the tokens,
+    in float32."""
+
+    def forward(self, hidden_states):
+        return hidden_states.float().mean(dim=1)
+
+
+class MeanPoolingEmbedder(torch.nn.Module):
+    """The reference embedding model: a HF decoder (LlamaModel) and mean
+    pooling in float32, as sentence-embedding models built on decoders do."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.model = transformers.LlamaModel(config)
+        self.pooler = MeanPooler()
+        self.config = config
+
+    def forward(self, input_ids):
+        return self.pooler(self.model(input_ids).last_hidden_state)
 
 
 class Case:
     def __init__(self, id, source, model, config, bugs, accepted, kernel=None,
-                 prompt=PROMPT, decode=4, symptom=""):
+                 prompt=PROMPT, decode=4, symptom="", task="generate"):
         self.id, self.source, self.model, self.config = id, source, model, config
         self.bugs, self.accepted, self.kernel = tuple(bugs), tuple(accepted), kernel
         self.prompt, self.decode, self.symptom = prompt, decode, symptom
+        self.task = task
 
     @property
     def clean(self):
         return not self.bugs
 
     def hf_model_class(self):
+        if self.model == "MeanPoolingEmbedder":
+            return MeanPoolingEmbedder
         return getattr(transformers, self.model)
 
 
@@ -57,6 +87,11 @@ CASES = [
     Case("lm-head-overwritten", "SGLang-17887", "LlamaForCausalLM", llama_config,
          ["lm-head-overwritten"], ["lm_head"],
          symptom="untied lm_head replaced by the embedding matrix"),
+    Case("clean-embedding", "clean pair", "MeanPoolingEmbedder", llama_config, [], [],
+         prompt=PROMPTS, task="embed"),
+    Case("pool-cumsum-bf16", "vLLM-15393", "MeanPoolingEmbedder", llama_config,
+         ["pool-cumsum-bf16"], ["pooler"], prompt=PROMPTS, task="embed",
+         symptom="mean pooling from a bf16 cumulative sum: embeddings drift"),
     Case("paged-attn-last-page", "SGLang-13044, SGLang-7936", "LlamaForCausalLM", llama_config,
          ["paged-attn-last-page"], ["model.layers.0.self_attn", "model.layers.0.self_attn.attn"],
          kernel="zoo::paged_attention",

@@ -37,15 +37,20 @@ def main():
         torch.manual_seed(SEED)
         model = case.hf_model_class()(case.config())
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if model.config.tie_word_embeddings:
+        if getattr(model.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
         save_file(state, os.path.join(DIR, "checkpoint.safetensors"))
         del model
         from zoo_engine import Engine
         checkpoint = {k: v.to(torch.bfloat16)
                       for k, v in load_file(os.path.join(DIR, "checkpoint.safetensors")).items()}
-        engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs)
-        consumed, generated = engine.generate(case.prompt, case.decode)
+        engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs,
+                        task=case.task)
+        if case.task == "embed":
+            engine.embed(case.prompt)
+            consumed, generated = case.prompt, []
+        else:
+            consumed, generated = engine.generate(case.prompt, case.decode)
         with open(os.path.join(DIR, "tokens.json"), "w") as f:
             json.dump({"consumed": consumed, "generated": generated}, f)
     elif what == "reference":
@@ -53,8 +58,10 @@ def main():
         with open(os.path.join(DIR, "tokens.json")) as f:
             tokens = json.load(f)["consumed"]
         model = reference_model(case, dtype)
+        # A batch of prompts (an embedding case) is already a list of lists.
+        batch = tokens if tokens and isinstance(tokens[0], list) else [tokens]
         with torch.no_grad():
-            model(torch.tensor([tokens]))
+            model(torch.tensor(batch))
     else:
         raise SystemExit(f"run_side.py: unknown step '{what}'")
 

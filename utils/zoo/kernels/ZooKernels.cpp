@@ -115,28 +115,33 @@ void reshapeAndCache(const at::Tensor &Key, const at::Tensor &Value, at::Tensor 
 
 // out[t] = softmax(q[t] . K^T * scale) V over the cached positions the token
 // may see: positions <= positions[t], and > positions[t] - window when
-// window > 0. The sequence's pages are block_table; query heads share key
-// heads in groups (GQA).
+// window > 0. Token t belongs to sequence seq_ids[t], whose pages are
+// block_tables[seq_ids[t]]; query heads share key heads in groups (GQA).
 void pagedAttention(at::Tensor Out, const at::Tensor &Query, const at::Tensor &KeyCache,
-                    const at::Tensor &ValueCache, const at::Tensor &BlockTable,
-                    const at::Tensor &Positions, double Scale, int64_t Window) {
+                    const at::Tensor &ValueCache, const at::Tensor &BlockTables,
+                    const at::Tensor &SeqIds, const at::Tensor &Positions, double Scale,
+                    int64_t Window) {
   int64_t Tokens = Query.size(0), Heads = Query.size(1), HeadDim = Query.size(2);
   int64_t BlockSize = KeyCache.size(1), KvHeads = KeyCache.size(2);
   int64_t Group = Heads / KvHeads;
   at::Tensor Q = Query.to(at::kFloat).contiguous();
   at::Tensor K = KeyCache.to(at::kFloat).contiguous();
   at::Tensor V = ValueCache.to(at::kFloat).contiguous();
-  at::Tensor Blocks = BlockTable.to(at::kLong).contiguous();
+  at::Tensor Blocks = BlockTables.to(at::kLong).contiguous();
+  at::Tensor Seqs = SeqIds.to(at::kLong).contiguous();
+  int64_t MaxBlocks = Blocks.size(-1);
   at::Tensor Pos = Positions.to(at::kLong).contiguous();
   at::Tensor O = at::zeros({Tokens, Heads, HeadDim}, at::kFloat);
   const float *Qp = Q.data_ptr<float>(), *Kp = K.data_ptr<float>(), *Vp = V.data_ptr<float>();
   float *Op = O.data_ptr<float>();
+  const int64_t *Table = nullptr; // the current token's sequence's pages
   auto CacheRow = [&](const float *Cache, int64_t Position, int64_t KvHead) {
-    int64_t Block = Blocks.data_ptr<int64_t>()[Position / BlockSize];
+    int64_t Block = Table[Position / BlockSize];
     return Cache + ((Block * BlockSize + Position % BlockSize) * KvHeads + KvHead) * HeadDim;
   };
   std::vector<float> Scores;
   for (int64_t T = 0; T < Tokens; ++T) {
+    Table = Blocks.data_ptr<int64_t>() + Seqs.data_ptr<int64_t>()[T] * MaxBlocks;
     int64_t Last = Pos.data_ptr<int64_t>()[T];
     int64_t First = Window > 0 ? std::max<int64_t>(0, Last - Window + 1) : 0;
     int64_t End = Last + 1;
@@ -181,7 +186,7 @@ TORCH_LIBRARY(zoo, m) {
   m.def("reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
         "Tensor(b!) value_cache, Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
-        "Tensor block_table, Tensor positions, float scale, int window) -> ()");
+        "Tensor block_tables, Tensor seq_ids, Tensor positions, float scale, int window) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(zoo, CPU, m) {

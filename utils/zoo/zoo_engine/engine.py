@@ -4,7 +4,7 @@ import types
 
 import torch
 
-from .model import Arch, ForCausalLM
+from .model import Arch, ForCausalLM, ForEmbedding
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -35,14 +35,14 @@ class Engine:
     """One sequence at a time: prefill the prompt, then decode greedily."""
 
     def __init__(self, hf_config, checkpoint, dtype=torch.bfloat16, bugs=(), block_size=4,
-                 num_blocks=64):
+                 num_blocks=256, task="generate"):
         load_kernels()
         self.bugs = frozenset(bugs)
         torch.ops.zoo.set_bugs(",".join(sorted(self.bugs)))
         self.arch = Arch(hf_config)
         self.dtype = dtype
         with torch.device("meta"):
-            model = ForCausalLM(self.arch, self.bugs)
+            model = (ForEmbedding if task == "embed" else ForCausalLM)(self.arch, self.bugs)
         self.model = model.to_empty(device="cpu").to(dtype).eval()
         self.load_weights(checkpoint)
         a = self.arch
@@ -76,7 +76,9 @@ class Engine:
                     if name in params:
                         params[name].copy_(weight)
                         loaded.add(name)
-            if "lm_head.weight" not in checkpoint or a.tie_word_embeddings \
+            if "lm_head.weight" not in params:
+                pass  # an embedding model has no head
+            elif "lm_head.weight" not in checkpoint or a.tie_word_embeddings \
                     or "lm-head-overwritten" in self.bugs:
                 # Tied embeddings: the head is the embedding matrix. (The
                 # planted bug copies it whether or not they are tied.)
@@ -89,8 +91,32 @@ class Engine:
     def _slots(self, table, positions):
         bs = self.block_size
         while len(table) * bs < int(positions[-1]) + 1:
+            if not self.free_blocks:
+                raise SystemExit("zoo: the KV cache is out of pages")
             table.append(self.free_blocks.pop())
         return torch.tensor([table[p // bs] * bs + p % bs for p in positions.tolist()])
+
+    def embed(self, prompts):
+        """One forward over the prompts as a flattened batch (vLLM's layout:
+        their tokens one after the other, each sequence with its own pages);
+        returns the pooled embeddings, one per prompt."""
+        ids, positions, slots, tables, seq_ids = [], [], [], [], []
+        for i, prompt in enumerate(prompts):
+            table = []
+            pos = torch.arange(len(prompt))
+            slots.append(self._slots(table, pos))
+            tables.append(table)
+            ids += prompt
+            positions.append(pos)
+            seq_ids += [i] * len(prompt)
+        width = max(len(t) for t in tables)
+        meta = types.SimpleNamespace(
+            slot_mapping=torch.cat(slots), positions=torch.cat(positions),
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+            seq_ids=torch.tensor(seq_ids))
+        with torch.no_grad():
+            return self.model(torch.tensor(ids), meta.positions,
+                              torch.tensor([len(p) for p in prompts]), meta=meta)
 
     def generate(self, prompt, max_new_tokens):
         """Greedy decoding. Returns the tokens the model consumed (the prompt,
@@ -102,7 +128,8 @@ class Engine:
         with torch.no_grad():
             for step in range(max_new_tokens):
                 meta = types.SimpleNamespace(slot_mapping=self._slots(table, positions),
-                                             block_table=torch.tensor(table),
+                                             block_tables=torch.tensor([table]),
+                                             seq_ids=torch.zeros_like(positions),
                                              positions=positions)
                 logits = self.model(ids, positions, meta=meta)
                 token = int(logits[-1].argmax())

@@ -117,8 +117,8 @@ class PagedAttention(nn.Module):
                                         key_cache, value_cache, meta.slot_mapping)
         out = torch.empty(t, self.num_heads, self.head_dim, dtype=q.dtype)
         torch.ops.zoo.paged_attention(out, q.view(t, self.num_heads, self.head_dim), key_cache,
-                                      value_cache, meta.block_table, meta.positions, self.scale,
-                                      self.window)
+                                      value_cache, meta.block_tables, meta.seq_ids,
+                                      meta.positions, self.scale, self.window)
         return out.view(t, self.num_heads * self.head_dim)
 
 
@@ -268,3 +268,38 @@ class ForCausalLM(nn.Module):
 
     def forward(self, ids, positions, meta):
         return self.logits_processor(self.lm_head(self.model(ids, positions, meta=meta)))
+
+
+class MeanPooler(nn.Module):
+    """Mean of each sequence's hidden states over its tokens, as vLLM's
+    pooler computes it for a flattened batch: differences of a cumulative
+    sum at the sequences' boundaries, in float32."""
+
+    def __init__(self, bugs):
+        super().__init__()
+        self.bugs = bugs
+
+    def forward(self, hidden_states, prompt_lens):
+        dtype = hidden_states.dtype if "pool-cumsum-bf16" in self.bugs else torch.float32
+        # The planted bug keeps the cumulative sum over the whole flattened
+        # batch in the model's 16-bit dtype.
+        cumsum = torch.cumsum(hidden_states.to(dtype), dim=0)
+        ends = torch.cumsum(prompt_lens, dim=0) - 1
+        starts = ends - prompt_lens
+        zero = torch.zeros_like(cumsum[:1])
+        padded = torch.cat([zero, cumsum])
+        sums = padded[ends + 1] - padded[starts + 1]
+        return sums.float() / prompt_lens.unsqueeze(-1).float()
+
+
+class ForEmbedding(nn.Module):
+    """A decoder as an embedding model: the last hidden states, mean-pooled."""
+
+    def __init__(self, arch, bugs=frozenset()):
+        super().__init__()
+        self.arch = arch
+        self.model = Model(arch, bugs)
+        self.pooler = MeanPooler(bugs)
+
+    def forward(self, ids, positions, prompt_lens, meta):
+        return self.pooler(self.model(ids, positions, meta=meta), prompt_lens)
