@@ -805,8 +805,41 @@ private:
       for (size_t J = I + 1; J < D.Curve.size() && J <= I + 3; ++J)
         S.After.push_back(D.Curve[J]);
       S.Op = drillDown(D.Curve[I]);
+      // The op that wrote a tensor a later component of the suspect read ran
+      // in a mapped child of its own: that child is the root cause, by a
+      // side effect its own output does not show (it wrote its input in
+      // place). It comes first.
+      if (S.Op && S.Op->LastWriter && !S.Op->ReadBy.empty() &&
+          S.Op->CallId != S.Component.CallId)
+        if (std::optional<size_t> W = mappedCallAround(D, S.Op->CallId, S.Component.CallId);
+            W && llvm::none_of(D.Suspects, [&](const Suspect &X) {
+              return X.Component.CallId == D.Curve[*W].CallId;
+            })) {
+          Suspect Writer;
+          Writer.Component = D.Curve[*W];
+          Writer.Reason = "it wrote, in place (op " + S.Op->Name + "), the tensor that " +
+                          S.Op->ReadBy + " then read, and that departs from what the "
+                          "reference's read; its own output does not show it";
+          Writer.Op = S.Op;
+          Writer.Before = S.Before;
+          Writer.After = S.After;
+          D.Suspects.push_back(std::move(Writer));
+          if (D.Suspects.size() == 3)
+            break;
+        }
       D.Suspects.push_back(std::move(S));
     }
+  }
+
+  /// The innermost mapped call that contains target call \p Call (itself
+  /// included), below \p Stop; its index in the curve.
+  std::optional<size_t> mappedCallAround(const Diagnosis &D, int64_t Call, int64_t Stop) {
+    for (const ModuleCallRecord *M = T.CallById.lookup(Call); M && M->Id != Stop;
+         M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
+      for (size_t I = 0; I < D.Curve.size(); ++I)
+        if (D.Curve[I].CallId == M->Id && D.Curve[I].Mapped)
+          return I;
+    return std::nullopt;
   }
 
   /// The ops of a call (its own, not its children's) with captured outputs,
@@ -834,6 +867,15 @@ private:
   std::optional<OpFinding> drillDown(const ComponentRatio &C) {
     if (auto Writer = lastWriter(C))
       return Writer;
+    auto Paired = pairedDrillDown(C);
+    if (Paired)
+      return Paired;
+    // A suspect whose output an op of its own wrote (a fused custom op the
+    // reference computes with several others): that op.
+    return lastWriter(C, /*OfOutput=*/true);
+  }
+
+  std::optional<OpFinding> pairedDrillDown(const ComponentRatio &C) {
     auto RIt = R.ByKey.find(T.KeyOf.lookup(C.CallId));
     if (RIt == R.ByKey.end())
       return std::nullopt;
@@ -891,10 +933,12 @@ private:
   /// it. It is found by value — the op's captured output or written
   /// argument holds exactly what the child was given — among the suspect's
   /// ops (its children's included) that ran before the child.
-  std::optional<OpFinding> lastWriter(const ComponentRatio &C) {
+  std::optional<OpFinding> lastWriter(const ComponentRatio &C, bool OfOutput = false) {
     const ModuleCallRecord *Suspect = T.CallById.lookup(C.CallId);
     if (!Suspect)
       return std::nullopt;
+    if (OfOutput)
+      return writerOf(C, T.tensor(C.CallId, "output", 0), C.CallId, nullptr);
     auto Inside = [&](int64_t Call) {
       for (const ModuleCallRecord *M = T.CallById.lookup(Call); M;
            M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
@@ -911,14 +955,34 @@ private:
       }
     if (!Child)
       return std::nullopt;
-    const TensorRecord *Given = T.tensor(Child->CallId, "input", 0);
+    // The floating input that departs: the first of the child's.
+    const TensorRecord *Given = nullptr;
+    for (int64_t I = 0; !Given && T.tensor(Child->CallId, "input", I); ++I)
+      if (const TensorRecord *X = T.tensor(Child->CallId, "input", I); unitRoundoff(X->Type) != 0)
+        Given = X;
+    return writerOf(C, Given, Child->CallId, Child);
+  }
+
+  /// The last op inside suspect \p C, before call \p Before's first op (or
+  /// anywhere in it, for its own output), whose captured output or
+  /// in-place write holds exactly \p Given's values.
+  std::optional<OpFinding> writerOf(const ComponentRatio &C, const TensorRecord *Given,
+                                    int64_t Before, const ComponentRatio *Child) {
+    auto Inside = [&](int64_t Call) {
+      for (const ModuleCallRecord *M = T.CallById.lookup(Call); M;
+           M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
+        if (M->Id == C.CallId)
+          return true;
+      return false;
+    };
     auto Wanted = Given ? T.values(Given) : std::nullopt;
     if (!Wanted)
       return std::nullopt;
     int64_t ChildFirstOp = std::numeric_limits<int64_t>::max();
-    for (const OpRecord &Op : T.Ops)
-      if (Op.ModuleCallId && *Op.ModuleCallId == Child->CallId)
-        ChildFirstOp = std::min(ChildFirstOp, Op.Seq);
+    if (Child)
+      for (const OpRecord &Op : T.Ops)
+        if (Op.ModuleCallId && *Op.ModuleCallId == Before)
+          ChildFirstOp = std::min(ChildFirstOp, Op.Seq);
     const OpRecord *Writer = nullptr;
     for (const OpRecord &Op : T.Ops) {
       if (!Op.ModuleCallId || !Inside(*Op.ModuleCallId) || Op.Seq >= ChildFirstOp)
@@ -939,14 +1003,22 @@ private:
     OpFinding F;
     F.Name = Writer->Name;
     F.Schema = Writer->Schema;
-    F.Ratio = Child->InputRatio;
+    F.CallId = *Writer->ModuleCallId;
+    F.LastWriter = true;
     for (const KernelRecord &K : T.Kernels)
       if (K.OpId && *K.OpId == Writer->Id)
         F.Kernels.push_back(K.Name);
-    F.Reason = "it last wrote what " + (Child->Path.empty() ? std::string("(root)") : Child->Path) +
-               " was given, and that departs from what the reference's " +
-               (Child->ReferencePaths.empty() ? Child->Path : Child->ReferencePaths[0]) +
-               " was given";
+    if (Child) {
+      F.ReadBy = Child->Path.empty() ? std::string("(root)") : Child->Path;
+      F.Ratio = Child->InputRatio;
+      F.Reason = "it last wrote what " + (Child->Path.empty() ? std::string("(root)") : Child->Path) +
+                 " was given, and that departs from what the reference's " +
+                 (Child->ReferencePaths.empty() ? Child->Path : Child->ReferencePaths[0]) +
+                 " was given";
+    } else {
+      F.Ratio = C.Ratio;
+      F.Reason = "it last wrote the suspect's output";
+    }
     return F;
   }
 

@@ -160,7 +160,12 @@ void printText(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx)
      << ") "
      << (D.MergedSteps > 1 ? "over steps 1-" + std::to_string(D.MergedSteps)
                            : "at step " + std::to_string(First.Component.Step))
-     << ", R = " << ratioText(First.Component.Ratio) << "\n";
+     << ", R = " << ratioText(First.Component.Ratio)
+     << (First.Op && !First.Op->ReadBy.empty() && First.Component.Ratio &&
+                 *First.Component.Ratio <= D.Threshold
+             ? " (its output), R = " + ratioText(First.Op->Ratio) + " what it wrote in place"
+             : std::string())
+     << "\n";
   OS << "  noise model: " << D.NoiseModel << "\n";
   unsigned Rank = 0;
   for (const Suspect &S : D.Suspects) {

@@ -23,6 +23,22 @@ def gemma3_config():
                      "full_attention"])
 
 
+def qwen2_moe_config():
+    return transformers.Qwen2MoeConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=256)
+
+
+def qwen3_moe_config():
+    return transformers.Qwen3MoeConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_experts=4, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, decoder_sparse_step=1, mlp_only_layers=[],
+        norm_topk_prob=True, max_position_embeddings=256)
+
+
 # A prompt of 34 tokens: past the sliding window (8), not a multiple of the
 # KV cache's page size (4).
 PROMPT = [2] + [(7 * i + 3) % 250 + 3 for i in range(33)]
@@ -87,6 +103,14 @@ CASES = [
     Case("lm-head-overwritten", "SGLang-17887", "LlamaForCausalLM", llama_config,
          ["lm-head-overwritten"], ["lm_head"],
          symptom="untied lm_head replaced by the embedding matrix"),
+    Case("clean-qwen2-moe", "clean pair", "Qwen2MoeForCausalLM", qwen2_moe_config, [], []),
+    Case("clean-qwen3-moe", "clean pair", "Qwen3MoeForCausalLM", qwen3_moe_config, [], []),
+    Case("moe-intermediate", "SGLang-10138", "Qwen3MoeForCausalLM", qwen3_moe_config,
+         ["moe-intermediate"], ["model.layers.0.mlp.experts"], kernel="zoo::fused_moe",
+         symptom="the experts' stacked gate/up weights split at the wrong size"),
+    Case("moe-inplace-shared", "SGLang-10344", "Qwen2MoeForCausalLM", qwen2_moe_config,
+         ["moe-inplace-shared"], ["model.layers.0.mlp.experts", "model.layers.0.mlp.shared_expert"],
+         symptom="routed experts overwrite the hidden states the shared expert then reads"),
     Case("clean-embedding", "clean pair", "MeanPoolingEmbedder", llama_config, [], [],
          prompt=PROMPTS, task="embed"),
     Case("pool-cumsum-bf16", "vLLM-15393", "MeanPoolingEmbedder", llama_config,

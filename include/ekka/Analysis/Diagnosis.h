@@ -90,6 +90,11 @@ struct OpFinding {
   std::string ReferenceName;     ///< What the reference ran at that place.
   std::vector<std::string> Kernels;
   std::string Reason;
+  /// The target module call the op ran in (its innermost), 0 if unknown.
+  int64_t CallId = 0;
+  /// Found as the last writer of a tensor a later component read.
+  bool LastWriter = false;
+  std::string ReadBy; ///< That component (empty: the suspect's own output).
 };
 
 struct Suspect {

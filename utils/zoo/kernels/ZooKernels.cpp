@@ -174,6 +174,31 @@ void pagedAttention(at::Tensor Out, const at::Tensor &Query, const at::Tensor &K
   Out.copy_(O.view(Out.sizes()));
 }
 
+// Fused mixture of experts: out = sum over each token's top-k experts of
+// weight * w2[e] (silu(gate) * up), where [gate; up] = w13[e] x is split at
+// `split` rows (the expert's intermediate size). Routing: softmax of
+// router_logits in float, top-k, optionally renormalized. out may be
+// hidden_states itself (vLLM's in-place variant).
+void fusedMoe(at::Tensor Out, const at::Tensor &Hidden, const at::Tensor &W13, const at::Tensor &W2,
+              const at::Tensor &RouterLogits, int64_t TopK, bool Renormalize, int64_t Split) {
+  at::Tensor X = Hidden.to(at::kFloat).contiguous();
+  at::Tensor Probs = at::softmax(RouterLogits.to(at::kFloat), -1);
+  auto [Weights, Experts] = at::topk(Probs, TopK, -1);
+  if (Renormalize)
+    Weights = Weights / Weights.sum(-1, true);
+  at::Tensor Y = at::zeros_like(X);
+  int64_t Inter = W2.size(2);
+  for (int64_t T = 0; T < X.size(0); ++T)
+    for (int64_t K = 0; K < TopK; ++K) {
+      int64_t E = Experts[T][K].item<int64_t>();
+      at::Tensor H = at::matmul(W13[E].to(at::kFloat), X[T]);
+      at::Tensor Gate = H.narrow(0, 0, Inter), Up = H.narrow(0, Split, Inter);
+      at::Tensor A = at::silu(Gate) * Up;
+      Y[T] += Weights[T][K].item<float>() * at::matmul(W2[E].to(at::kFloat), A);
+    }
+  Out.copy_(Y.view(Out.sizes()));
+}
+
 } // namespace
 
 TORCH_LIBRARY(zoo, m) {
@@ -189,7 +214,13 @@ TORCH_LIBRARY(zoo, m) {
         "Tensor block_tables, Tensor seq_ids, Tensor positions, float scale, int window) -> ()");
 }
 
+TORCH_LIBRARY_FRAGMENT(zoo, m) {
+  m.def("fused_moe(Tensor(a!) out, Tensor hidden_states, Tensor w13, Tensor w2, "
+        "Tensor router_logits, int top_k, bool renormalize, int split) -> ()");
+}
+
 TORCH_LIBRARY_IMPL(zoo, CPU, m) {
+  m.impl("fused_moe", fusedMoe);
   m.impl("rms_norm", rmsNorm);
   m.impl("fused_add_rms_norm", fusedAddRmsNorm);
   m.impl("rotary_embedding", rotaryEmbedding);

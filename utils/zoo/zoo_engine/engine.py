@@ -60,19 +60,25 @@ class Engine:
         params = dict(self.model.named_parameters())
         a = self.arch
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv),
-                   0: (0, a.intermediate_size), 1: (a.intermediate_size, a.intermediate_size)}
+        offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
         loaded = set()
         with torch.no_grad():
             for name, weight in checkpoint.items():
                 for fused, part, shard in STACKED:
                     if f".{part}." in name:
                         target = name.replace(f".{part}.", f".{fused}.")
-                        start, size = offsets[shard]
+                        if shard in offsets:
+                            start, size = offsets[shard]
+                        else:  # gate, up: the halves of this projection
+                            size = params[target].shape[0] // 2
+                            start = shard * size
                         params[target][start:start + size].copy_(weight)
                         loaded.add(target)
                         break
                 else:
+                    # HF's stacked experts are vLLM's w13 / w2.
+                    name = name.replace("mlp.experts.gate_up_proj", "mlp.experts.w13_weight")
+                    name = name.replace("mlp.experts.down_proj", "mlp.experts.w2_weight")
                     if name in params:
                         params[name].copy_(weight)
                         loaded.add(name)

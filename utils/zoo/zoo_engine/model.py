@@ -12,7 +12,8 @@ class Arch:
 
     def __init__(self, hf_config):
         c = hf_config
-        self.family = "gemma3" if c.model_type.startswith("gemma3") else "llama"
+        self.family = ("gemma3" if c.model_type.startswith("gemma3") else
+                       c.model_type if c.model_type in ("qwen2_moe", "qwen3_moe") else "llama")
         self.vocab_size = c.vocab_size
         self.hidden_size = c.hidden_size
         self.intermediate_size = c.intermediate_size
@@ -41,7 +42,20 @@ class Arch:
             self.scale = self.head_dim ** -0.5
             self.activation = "silu"
             self.embed_scale = None
-            self.qk_norm = False
+            self.qk_norm = self.family == "qwen3_moe"
+        self.qkv_bias = bool(getattr(c, "qkv_bias", False) or getattr(c, "attention_bias", False))
+        # Mixture of experts (Qwen2-MoE, Qwen3-MoE): which layers, how many
+        # experts, each token's top k, the experts' and the shared expert's
+        # intermediate sizes.
+        self.num_experts = getattr(c, "num_experts", 0) or 0
+        self.top_k = getattr(c, "num_experts_per_tok", 0)
+        self.moe_intermediate_size = getattr(c, "moe_intermediate_size", 0)
+        self.shared_intermediate_size = getattr(c, "shared_expert_intermediate_size", 0) or 0
+        self.norm_topk_prob = bool(getattr(c, "norm_topk_prob", False))
+        step = getattr(c, "decoder_sparse_step", 1) or 1
+        dense = set(getattr(c, "mlp_only_layers", []) or [])
+        self.moe_layers = {i for i in range(self.num_layers)
+                           if self.num_experts and i not in dense and (i + 1) % step == 0}
 
 
 class RMSNorm(nn.Module):
@@ -77,14 +91,15 @@ class HeadNorm(RMSNorm):
 
 
 class Linear(nn.Module):
-    """A linear layer without bias (vLLM's Column/RowParallelLinear on one rank)."""
+    """A linear layer (vLLM's Column/RowParallelLinear on one rank)."""
 
-    def __init__(self, in_features, out_features):
+    def __init__(self, in_features, out_features, bias=False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x):
-        return torch.nn.functional.linear(x, self.weight)
+        return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
 class RotaryEmbedding(nn.Module):
@@ -128,7 +143,7 @@ class Attention(nn.Module):
         a = arch
         self.q_size = a.num_heads * a.head_dim
         self.kv_size = a.num_kv_heads * a.head_dim
-        self.qkv_proj = Linear(a.hidden_size, self.q_size + 2 * self.kv_size)
+        self.qkv_proj = Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias)
         if a.qk_norm:
             self.q_norm = HeadNorm(a.head_dim, a.eps, a.norm_offset, bugs)
             self.k_norm = HeadNorm(a.head_dim, a.eps, a.norm_offset, bugs)
@@ -174,11 +189,12 @@ class ActAndMul(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, arch, bugs):
+    def __init__(self, arch, bugs, intermediate_size=None):
         super().__init__()
-        self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size)
+        intermediate_size = intermediate_size or arch.intermediate_size
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * intermediate_size)
         self.act_fn = ActAndMul(arch.activation)
-        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size)
+        self.down_proj = Linear(intermediate_size, arch.hidden_size)
         self.bugs = bugs
 
     def forward(self, x):
@@ -192,6 +208,53 @@ class MLP(nn.Module):
         return out
 
 
+class FusedMoE(nn.Module):
+    """The experts as stacked weights (w13 = [gate; up] per expert, w2),
+    run by the fused kernel `zoo::fused_moe` with the router's logits."""
+
+    def __init__(self, arch, bugs):
+        super().__init__()
+        e, h, i = arch.num_experts, arch.hidden_size, arch.moe_intermediate_size
+        self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.w2_weight = nn.Parameter(torch.empty(e, h, i))
+        self.top_k, self.renormalize = arch.top_k, arch.norm_topk_prob
+        self.intermediate_size = i
+        if "moe-intermediate" in bugs:
+            # The stacked w13 is split at a wrong intermediate size.
+            self.intermediate_size = i // 2
+        self.inplace = "moe-inplace-shared" in bugs
+
+    def forward(self, hidden_states, router_logits):
+        # The planted bug writes the result over the input it was given.
+        out = hidden_states if self.inplace else torch.empty_like(hidden_states)
+        torch.ops.zoo.fused_moe(out, hidden_states, self.w13_weight, self.w2_weight, router_logits,
+                                self.top_k, self.renormalize, self.intermediate_size)
+        return out
+
+
+class SparseMoeBlock(nn.Module):
+    """Router, fused experts and (Qwen2-MoE) a gated shared expert."""
+
+    def __init__(self, arch, bugs):
+        super().__init__()
+        self.gate = Linear(arch.hidden_size, arch.num_experts)
+        self.experts = FusedMoE(arch, bugs)
+        self.shared = bool(arch.shared_intermediate_size)
+        if self.shared:
+            self.shared_expert = MLP(arch, frozenset(), arch.shared_intermediate_size)
+            self.shared_expert_gate = Linear(arch.hidden_size, 1)
+        self.bugs = bugs
+
+    def forward(self, hidden_states):
+        router_logits = self.gate(hidden_states)
+        routed = self.experts(hidden_states, router_logits)
+        if not self.shared:
+            return routed
+        shared = self.shared_expert(hidden_states)
+        shared = torch.sigmoid(self.shared_expert_gate(hidden_states)) * shared
+        return routed + shared
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, arch, layer, bugs):
         super().__init__()
@@ -203,7 +266,7 @@ class DecoderLayer(nn.Module):
         if self.gemma:
             self.pre_feedforward_layernorm = RMSNorm(a.hidden_size, a.eps, a.norm_offset)
             self.post_feedforward_layernorm = RMSNorm(a.hidden_size, a.eps, a.norm_offset)
-        self.mlp = MLP(a, bugs)
+        self.mlp = SparseMoeBlock(a, bugs) if layer in a.moe_layers else MLP(a, bugs)
 
     def forward(self, hidden_states, residual, positions, meta):
         if residual is None:
