@@ -29,6 +29,12 @@ BUILD = os.environ.get("EKKA_BUILD_DIR", os.path.join(ROOT, "build"))
 BIN = os.path.join(BUILD, "bin")
 
 
+def die(message):
+    """One clear line (or the failing step's output) and exit code 2."""
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
 def tool(name):
     return os.path.join(BIN, name)
 
@@ -37,7 +43,7 @@ def sh(cmd, what, env=None):
     """Runs a step; its output is kept for the error message."""
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if out.returncode != 0:
-        sys.exit(f"zoo: {what} failed (exit code {out.returncode}):\n{out.stdout[-3000:]}")
+        die(f"zoo: {what} failed (exit code {out.returncode}):\n{out.stdout[-3000:]}")
     return out.stdout
 
 
@@ -71,7 +77,7 @@ def run_case(case, work, index, quiet=False):
     text = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     js = subprocess.run(cmd + ["--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if js.returncode not in (0, 1):
-        sys.exit(f"zoo: ekka-diagnose failed (exit code {js.returncode}):\n{js.stderr}")
+        die(f"zoo: ekka-diagnose failed (exit code {js.returncode}):\n{js.stderr}")
     report = json.loads(js.stdout)
     report["_text"] = text.stdout
     report["_exit"] = js.returncode
@@ -106,7 +112,7 @@ def cmd_list(args):
 def cmd_run(args):
     case = BY_ID.get(args.case)
     if not case:
-        sys.exit(f"zoo: no case '{args.case}' (zoo list shows them)")
+        die(f"zoo: no case '{args.case}' (zoo list shows them)")
     work = args.work or os.path.join(tempfile.gettempdir(), f"ekka-zoo-{case.id}")
     print(f"zoo: {case.id} ({case.source}): {case.model}, bug: {', '.join(case.bugs) or 'none'}",
           file=sys.stderr)
