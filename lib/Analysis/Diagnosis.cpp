@@ -747,7 +747,11 @@ private:
     std::vector<size_t> Candidates, Weak;
     for (size_t I = 0; I < D.Curve.size(); ++I) {
       const ComponentRatio &C = D.Curve[I];
-      if (C.Mapped && elevated(C.Ratio) && !elevated(C.InputRatio))
+      // Its output must depart beyond noise by more than its inputs already
+      // did: a call whose inputs sit just under the threshold and whose
+      // output just over it only passed a divergence on.
+      if (C.Mapped && elevated(C.Ratio) && !elevated(C.InputRatio) &&
+          *C.Ratio > O.Threshold * std::max(1.0, C.InputRatio.value_or(0)))
         (C.InputsCompared ? Candidates : Weak).push_back(I);
     }
     Candidates.insert(Candidates.end(), Weak.begin(), Weak.end());
@@ -791,6 +795,27 @@ private:
     for (size_t I : Innermost) {
       if (D.Suspects.size() == 3)
         break;
+      // An input that could not be compared came from a component that
+      // computed it at a lower precision than the reference does (a router
+      // run in bf16 where the reference keeps it in fp32): its values may
+      // sit within noise, but what it decides downstream (the experts
+      // chosen) does not. It comes first.
+      if (!D.Curve[I].InputsCompared)
+        if (auto P = lowerPrecisionProducer(D, D.Curve[I]);
+            P && llvm::none_of(D.Suspects, [&](const Suspect &X) {
+              return X.Component.CallId == D.Curve[P->first].CallId;
+            })) {
+          Suspect Producer;
+          Producer.Component = D.Curve[P->first];
+          Producer.Reason = P->second;
+          for (size_t J = P->first >= 3 ? P->first - 3 : 0; J < P->first; ++J)
+            Producer.Before.push_back(D.Curve[J]);
+          for (size_t J = P->first + 1; J < D.Curve.size() && J <= P->first + 3; ++J)
+            Producer.After.push_back(D.Curve[J]);
+          D.Suspects.push_back(std::move(Producer));
+          if (D.Suspects.size() == 3)
+            break;
+        }
       Suspect S;
       S.Component = D.Curve[I];
       raw_string_ostream(S.Reason)
@@ -829,6 +854,41 @@ private:
         }
       D.Suspects.push_back(std::move(S));
     }
+  }
+
+  /// For a candidate with inputs that could not be compared: a mapped
+  /// component that produced one of them with a lower precision than the
+  /// reference's counterpart produced its output. Its index in the curve and
+  /// the reason.
+  std::optional<std::pair<size_t, std::string>> lowerPrecisionProducer(const Diagnosis &D,
+                                                                       const ComponentRatio &C) {
+    auto Inputs = T.ByCall.find(C.CallId);
+    if (Inputs == T.ByCall.end() || !Inputs->second.count("input"))
+      return std::nullopt;
+    for (const auto &[Index, X] : Inputs->second.at("input")) {
+      if (!X->SourceId)
+        continue;
+      const TensorRecord *Source = T.TensorById.lookup(*X->SourceId);
+      if (!Source || Source->Owner != TensorOwner::ModuleCall)
+        continue;
+      auto RIt = R.ByKey.find(T.KeyOf.lookup(Source->OwnerId));
+      if (RIt == R.ByKey.end())
+        continue;
+      const TensorRecord *Ref = R.tensor(RIt->second->Id, "output", Source->Index);
+      if (!Ref || unitRoundoff(Source->Type) == 0 || unitRoundoff(Ref->Type) == 0 ||
+          unitRoundoff(Source->Type) <= unitRoundoff(Ref->Type))
+        continue;
+      for (size_t I = 0; I < D.Curve.size(); ++I)
+        if (D.Curve[I].CallId == Source->OwnerId && D.Curve[I].Mapped)
+          return std::make_pair(
+              I, ("its output is " + dtypeName(Source->Type) + " where the reference's is " +
+                  dtypeName(Ref->Type) + ": computed at a lower precision, it feeds " +
+                  (C.Path.empty() ? std::string("(root)") : C.Path) +
+                  ", whose output departs (R = " + formatv("{0}", format("%.3g", *C.Ratio)).str() +
+                  ") though its other inputs do not")
+                     .str());
+    }
+    return std::nullopt;
   }
 
   /// The innermost mapped call that contains target call \p Call (itself

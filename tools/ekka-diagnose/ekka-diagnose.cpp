@@ -164,6 +164,8 @@ void printText(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx)
      << (First.Op && !First.Op->ReadBy.empty() && First.Component.Ratio &&
                  *First.Component.Ratio <= D.Threshold
              ? " (its output), R = " + ratioText(First.Op->Ratio) + " what it wrote in place"
+         : First.Component.Ratio && *First.Component.Ratio <= D.Threshold
+             ? std::string(" (within noise itself: see the first suspect's reason)")
              : std::string())
      << "\n";
   OS << "  noise model: " << D.NoiseModel << "\n";

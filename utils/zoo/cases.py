@@ -39,6 +39,15 @@ def qwen3_moe_config():
         norm_topk_prob=True, max_position_embeddings=256)
 
 
+def ernie45_moe_config():
+    return transformers.Ernie4_5_MoeConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        moe_num_experts=8, moe_k=2, moe_num_shared_experts=0, moe_layer_start_index=1,
+        moe_layer_end_index=2, moe_layer_interval=1, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=False)
+
+
 # A prompt of 34 tokens: past the sliding window (8), not a multiple of the
 # KV cache's page size (4).
 PROMPT = [2] + [(7 * i + 3) % 250 + 3 for i in range(33)]
@@ -111,6 +120,10 @@ CASES = [
     Case("moe-inplace-shared", "SGLang-10344", "Qwen2MoeForCausalLM", qwen2_moe_config,
          ["moe-inplace-shared"], ["model.layers.0.mlp.experts", "model.layers.0.mlp.shared_expert"],
          symptom="routed experts overwrite the hidden states the shared expert then reads"),
+    Case("clean-ernie45-moe", "clean pair", "Ernie4_5_MoeForCausalLM", ernie45_moe_config, [], []),
+    Case("router-dtype", "vLLM-25833", "Ernie4_5_MoeForCausalLM", ernie45_moe_config,
+         ["router-dtype"], ["model.layers.1.mlp.gate"],
+         symptom="router and its correction bias in bf16: near-ties flip the chosen experts"),
     Case("clean-embedding", "clean pair", "MeanPoolingEmbedder", llama_config, [], [],
          prompt=PROMPTS, task="embed"),
     Case("pool-cumsum-bf16", "vLLM-15393", "MeanPoolingEmbedder", llama_config,

@@ -26,7 +26,15 @@ def reference_model(case, dtype):
     torch.manual_seed(SEED)
     model = case.hf_model_class()(case.config()).eval()
     model.load_state_dict(load_file(os.path.join(DIR, "checkpoint.safetensors")), strict=False)
-    return model.to(dtype)
+    model = model.to(dtype)
+    # What the model keeps in float32 in any dtype (Ernie-4.5's router), as
+    # from_pretrained does.
+    keep = list(getattr(model, "_keep_in_fp32_modules_strict", None) or []) + \
+        list(getattr(model, "_keep_in_fp32_modules", None) or [])
+    for name, param in model.named_parameters():
+        if any(k in name for k in keep):
+            param.data = param.data.float()
+    return model
 
 
 def main():

@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <tuple>
 #include <set>
 #include <sstream>
 #include <string>
@@ -69,10 +71,11 @@ void fusedAddRmsNorm(at::Tensor Input, at::Tensor Residual, const at::Tensor &We
   rmsNorm(Input, Residual, Weight, Eps, Offset);
 }
 
-// Rotary embedding applied in place to query [T, Hq*D] and key [T, Hk*D]
-// (neox style: the two halves of each head rotate together).
+// Rotary embedding applied in place to query [T, Hq*D] and key [T, Hk*D]:
+// neox style (the two halves of each head rotate together) or interleaved
+// (GPT-J style: element pairs 2i, 2i+1).
 void rotaryEmbedding(const at::Tensor &Positions, at::Tensor Query, at::Tensor Key, int64_t HeadDim,
-                     double Theta) {
+                     double Theta, bool Neox) {
   auto Apply = [&](at::Tensor T) {
     int64_t Tokens = T.size(0);
     at::Tensor F = T.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
@@ -88,9 +91,10 @@ void rotaryEmbedding(const at::Tensor &Positions, at::Tensor Query, at::Tensor K
         float C = float(std::cos(Position * InvFreq)), S = float(std::sin(Position * InvFreq));
         for (int64_t H = 0; H < Heads; ++H) {
           float *Row = P + (Tk * Heads + H) * HeadDim;
-          float A = Row[I], B = Row[I + Half];
-          Row[I] = A * C - B * S;
-          Row[I + Half] = B * C + A * S;
+          int64_t First = Neox ? I : 2 * I, Second = Neox ? I + Half : 2 * I + 1;
+          float A = Row[First], B = Row[Second];
+          Row[First] = A * C - B * S;
+          Row[Second] = B * C + A * S;
         }
       }
     }
@@ -179,13 +183,26 @@ void pagedAttention(at::Tensor Out, const at::Tensor &Query, const at::Tensor &K
 // `split` rows (the expert's intermediate size). Routing: softmax of
 // router_logits in float, top-k, optionally renormalized. out may be
 // hidden_states itself (vLLM's in-place variant).
+// With a correction bias (Ernie-4.5), the experts are chosen by
+// probability + bias, weighted by probability, and renormalized with the sum
+// clamped at norm_min. The probabilities are computed in the router logits'
+// dtype's precision as given (the router's own business).
 void fusedMoe(at::Tensor Out, const at::Tensor &Hidden, const at::Tensor &W13, const at::Tensor &W2,
-              const at::Tensor &RouterLogits, int64_t TopK, bool Renormalize, int64_t Split) {
+              const at::Tensor &RouterLogits, int64_t TopK, bool Renormalize, int64_t Split,
+              const std::optional<at::Tensor> &CorrectionBias, double NormMin) {
   at::Tensor X = Hidden.to(at::kFloat).contiguous();
   at::Tensor Probs = at::softmax(RouterLogits.to(at::kFloat), -1);
-  auto [Weights, Experts] = at::topk(Probs, TopK, -1);
-  if (Renormalize)
-    Weights = Weights / Weights.sum(-1, true);
+  at::Tensor Weights, Experts;
+  if (CorrectionBias) {
+    at::Tensor Biased = Probs.to(RouterLogits.scalar_type()) + CorrectionBias->to(RouterLogits.scalar_type()).view({-1});
+    Experts = std::get<1>(at::topk(Biased.to(at::kFloat), TopK, -1));
+    Weights = at::gather(Probs, -1, Experts);
+    Weights = Weights / at::clamp_min(Weights.sum(-1, true), NormMin);
+  } else {
+    std::tie(Weights, Experts) = at::topk(Probs, TopK, -1);
+    if (Renormalize)
+      Weights = Weights / Weights.sum(-1, true);
+  }
   at::Tensor Y = at::zeros_like(X);
   int64_t Inter = W2.size(2);
   for (int64_t T = 0; T < X.size(0); ++T)
@@ -207,7 +224,7 @@ TORCH_LIBRARY(zoo, m) {
   m.def("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, "
         "float offset) -> ()");
   m.def("rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_dim, "
-        "float theta) -> ()");
+        "float theta, bool neox) -> ()");
   m.def("reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
         "Tensor(b!) value_cache, Tensor slot_mapping) -> ()");
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
@@ -216,7 +233,8 @@ TORCH_LIBRARY(zoo, m) {
 
 TORCH_LIBRARY_FRAGMENT(zoo, m) {
   m.def("fused_moe(Tensor(a!) out, Tensor hidden_states, Tensor w13, Tensor w2, "
-        "Tensor router_logits, int top_k, bool renormalize, int split) -> ()");
+        "Tensor router_logits, int top_k, bool renormalize, int split, "
+        "Tensor? correction_bias=None, float norm_min=0.0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(zoo, CPU, m) {

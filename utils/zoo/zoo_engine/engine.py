@@ -44,6 +44,9 @@ class Engine:
         with torch.device("meta"):
             model = (ForEmbedding if task == "embed" else ForCausalLM)(self.arch, self.bugs)
         self.model = model.to_empty(device="cpu").to(dtype).eval()
+        for module in self.model.modules():
+            if getattr(module, "keep_fp32", False):
+                module.float()  # as HF keeps the router in float32
         self.load_weights(checkpoint)
         a = self.arch
         self.block_size = block_size

@@ -13,7 +13,10 @@ class Arch:
     def __init__(self, hf_config):
         c = hf_config
         self.family = ("gemma3" if c.model_type.startswith("gemma3") else
-                       c.model_type if c.model_type in ("qwen2_moe", "qwen3_moe") else "llama")
+                       c.model_type if c.model_type in ("qwen2_moe", "qwen3_moe", "ernie4_5_moe")
+                       else "llama")
+        # Rotary: neox style (halves) or interleaved pairs (Ernie-4.5).
+        self.rope_neox = self.family != "ernie4_5_moe"
         self.vocab_size = c.vocab_size
         self.hidden_size = c.hidden_size
         self.intermediate_size = c.intermediate_size
@@ -56,6 +59,15 @@ class Arch:
         dense = set(getattr(c, "mlp_only_layers", []) or [])
         self.moe_layers = {i for i in range(self.num_layers)
                            if self.num_experts and i not in dense and (i + 1) % step == 0}
+        # Ernie-4.5: an fp32 router whose choice adds a correction bias.
+        self.router_correction = self.family == "ernie4_5_moe"
+        self.norm_min = getattr(c, "moe_norm_min", 0.0) if self.router_correction else 0.0
+        if self.router_correction:
+            self.norm_topk_prob = True
+            self.shared_intermediate_size = 0
+            self.moe_layers = {i for i in range(self.num_layers)
+                               if (i + 1) % c.moe_layer_interval == 0
+                               and c.moe_layer_start_index <= i <= c.moe_layer_end_index}
 
 
 class RMSNorm(nn.Module):
@@ -105,12 +117,12 @@ class Linear(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Applies rotary position embedding to q and k in place."""
 
-    def __init__(self, head_dim, theta):
+    def __init__(self, head_dim, theta, neox=True):
         super().__init__()
-        self.head_dim, self.theta = head_dim, theta
+        self.head_dim, self.theta, self.neox = head_dim, theta, neox
 
     def forward(self, positions, q, k):
-        torch.ops.zoo.rotary_embedding(positions, q, k, self.head_dim, self.theta)
+        torch.ops.zoo.rotary_embedding(positions, q, k, self.head_dim, self.theta, self.neox)
         return q, k
 
 
@@ -158,7 +170,7 @@ class Attention(nn.Module):
         if "swa-size-unset" in bugs:
             window = 0  # the backend is created without the window
         theta = a.rope_theta.get(layer_type, next(iter(a.rope_theta.values())))
-        self.rotary_emb = RotaryEmbedding(a.head_dim, theta)
+        self.rotary_emb = RotaryEmbedding(a.head_dim, theta, a.rope_neox)
         self.attn = PagedAttention(a.num_heads, a.num_kv_heads, a.head_dim, a.scale, window)
         self.o_proj = Linear(self.q_size, a.hidden_size)
         self.qk_norm = a.qk_norm
@@ -224,12 +236,38 @@ class FusedMoE(nn.Module):
             self.intermediate_size = i // 2
         self.inplace = "moe-inplace-shared" in bugs
 
-    def forward(self, hidden_states, router_logits):
+    def forward(self, hidden_states, router_logits, correction_bias=None, norm_min=0.0):
         # The planted bug writes the result over the input it was given.
         out = hidden_states if self.inplace else torch.empty_like(hidden_states)
         torch.ops.zoo.fused_moe(out, hidden_states, self.w13_weight, self.w2_weight, router_logits,
-                                self.top_k, self.renormalize, self.intermediate_size)
+                                self.top_k, self.renormalize, self.intermediate_size,
+                                correction_bias, norm_min)
         return out
+
+
+class MoeStatics(nn.Module):
+    """Holds Ernie-4.5's expert-choice correction bias (a parameter only)."""
+
+    def __init__(self, num_experts):
+        super().__init__()
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(1, num_experts))
+
+
+class Router(nn.Module):
+    """Ernie-4.5's router: logits in float32 from float32 weights (the
+    weights stay float32 in a 16-bit model), and the correction bias."""
+
+    def __init__(self, arch, bugs):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(arch.num_experts, arch.hidden_size))
+        self.moe_statics = MoeStatics(arch.num_experts)
+        # The planted bug runs the router and its bias in the model's dtype.
+        self.keep_fp32 = "router-dtype" not in bugs
+
+    def forward(self, hidden_states):
+        if self.keep_fp32:
+            return torch.nn.functional.linear(hidden_states.float(), self.weight.float())
+        return torch.nn.functional.linear(hidden_states, self.weight.to(hidden_states.dtype))
 
 
 class SparseMoeBlock(nn.Module):
@@ -237,7 +275,10 @@ class SparseMoeBlock(nn.Module):
 
     def __init__(self, arch, bugs):
         super().__init__()
-        self.gate = Linear(arch.hidden_size, arch.num_experts)
+        self.correction = arch.router_correction
+        self.norm_min = arch.norm_min
+        self.gate = Router(arch, bugs) if self.correction else Linear(arch.hidden_size,
+                                                                      arch.num_experts)
         self.experts = FusedMoE(arch, bugs)
         self.shared = bool(arch.shared_intermediate_size)
         if self.shared:
@@ -247,7 +288,11 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, hidden_states):
         router_logits = self.gate(hidden_states)
-        routed = self.experts(hidden_states, router_logits)
+        if self.correction:
+            bias = self.gate.moe_statics.e_score_correction_bias.to(router_logits.dtype)
+            routed = self.experts(hidden_states, router_logits, bias, self.norm_min)
+        else:
+            routed = self.experts(hidden_states, router_logits)
         if not self.shared:
             return routed
         shared = self.shared_expert(hidden_states)
