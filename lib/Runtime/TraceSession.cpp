@@ -377,7 +377,27 @@ void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
 /// A forked child has the parent's session but not its writer thread: it
 /// must not touch either (the parent still owns the files). It forgets the
 /// session; if it runs modules, the shim starts a trace of its own.
+/// Before fork(): the writer thread must hold no SQLite or allocator lock
+/// the child could need. SessionMutex is held across the fork too, so that
+/// the session cannot start or stop meanwhile.
+Session *ForkingSession = nullptr;
+void pauseWriterForFork() {
+  SessionMutex.lock();
+  ForkingSession = Current;
+  if (ForkingSession)
+    ForkingSession->Writer->pauseForFork();
+}
+void resumeWriterInParent() {
+  if (ForkingSession)
+    ForkingSession->Writer->resumeAfterFork();
+  ForkingSession = nullptr;
+  SessionMutex.unlock();
+}
+
 void forgetSessionInChild() {
+  if (ForkingSession)
+    ForkingSession->Writer->resumeAfterFork(); // unlocked: the child never writes with it
+  ForkingSession = nullptr;
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
   CallStack.clear();
   Producers.clear();
@@ -509,7 +529,7 @@ void snapshotKernelBuffers() {
 std::string startTrace(const std::string &Dir, const std::string &OptionsText,
                        const std::string &CommandLine) {
   static bool AtForkInstalled = [] {
-    pthread_atfork(nullptr, nullptr, forgetSessionInChild);
+    pthread_atfork(pauseWriterForFork, resumeWriterInParent, forgetSessionInChild);
     return true;
   }();
   (void)AtForkInstalled;

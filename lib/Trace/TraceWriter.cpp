@@ -332,6 +332,11 @@ void TraceWriter::run() {
   }
 }
 
+// The writer thread holds CountsMutex across each batch's SQLite and file
+// work.
+void TraceWriter::pauseForFork() { CountsMutex.lock(); }
+void TraceWriter::resumeAfterFork() { CountsMutex.unlock(); }
+
 Error TraceWriter::close() {
   if (!Worker.joinable())
     return Error::success();

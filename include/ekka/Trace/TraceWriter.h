@@ -78,6 +78,12 @@ public:
   /// what was written before it is kept.
   llvm::Error close();
   TraceCounts counts() const;
+  /// Around fork(): waits until the writer thread is between batches and
+  /// keeps it there, so that no SQLite or allocator lock is held by it when
+  /// the process forks (a child that opens its own trace would wait on it
+  /// forever); then lets it go on, in the parent and in the child.
+  void pauseForFork();
+  void resumeAfterFork();
   llvm::StringRef directory() const { return Dir; }
 
 private:
