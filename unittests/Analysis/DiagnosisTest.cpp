@@ -33,18 +33,7 @@ public:
   /// the outputs of \p From (paths) or, for a root, by integer token ids.
   void call(const std::string &Path, const std::string &Parent, std::vector<float> Out,
             std::vector<std::string> From = {}, std::vector<int64_t> Tokens = {}) {
-    ModuleCallRecord C;
-    C.Id = Writer->nextModuleCallId();
-    if (!Parent.empty() || Path != "")
-      if (Calls.count(Parent) && Path != Parent)
-        C.ParentId = Calls[Parent];
-    C.Seq = Seq++;
-    C.Step = 1;
-    C.Path = Path;
-    C.ClassName = "C_" + Path;
-    C.ClassQualname = "m.C_" + Path;
-    Writer->addModuleCall(C);
-    Calls[Path] = C.Id;
+    ModuleCallRecord C = addCall(Path, Parent);
     int64_t Index = 0;
     if (!Tokens.empty()) {
       TensorRecord T = record(C.Id, "input", Index++, DType::I64, int64_t(Tokens.size()));
@@ -65,17 +54,7 @@ public:
   void callOutputs(const std::string &Path, const std::string &Parent,
                    std::vector<std::vector<float>> Outs, std::vector<int64_t> Shape,
                    std::vector<std::string> From = {}) {
-    ModuleCallRecord C;
-    C.Id = Writer->nextModuleCallId();
-    if (Calls.count(Parent) && Path != Parent)
-      C.ParentId = Calls[Parent];
-    C.Seq = Seq++;
-    C.Step = 1;
-    C.Path = Path;
-    C.ClassName = "C_" + Path;
-    C.ClassQualname = "m.C_" + Path;
-    Writer->addModuleCall(C);
-    Calls[Path] = C.Id;
+    ModuleCallRecord C = addCall(Path, Parent);
     int64_t Index = 0;
     for (const std::string &F : From) {
       TensorRecord T = record(C.Id, "input", Index++, DType::F32, 0);
@@ -95,6 +74,21 @@ public:
   void close() { EXPECT_FALSE(bool(Writer->close())); }
 
 private:
+  ModuleCallRecord addCall(const std::string &Path, const std::string &Parent) {
+    ModuleCallRecord C;
+    C.Id = Writer->nextModuleCallId();
+    if (Calls.count(Parent) && Path != Parent)
+      C.ParentId = Calls[Parent];
+    C.Seq = Seq++;
+    C.Step = 1;
+    C.Path = Path;
+    C.ClassName = "C_" + Path;
+    C.ClassQualname = "m.C_" + Path;
+    Writer->addModuleCall(C);
+    Calls[Path] = C.Id;
+    return C;
+  }
+
   TensorRecord record(int64_t Call, const char *Role, int64_t Index, DType Type, int64_t N) {
     TensorRecord T;
     T.Id = Writer->nextTensorId();
