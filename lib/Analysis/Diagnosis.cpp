@@ -479,12 +479,11 @@ private:
         Added[I] += (*Second)[I];
       Sum = ratioOf(std::move(Added), A->Type, Ref, Fp);
     }
+    // Only the sum is a reading of its own; when the first tensor alone is
+    // closer, the tensors are compared one by one as usual (so that a second
+    // input that matches nothing still counts as not compared).
     Summed = Sum && (!Alone || *Sum < *Alone);
-    if (!Sum)
-      return Alone;
-    if (!Alone)
-      return Sum;
-    return std::min(*Alone, *Sum);
+    return Summed ? Sum : std::nullopt;
   }
 
   /// The target's values for tensor \p A of call \p Call. When the target

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 using namespace ekka;
@@ -68,6 +69,50 @@ public:
         Outputs[Path] = O.Id;
       Writer->addTensor(O, std::string(reinterpret_cast<char *>(Outs[I].data()),
                                        Outs[I].size() * 4));
+    }
+  }
+
+  /// A tensor of a call: floats stored as \p Type (F32, or BF16 by
+  /// truncation), or the output of call \p From when it is set.
+  struct Spec {
+    std::vector<float> Values;
+    std::vector<int64_t> Shape;
+    DType Type = DType::F32;
+    std::string From;
+  };
+
+  /// Adds call Path with the given inputs and outputs.
+  void callSpecs(const std::string &Path, const std::string &Parent, std::vector<Spec> Inputs,
+                 std::vector<Spec> Outs) {
+    ModuleCallRecord C = addCall(Path, Parent);
+    auto Add = [&](const Spec &X, const char *Role, int64_t Index) {
+      TensorRecord T = record(C.Id, Role, Index, X.Type, 0);
+      T.Shape = X.Shape;
+      if (!X.From.empty()) {
+        T.SourceId = Outputs.at(X.From);
+        Writer->addTensor(T);
+        return T.Id;
+      }
+      std::string Bytes;
+      for (float V : X.Values) {
+        uint32_t U;
+        std::memcpy(&U, &V, 4);
+        if (X.Type == DType::BF16) {
+          uint16_t H = uint16_t(U >> 16);
+          Bytes.append(reinterpret_cast<char *>(&H), 2);
+        } else {
+          Bytes.append(reinterpret_cast<char *>(&U), 4);
+        }
+      }
+      Writer->addTensor(T, Bytes);
+      return T.Id;
+    };
+    for (size_t I = 0; I < Inputs.size(); ++I)
+      Add(Inputs[I], "input", int64_t(I));
+    for (size_t I = 0; I < Outs.size(); ++I) {
+      int64_t Id = Add(Outs[I], "output", int64_t(I));
+      if (I == 0)
+        Outputs[Path] = Id;
     }
   }
 
@@ -315,6 +360,63 @@ TEST_F(DiagnosisTest, RecipesMapFusedProjections) {
   Diagnosis Bad = run("bad", "ref");
   ASSERT_EQ(Bad.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(Bad.Suspects[0].Component.Path, "model.layers.0.mlp.gate_up_proj");
+}
+
+// A router computed in bf16 where the reference keeps it in fp32: its
+// logits are within noise, the experts it drives are not, and the experts'
+// second input (logits here, routing weights in the reference) cannot be
+// compared. The lower-precision producer of that input comes first.
+TEST_F(DiagnosisTest, ALowerPrecisionProducerOfAnUncomparedInputComesFirst) {
+  using Spec = TraceBuilder::Spec;
+  auto Layout = [&](StringRef Name, DType GateType, std::vector<float> Experts, bool Target) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("h", "", {}, {{{1, 2}, {2}}});
+    T.callSpecs("mlp.gate", "", {{{}, {2}, DType::F32, "h"}}, {{{0.5f, 0.25f}, {2}, GateType}});
+    Spec Second = Target ? Spec{{}, {2}, GateType, "mlp.gate"} : Spec{{0.7f, 0.3f, 0.1f}, {3}};
+    T.callSpecs("mlp.experts", "", {{{}, {2}, DType::F32, "h"}, Second}, {{Experts, {2}}});
+    T.close();
+  };
+  Layout("ref", DType::F32, {3, 4}, false);
+  Layout("tgt", DType::BF16, {3, 9}, true);
+  Diagnosis D = run("tgt", "ref");
+  ASSERT_EQ(D.Result, Diagnosis::Verdict::Divergence);
+  ASSERT_GE(D.Suspects.size(), 2u);
+  EXPECT_EQ(D.Suspects[0].Component.Path, "mlp.gate");
+  EXPECT_NE(D.Suspects[0].Reason.find("BF16 where the reference's is F32"), std::string::npos)
+      << D.Suspects[0].Reason;
+  EXPECT_EQ(D.Suspects[1].Component.Path, "mlp.experts");
+  // The same router at the reference's precision is not blamed.
+  Layout("same", DType::F32, {3, 9}, true);
+  Diagnosis Same = run("same", "ref");
+  ASSERT_FALSE(Same.Suspects.empty());
+  EXPECT_EQ(Same.Suspects[0].Component.Path, "mlp.experts");
+}
+
+// A candidate whose output departs only a little more than its inputs
+// already did passed a divergence on; it is not a local divergence.
+TEST_F(DiagnosisTest, PassingADivergenceOnIsNoLocalDivergence) {
+  // R measured against the FP32 reference: a's output (b's input) is at
+  // R = 1.4, b's output at R = 1.6 (over the threshold, not over 1.5 × 1.4).
+  auto Layout = [&](StringRef Name, float A, float B) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.call("a", "", {A, 10});
+    T.call("b", "", {B, 10}, {"a"});
+    T.call("c", "", {A == 10 ? 10.f : (A == 11 ? 11.f : 30.f), 10});
+    T.close();
+  };
+  Layout("fp32", 10, 10);
+  Layout("ref", 11, 11);
+  Layout("tgt", 11.4f, 11.6f);
+  Diagnosis D = run("tgt", "ref", "fp32");
+  for (const Suspect &S : D.Suspects)
+    EXPECT_NE(S.Component.Path, "b") << S.Reason;
+  for (const ComponentRatio &C : D.Curve)
+    if (C.Path == "b") {
+      EXPECT_GT(*C.Ratio, 1.5);
+      EXPECT_LT(*C.InputRatio, 1.5);
+    }
 }
 
 } // namespace
