@@ -451,9 +451,10 @@ private:
   /// the norm's output, or the layer's output = output + residual. When the
   /// target call has two tensors of one shape first and the reference one
   /// (its next, if any, has another shape), both readings are tried —
-  /// the first alone, and the sum — and the closer one is taken (validated
-  /// on the values, as the paper's tensor-sum matching; the set stays these
-  /// two, so no arithmetic is invented to explain a difference away).
+  /// the first alone, and the sum — and the sum's ratio is returned when it
+  /// is the closer (validated on the values, as the paper's tensor-sum
+  /// matching; the set stays these two, so no arithmetic is invented to
+  /// explain a difference away); none otherwise.
   /// Inputs likewise: the layer after a fused one, and the fused norm
   /// itself, take (hidden, residual) where the reference takes their sum.
   std::optional<double> residualPairRatio(const ModuleCallRecord &TC, StringRef Role,
