@@ -49,6 +49,10 @@ CaptureOptions CaptureOptions::parse(const std::string &Text, std::string &Error
         O.CuptiLibrary = Value;
       else if (Key == "gpu")
         O.GpuStatus = Value;
+      else if (Key == "gpu_kernels" && Value == "off") {
+        O.CuptiLibrary.clear(); // the shim's libcupti, which comes first
+        O.GpuStatus = "disabled by --no-gpu-kernels";
+      }
       else
         Error = "unknown trace option '" + Key + "'";
     } catch (const std::exception &E) {

@@ -65,6 +65,11 @@ cl::opt<int> Steps("steps", cl::init(-1), cl::value_desc("N"),
 cl::opt<unsigned> BudgetMiB("budget", cl::init(0), cl::value_desc("MiB"),
                             cl::desc("Stop capturing after this many MiB (default 0: no limit)"),
                             cl::cat(TraceCategory));
+cl::opt<bool> NoGpuKernels(
+    "no-gpu-kernels",
+    cl::desc("Do not trace GPU kernels: leave CUPTI to a profiler the program runs itself "
+             "(torch.profiler gets no GPU events while ekka-trace holds CUPTI)"),
+    cl::cat(TraceCategory));
 cl::opt<std::string> Framework("framework", cl::value_desc("LABEL"),
                                cl::desc("A label stored in the trace: hf, vllm, sglang, ..."),
                                cl::cat(TraceCategory));
@@ -111,6 +116,8 @@ std::string captureOptions() {
     Add("budget", std::to_string(uint64_t(BudgetMiB) << 20));
   if (!Framework.empty())
     Add("framework", Framework);
+  if (NoGpuKernels)
+    Add("gpu_kernels", "off");
   return O;
 }
 
