@@ -314,36 +314,40 @@ private:
     const ModuleCallRecord *TR = Root(T), *RR = Root(R);
     if (!TR || !RR)
       return false;
-    for (int64_t I = 0;; ++I) {
-      const TensorRecord *A = T.tensor(TR->Id, "input", I), *B = R.tensor(RR->Id, "input", I);
-      if (!A || !B)
-        return false;
-      // Only integer inputs (token ids, positions) must be equal; floating
-      // inputs (embeddings fed directly) are compared as components are.
-      if (unitRoundoff(A->Type) != 0 || unitRoundoff(B->Type) != 0)
-        continue;
-      auto VA = targetValues(A, TR->Id, B->Shape), VB = R.values(B);
-      if (!VA || !VB)
-        continue;
-      auto Diff = firstDifference(*VA, *VB);
-      // The same ids, however laid out: [batch, seq] and the flattened
-      // tokens of a serving engine are the same inputs.
-      if (!Diff && (VA->size() == VB->size() || MergeSteps))
-        continue;
-      size_t P = Diff.value_or(0);
-      std::string Msg;
-      raw_string_ostream OS(Msg);
-      OS << "input " << I << " of the root (" << (TR->Path.empty() ? TR->ClassName : TR->Path)
-         << ") differs: shape " << shape(A->Shape) << " against " << shape(B->Shape)
-         << "; first difference at flat position " << P << ": target ";
-      auto Value = [](const std::vector<double> &V, size_t P) {
-        return P < V.size() ? formatv("{0}", format("%g", V[P])).str() : std::string("(none)");
-      };
-      OS << Value(*VA, P) << ", reference " << Value(*VB, P);
-      D.Result = Diagnosis::Verdict::InputsDiffer;
-      D.InputsDifference = Msg;
-      return true;
-    }
+    // The first integer input of each root: the token ids. Other integer
+    // inputs (positions, an attention mask) are passed differently by each
+    // program; floating inputs (embeddings fed directly) are compared as
+    // components are.
+    auto FirstInteger = [](Side &S, int64_t Call) -> const TensorRecord * {
+      for (int64_t I = 0; const TensorRecord *X = S.tensor(Call, "input", I); ++I)
+        if (unitRoundoff(X->Type) == 0)
+          return X;
+      return nullptr;
+    };
+    const TensorRecord *A = FirstInteger(T, TR->Id), *B = FirstInteger(R, RR->Id);
+    if (!A || !B)
+      return false;
+    auto VA = targetValues(A, TR->Id, B->Shape), VB = R.values(B);
+    if (!VA || !VB)
+      return false;
+    auto Diff = firstDifference(*VA, *VB);
+    // The same ids, however laid out: [batch, seq] and the flattened tokens
+    // of a serving engine are the same inputs.
+    if (!Diff && (VA->size() == VB->size() || MergeSteps))
+      return false;
+    size_t P = Diff.value_or(0);
+    std::string Msg;
+    raw_string_ostream OS(Msg);
+    OS << "input " << A->Index << " of the root (" << (TR->Path.empty() ? TR->ClassName : TR->Path)
+       << ") differs: shape " << shape(A->Shape) << " against " << shape(B->Shape)
+       << "; first difference at flat position " << P << ": target ";
+    auto Value = [](const std::vector<double> &V, size_t P) {
+      return P < V.size() ? formatv("{0}", format("%g", V[P])).str() : std::string("(none)");
+    };
+    OS << Value(*VA, P) << ", reference " << Value(*VB, P);
+    D.Result = Diagnosis::Verdict::InputsDiffer;
+    D.InputsDifference = Msg;
+    return true;
   }
 
   static std::string shape(const std::vector<int64_t> &S) {
@@ -404,18 +408,55 @@ private:
     if (Role == "input" && TT.empty() && RT.empty() && T.ByCall.count(TC.Id))
       return 0.0;
     bool Summed = false;
+    int64_t First = 0;
     if (auto Pair = residualPairRatio(TC, Role, TT, RT, FT, Summed)) {
       if (ResidualPair)
         *ResidualPair = Summed;
-      return Pair;
+      Worst = Pair;
+      First = 2; // the pair stood for the reference's first tensor
     }
     for (const auto &[Index, X] : TT) {
-      if (auto Ratio = ratio(X, at(RT, Index), at(FT, Index), TC.Id))
+      if (Index < First)
+        continue;
+      int64_t RefIndex = Index - (First ? 1 : 0);
+      if (auto Ratio = ratio(X, at(RT, RefIndex), at(FT, RefIndex), TC.Id))
         Worst = std::max(Worst.value_or(0), *Ratio);
-      else if (AllCompared)
+      else if (AllCompared && Role == "input")
         *AllCompared = false;
     }
     return Worst;
+  }
+
+  /// The floating inputs of \p TC that could not be compared with the
+  /// reference's (paired in order, as callRatio pairs them).
+  std::vector<const TensorRecord *> uncomparedInputs(const ComponentRatio &C) {
+    std::vector<const TensorRecord *> Out;
+    auto RIt = R.ByKey.find(T.KeyOf.lookup(C.CallId));
+    if (RIt == R.ByKey.end())
+      return Out;
+    RoleTensors TT = roleTensors(T, C.CallId, "input"), RT = roleTensors(R, RIt->second->Id, "input");
+    for (const auto &[Index, X] : TT)
+      if (!ratio(X, at(RT, Index), nullptr, C.CallId))
+        Out.push_back(X);
+    return Out;
+  }
+
+  /// The first floating input of \p C that departs from the reference's (or
+  /// its first floating input, when none could be told apart).
+  const TensorRecord *departingInput(const ComponentRatio &C) {
+    auto RIt = R.ByKey.find(T.KeyOf.lookup(C.CallId));
+    RoleTensors TT = roleTensors(T, C.CallId, "input");
+    if (RIt != R.ByKey.end()) {
+      RoleTensors RT = roleTensors(R, RIt->second->Id, "input");
+      RoleTensors FT;
+      if (F)
+        if (auto FIt = F->ByKey.find(T.KeyOf.lookup(C.CallId)); FIt != F->ByKey.end())
+          FT = roleTensors(*F, FIt->second->Id, "input");
+      for (const auto &[Index, X] : TT)
+        if (elevated(ratio(X, at(RT, Index), at(FT, Index), C.CallId)))
+          return X;
+    }
+    return TT.empty() ? nullptr : TT.begin()->second;
   }
 
   using RoleTensors = std::map<int64_t, const TensorRecord *>;
@@ -759,8 +800,11 @@ private:
       // Everything elevated has elevated inputs: the divergence enters from
       // a component without a reference counterpart. Blame its first
       // consumer, and say why.
+      // A call whose inputs were compared and are within noise only passed a
+      // small divergence on (the pass-through rule): no verdict from it.
       for (size_t I = 0; I < D.Curve.size(); ++I)
-        if (D.Curve[I].Mapped && elevated(D.Curve[I].Ratio)) {
+        if (D.Curve[I].Mapped && elevated(D.Curve[I].Ratio) &&
+            (elevated(D.Curve[I].InputRatio) || !D.Curve[I].InputsCompared)) {
           D.Result = Diagnosis::Verdict::Divergence;
           Suspect S;
           S.Component = D.Curve[I];
@@ -834,7 +878,7 @@ private:
       // in a mapped child of its own: that child is the root cause, by a
       // side effect its own output does not show (it wrote its input in
       // place). It comes first.
-      if (S.Op && S.Op->LastWriter && !S.Op->ReadBy.empty() &&
+      if (S.Op && S.Op->LastWriter && S.Op->WroteInPlace && !S.Op->ReadBy.empty() &&
           S.Op->CallId != S.Component.CallId)
         if (std::optional<size_t> W = mappedCallAround(D, S.Op->CallId, S.Component.CallId);
             W && llvm::none_of(D.Suspects, [&](const Suspect &X) {
@@ -852,7 +896,10 @@ private:
           if (D.Suspects.size() == 3)
             break;
         }
-      D.Suspects.push_back(std::move(S));
+      if (llvm::none_of(D.Suspects, [&](const Suspect &X) {
+            return X.Component.CallId == S.Component.CallId;
+          }))
+        D.Suspects.push_back(std::move(S));
     }
   }
 
@@ -862,10 +909,7 @@ private:
   /// the reason.
   std::optional<std::pair<size_t, std::string>> lowerPrecisionProducer(const Diagnosis &D,
                                                                        const ComponentRatio &C) {
-    auto Inputs = T.ByCall.find(C.CallId);
-    if (Inputs == T.ByCall.end() || !Inputs->second.count("input"))
-      return std::nullopt;
-    for (const auto &[Index, X] : Inputs->second.at("input")) {
+    for (const TensorRecord *X : uncomparedInputs(C)) {
       if (!X->SourceId)
         continue;
       const TensorRecord *Source = T.TensorById.lookup(*X->SourceId);
@@ -911,6 +955,19 @@ private:
           !allocatesOnly(Op.Name))
         Out.push_back(&Op);
     return Out;
+  }
+
+  /// Ops that only move or relabel values already computed (views, copies,
+  /// dtype and layout changes): not where a value was made.
+  static bool movesOnly(StringRef Name) {
+    return Name == "aten::view" || Name == "aten::reshape" || Name == "aten::_reshape_alias" ||
+           Name == "aten::as_strided" || Name == "aten::contiguous" || Name == "aten::clone" ||
+           Name == "aten::copy_" || Name == "aten::detach" || Name == "aten::t" ||
+           Name == "aten::transpose" || Name == "aten::permute" || Name == "aten::expand" ||
+           Name == "aten::slice" || Name == "aten::select" || Name == "aten::unsqueeze" ||
+           Name == "aten::squeeze" || Name == "aten::flatten" || Name == "aten::to" ||
+           Name == "aten::_to_copy" || Name == "aten::split" || Name == "aten::chunk" ||
+           Name == "aten::narrow" || Name == "aten::unbind" || Name == "aten::lift_fresh";
   }
 
   /// Ops whose output is storage still to be written (an `out=` buffer being
@@ -1015,12 +1072,7 @@ private:
       }
     if (!Child)
       return std::nullopt;
-    // The floating input that departs: the first of the child's.
-    const TensorRecord *Given = nullptr;
-    for (int64_t I = 0; !Given && T.tensor(Child->CallId, "input", I); ++I)
-      if (const TensorRecord *X = T.tensor(Child->CallId, "input", I); unitRoundoff(X->Type) != 0)
-        Given = X;
-    return writerOf(C, Given, Child->CallId, Child);
+    return writerOf(C, departingInput(*Child), Child->CallId, Child);
   }
 
   /// The last op inside suspect \p C, before call \p Before's first op (or
@@ -1038,14 +1090,27 @@ private:
     auto Wanted = Given ? T.values(Given) : std::nullopt;
     if (!Wanted)
       return std::nullopt;
+    // The window: the suspect's ops that ran before the child was entered
+    // (its own ops and its descendants' alike).
+    auto InChild = [&](int64_t Call) {
+      for (const ModuleCallRecord *M = T.CallById.lookup(Call); M;
+           M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
+        if (M->Id == Before)
+          return true;
+      return false;
+    };
     int64_t ChildFirstOp = std::numeric_limits<int64_t>::max();
     if (Child)
       for (const OpRecord &Op : T.Ops)
-        if (Op.ModuleCallId && *Op.ModuleCallId == Before)
+        if (Op.ModuleCallId && InChild(*Op.ModuleCallId))
           ChildFirstOp = std::min(ChildFirstOp, Op.Seq);
     const OpRecord *Writer = nullptr;
+    const TensorRecord *Written = nullptr;
     for (const OpRecord &Op : T.Ops) {
-      if (!Op.ModuleCallId || !Inside(*Op.ModuleCallId) || Op.Seq >= ChildFirstOp)
+      if (Writer)
+        break; // the first op that produced the value, not a later copy
+      if (!Op.ModuleCallId || !Inside(*Op.ModuleCallId) || Op.Seq >= ChildFirstOp ||
+          allocatesOnly(Op.Name) || movesOnly(Op.Name))
         continue;
       auto W = T.OpWrites.find(Op.Id);
       if (W == T.OpWrites.end())
@@ -1053,7 +1118,8 @@ private:
       for (const TensorRecord *X : W->second) {
         auto V = T.values(X);
         if (V && *V == *Wanted) {
-          Writer = &Op; // the last one before the child wins
+          Writer = &Op;
+          Written = X;
           break;
         }
       }
@@ -1065,6 +1131,7 @@ private:
     F.Schema = Writer->Schema;
     F.CallId = *Writer->ModuleCallId;
     F.LastWriter = true;
+    F.WroteInPlace = Written->Role == "mutated";
     for (const KernelRecord &K : T.Kernels)
       if (K.OpId && *K.OpId == Writer->Id)
         F.Kernels.push_back(K.Name);

@@ -678,8 +678,12 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findKernel(StringRef Symbol)
 Expected<std::vector<IndexedDefinition>> CodeIndex::findOp(StringRef Name) {
   Name = Name.trim();
   StringRef Base = Name.contains("::") ? Name.rsplit("::").second : Name;
+  // A namespace written as a macro (vLLM's TORCH_EXTENSION_NAME, which the
+  // build sets to `_C`) stands for any: such registrations match by name.
   auto Ops = selectDefinitions(
-      "d.kind = 'op' AND (d.qualified_name = ?1 OR (?1 = ?2 AND d.name = ?2))",
+      "d.kind = 'op' AND (d.qualified_name = ?1 OR (?1 = ?2 AND d.name = ?2) OR "
+      "(d.name = ?2 AND d.qualified_name GLOB '[A-Z_]*::*' AND "
+      "NOT substr(d.qualified_name, 1, instr(d.qualified_name, '::')) GLOB '*[a-z0-9]*'))",
       {Name.str(), Base.str()});
   if (!Ops)
     return Ops;

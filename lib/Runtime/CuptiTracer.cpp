@@ -216,8 +216,22 @@ std::vector<PointerArgument> snapshotCandidates(const KernelLaunch &L) {
   return pointerArguments(L.Params, Sizes);
 }
 
+void onCallbackImpl(CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid, const void *Data);
+
+/// Nothing may throw into CUPTI's C frames (that would terminate the
+/// program): an error costs the record, and is counted.
 void CUPTIAPI onCallback(void *, CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid,
                          const void *Data) {
+  try {
+    onCallbackImpl(Domain, Cbid, Data);
+  } catch (const std::exception &E) {
+    missedSnapshot(std::string("an error in the launch callback: ") + E.what());
+  } catch (...) {
+    missedSnapshot("an error in the launch callback");
+  }
+}
+
+void onCallbackImpl(CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid, const void *Data) {
   if (Domain != CUPTI_CB_DOMAIN_RUNTIME_API && Domain != CUPTI_CB_DOMAIN_DRIVER_API)
     return;
   LaunchDomain D = Domain == CUPTI_CB_DOMAIN_RUNTIME_API ? LaunchDomain::RuntimeApi

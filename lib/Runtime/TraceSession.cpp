@@ -668,9 +668,13 @@ std::string stopTrace() {
                         std::to_string(S->UnmatchedLaunches.load()) +
                         " pointing into no argument of the op, " +
                         std::to_string(S->FailedCopies.load()) + " copies failed, " +
-                        std::to_string(S->RecordedSnapshots.load()) + " recorded" +
-                        (S->SnapshotError.empty() ? "" : ": " + S->SnapshotError.substr(0, 300)) +
-                        ")";
+                        std::to_string(S->RecordedSnapshots.load()) + " recorded";
+    {
+      std::lock_guard<std::mutex> Lock(S->SnapshotErrorMutex);
+      if (!S->SnapshotError.empty())
+        Taken += ": " + S->SnapshotError.substr(0, 300);
+    }
+    Taken += ")";
     S->Writer->setMeta("kernel_snapshots", Missed.empty() ? Taken : Taken + "; " + Missed);
   }
   std::string Lost;

@@ -41,26 +41,45 @@ def tool(name):
 
 def sh(cmd, what, env=None):
     """Runs a step; its output is kept for the error message."""
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env)
+    except OSError as e:
+        die(f"zoo: {what} failed: cannot run {cmd[0]}: {e.strerror} (run utils/build)")
     if out.returncode != 0:
         die(f"zoo: {what} failed (exit code {out.returncode}):\n{out.stdout[-3000:]}")
     return out.stdout
 
 
 def code_index():
-    """The index of the engine's code (its Python and C++ kernels), built
-    once and kept up to date incrementally."""
-    index = os.path.join(BUILD, "zoo.index")
-    sh([tool("ekka-index"), "build", "-o", index, HERE], "indexing utils/zoo")
+    """The index of the engine's code — its Python and its C++ kernels, not
+    the cases or this runner, which hold the ground truth — built once and
+    kept up to date incrementally."""
+    index = os.path.join(BUILD, "zoo-engine.index")
+    sh([tool("ekka-index"), "build", "-o", index, os.path.join(HERE, "zoo_engine"),
+        os.path.join(HERE, "kernels")], "indexing the engine")
     return index
+
+
+MARKER = ".ekka-zoo-work"
+
+
+def fresh_workdir(work):
+    """Empties a work directory the zoo made before (it holds the marker),
+    or makes a new one; refuses to touch anything else."""
+    if os.path.exists(work):
+        if os.listdir(work) and not os.path.exists(os.path.join(work, MARKER)):
+            die(f"zoo: '{work}' is not empty and is not a zoo work directory; "
+                "give --work a new or empty directory")
+        shutil.rmtree(work)
+    os.makedirs(work)
+    open(os.path.join(work, MARKER), "w").close()
 
 
 def run_case(case, work, index, quiet=False):
     """Traces and diagnoses one case; returns (report dict, seconds)."""
     start = time.time()
-    if os.path.exists(work):
-        shutil.rmtree(work)
-    os.makedirs(work)
+    fresh_workdir(work)
     py = sys.executable
     side = os.path.join(HERE, "run_side.py")
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),

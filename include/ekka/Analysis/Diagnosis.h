@@ -95,6 +95,7 @@ struct OpFinding {
   /// Found as the last writer of a tensor a later component read.
   bool LastWriter = false;
   std::string ReadBy; ///< That component (empty: the suspect's own output).
+  bool WroteInPlace = false; ///< The value was an argument it wrote (`Tensor(a!)`).
 };
 
 struct Suspect {
