@@ -116,6 +116,22 @@ public:
     }
   }
 
+  /// Adds op \p Name under call \p Path (already added), with one
+  /// captured tensor of role \p Role (`output` or `mutated`).
+  void op(const std::string &Path, const std::string &Name, const char *Role,
+          std::vector<float> Values, std::vector<int64_t> Shape) {
+    OpRecord O;
+    O.Id = Writer->nextOpId();
+    O.ModuleCallId = Calls.at(Path);
+    O.Seq = OpSeq++;
+    O.Name = Name;
+    Writer->addOp(O);
+    TensorRecord T = record(O.Id, Role, 0, DType::F32, 0);
+    T.Owner = TensorOwner::Op;
+    T.Shape = Shape;
+    Writer->addTensor(T, std::string(reinterpret_cast<char *>(Values.data()), Values.size() * 4));
+  }
+
   void close() { EXPECT_FALSE(bool(Writer->close())); }
 
 private:
@@ -149,7 +165,7 @@ private:
 
   std::unique_ptr<TraceWriter> Writer;
   std::map<std::string, int64_t> Calls, Outputs;
-  int64_t Seq = 0;
+  int64_t Seq = 0, OpSeq = 0;
 };
 
 class DiagnosisTest : public ::testing::Test {
@@ -417,6 +433,60 @@ TEST_F(DiagnosisTest, PassingADivergenceOnIsNoLocalDivergence) {
       EXPECT_GT(*C.Ratio, 1.5);
       EXPECT_LT(*C.InputRatio, 1.5);
     }
+}
+
+// Inside a suspect whose core has no reference counterpart (an engine's
+// attention), the op that last wrote what the next mapped child was given
+// is named; it ran in an unmapped child, so the suspect stays first.
+TEST_F(DiagnosisTest, TheLastWriterOfADepartingChildInputIsNamed) {
+  using Spec = TraceBuilder::Spec;
+  auto Layout = [&](StringRef Name, bool Target, std::vector<float> Core) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("attn", "", {{{1, 2}, {2}}}, {{{Core[0] * 2, Core[1] * 2}, {2}}});
+    T.callSpecs("attn.qkv", "attn", {{{1, 2}, {2}}}, {{{3, 4}, {2}}});
+    if (Target) {
+      T.callSpecs("attn.core", "attn", {}, {});
+      T.op("attn.core", "zoo::core", "mutated", Core, {2});
+    }
+    T.callSpecs("attn.o_proj", "attn", {{Core, {2}}}, {{{Core[0] * 2, Core[1] * 2}, {2}}});
+    T.op("attn.o_proj", "aten::linear", "output", {Core[0] * 2, Core[1] * 2}, {2});
+    T.close();
+  };
+  Layout("ref", false, {5, 6});
+  Layout("tgt", true, {5, 60});
+  Diagnosis D = run("tgt", "ref");
+  ASSERT_EQ(D.Result, Diagnosis::Verdict::Divergence);
+  ASSERT_FALSE(D.Suspects.empty());
+  EXPECT_EQ(D.Suspects[0].Component.Path, "attn");
+  ASSERT_TRUE(D.Suspects[0].Op.has_value());
+  EXPECT_EQ(D.Suspects[0].Op->Name, "zoo::core");
+  EXPECT_EQ(D.Suspects[0].Op->ReadBy, "attn.o_proj");
+}
+
+// A mapped child whose own output agrees but which wrote, in place, the
+// tensor a later child read comes first (routed experts overwriting the
+// hidden states the shared expert then reads).
+TEST_F(DiagnosisTest, AChildThatWroteItsInputInPlaceComesFirst) {
+  auto Layout = [&](StringRef Name, std::vector<float> SharedInput) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("mlp", "", {{{1, 2}, {2}}}, {{{SharedInput[0] + 7, SharedInput[1] + 8}, {2}}});
+    T.callSpecs("mlp.experts", "mlp", {{{1, 2}, {2}}}, {{{7, 8}, {2}}});
+    T.op("mlp.experts", "zoo::moe", "mutated", SharedInput, {2});
+    T.callSpecs("mlp.shared", "mlp", {{SharedInput, {2}}}, {{SharedInput, {2}}});
+    T.op("mlp.shared", "aten::mul", "output", SharedInput, {2});
+    T.close();
+  };
+  Layout("ref", {1, 2});
+  Layout("tgt", {7, 8}); // the experts' result, written over their input
+  Diagnosis D = run("tgt", "ref");
+  ASSERT_EQ(D.Result, Diagnosis::Verdict::Divergence);
+  ASSERT_GE(D.Suspects.size(), 2u);
+  EXPECT_EQ(D.Suspects[0].Component.Path, "mlp.experts");
+  EXPECT_NE(D.Suspects[0].Reason.find("wrote, in place (op zoo::moe)"), std::string::npos)
+      << D.Suspects[0].Reason;
+  EXPECT_EQ(D.Suspects[1].Component.Path, "mlp");
 }
 
 } // namespace
