@@ -1,5 +1,6 @@
 //===- Diagnosis.cpp - From two traces to the first diverging component ---===//
 #include "ekka/Analysis/Diagnosis.h"
+#include "ekka/Support/Progress.h"
 #include "ekka/Analysis/TensorMath.h"
 #include "ekka/Support/Error.h"
 
@@ -733,7 +734,11 @@ private:
 
   void computeRatios(Diagnosis &D) {
     DenseMap<int64_t, unsigned> Depth;
+    // On a terminal only (lit and logs stay clean): comparing a large
+    // model's captured tensors over many decode steps takes a while.
+    ProgressBar Bar("comparing module calls", T.Calls.size());
     for (const ModuleCallRecord &TC : T.Calls) {
+      Bar.advance();
       if (MergeSteps && TC.Step > 1)
         continue; // folded into its step-1 call
       ComponentRatio C;
