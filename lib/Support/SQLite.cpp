@@ -52,6 +52,10 @@ SQLiteStatement &SQLiteStatement::bindNull(int Index) {
   return *this;
 }
 
+SQLiteStatement &SQLiteStatement::bind(int Index, const std::optional<int64_t> &Value) {
+  return Value ? bind(Index, *Value) : bindNull(Index);
+}
+
 Expected<bool> SQLiteStatement::step() {
   int RC = sqlite3_step(Stmt);
   if (RC == SQLITE_ROW)

@@ -122,10 +122,7 @@ private:
   Error add(ModuleCallRecord &R, TraceCounts &Counts) {
     ++Counts.ModuleCalls;
     Call.bind(1, R.Id);
-    if (R.ParentId)
-      Call.bind(2, *R.ParentId);
-    else
-      Call.bindNull(2);
+    Call.bind(2, R.ParentId);
     Call.bind(3, R.Seq).bind(4, R.Step).bind(5, R.Path).bind(6, R.ClassName);
     Call.bind(7, R.ClassQualname).bind(8, R.SourceFile).bind(9, R.SourceLine);
     return Call.run();
@@ -134,10 +131,7 @@ private:
   Error add(OpRecord &R, TraceCounts &Counts) {
     ++Counts.Ops;
     Op.bind(1, R.Id);
-    if (R.ModuleCallId)
-      Op.bind(2, *R.ModuleCallId);
-    else
-      Op.bindNull(2);
+    Op.bind(2, R.ModuleCallId);
     Op.bind(3, R.Seq).bind(4, R.Name).bind(5, R.Schema);
     return Op.run();
   }
@@ -145,14 +139,8 @@ private:
   Error add(KernelRecord &R, TraceCounts &Counts) {
     ++Counts.Kernels;
     Kernel.bind(1, R.Id);
-    if (R.OpId)
-      Kernel.bind(2, *R.OpId);
-    else
-      Kernel.bindNull(2);
-    if (R.ModuleCallId)
-      Kernel.bind(3, *R.ModuleCallId);
-    else
-      Kernel.bindNull(3);
+    Kernel.bind(2, R.OpId);
+    Kernel.bind(3, R.ModuleCallId);
     Kernel.bind(4, R.Seq).bind(5, R.Name).bind(6, dim3(R.Grid)).bind(7, dim3(R.Block));
     Kernel.bind(8, int64_t(R.SharedMem)).bind(9, int64_t(R.Stream));
     Kernel.bind(10, int64_t(R.CorrelationId));
@@ -199,10 +187,7 @@ private:
     } else {
       Tensor.bind(16, R.Shard).bind(17, R.Key);
     }
-    if (R.SourceId)
-      Tensor.bind(18, *R.SourceId);
-    else
-      Tensor.bindNull(18);
+    Tensor.bind(18, R.SourceId);
     return Tensor.run();
   }
 

@@ -76,8 +76,9 @@ def fresh_workdir(work):
     open(os.path.join(work, MARKER), "w").close()
 
 
-def run_case(case, work, index, quiet=False):
-    """Traces and diagnoses one case; returns (report dict, seconds)."""
+def run_case(case, work, index, text=True):
+    """Traces and diagnoses one case; returns (report dict, seconds). With
+    \p text, also the diagnosis as ekka-diagnose prints it (for `zoo run`)."""
     start = time.time()
     fresh_workdir(work)
     py = sys.executable
@@ -93,12 +94,13 @@ def run_case(case, work, index, quiet=False):
     cmd = [tool("ekka-diagnose"), "--target", f"{work}/target",
            "--reference", f"{work}/reference-bf16", "--reference-fp32", f"{work}/reference-fp32",
            "--index", index]
-    text = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    shown = (subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
+             if text else "")
     js = subprocess.run(cmd + ["--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if js.returncode not in (0, 1):
         die(f"zoo: ekka-diagnose failed (exit code {js.returncode}):\n{js.stderr}")
     report = json.loads(js.stdout)
-    report["_text"] = text.stdout
+    report["_text"] = shown
     report["_exit"] = js.returncode
     return report, time.time() - start
 
@@ -157,7 +159,7 @@ def cmd_bench(args):
     work_root = tempfile.mkdtemp(prefix="ekka-zoo-bench-")
     for i, case in enumerate(CASES):
         print(f"zoo: [{i + 1}/{len(CASES)}] {case.id}", file=sys.stderr)
-        report, seconds = run_case(case, os.path.join(work_root, case.id), index)
+        report, seconds = run_case(case, os.path.join(work_root, case.id), index, text=False)
         rows.append(score(case, report, seconds))
     shutil.rmtree(work_root, ignore_errors=True)
     mark = {True: "yes", False: "no", None: "-"}

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 struct sqlite3;
@@ -37,6 +38,8 @@ public:
   SQLiteStatement &bindDouble(int Index, double Value);
   SQLiteStatement &bindBlob(int Index, llvm::StringRef Bytes);
   SQLiteStatement &bindNull(int Index);
+  /// The value, or NULL when there is none.
+  SQLiteStatement &bind(int Index, const std::optional<int64_t> &Value);
 
   /// Advances; true while a row is available, false when done.
   llvm::Expected<bool> step();
