@@ -824,14 +824,8 @@ private:
     // A candidate that contains another (mlp around act_fn) is explained by
     // it: keep the innermost.
     auto Contains = [&](size_t Outer, size_t Inner) {
-      int64_t Id = D.Curve[Inner].CallId;
-      const ModuleCallRecord *M = T.CallById.lookup(Id);
-      while (M && M->ParentId) {
-        if (*M->ParentId == D.Curve[Outer].CallId)
-          return true;
-        M = T.CallById.lookup(*M->ParentId);
-      }
-      return false;
+      return D.Curve[Inner].CallId != D.Curve[Outer].CallId &&
+             within(D.Curve[Inner].CallId, D.Curve[Outer].CallId);
     };
     std::vector<size_t> Innermost;
     for (size_t A : Candidates)
@@ -938,6 +932,15 @@ private:
                      .str());
     }
     return std::nullopt;
+  }
+
+  /// Whether target call \p Call is \p Ancestor or runs inside it.
+  bool within(int64_t Call, int64_t Ancestor) const {
+    for (const ModuleCallRecord *M = T.CallById.lookup(Call); M;
+         M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
+      if (M->Id == Ancestor)
+        return true;
+    return false;
   }
 
   /// The innermost mapped call that contains target call \p Call (itself
@@ -1061,13 +1064,7 @@ private:
       return std::nullopt;
     if (OfOutput)
       return writerOf(C, T.tensor(C.CallId, "output", 0), C.CallId, nullptr);
-    auto Inside = [&](int64_t Call) {
-      for (const ModuleCallRecord *M = T.CallById.lookup(Call); M;
-           M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
-        if (M->Id == Suspect->Id)
-          return true;
-      return false;
-    };
+    auto Inside = [&](int64_t Call) { return within(Call, Suspect->Id); };
     // The first mapped descendant whose input departs.
     const ComponentRatio *Child = nullptr;
     for (const ComponentRatio &X : CurveSoFar)
@@ -1085,25 +1082,13 @@ private:
   /// in-place write holds exactly \p Given's values.
   std::optional<OpFinding> writerOf(const ComponentRatio &C, const TensorRecord *Given,
                                     int64_t Before, const ComponentRatio *Child) {
-    auto Inside = [&](int64_t Call) {
-      for (const ModuleCallRecord *M = T.CallById.lookup(Call); M;
-           M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
-        if (M->Id == C.CallId)
-          return true;
-      return false;
-    };
+    auto Inside = [&](int64_t Call) { return within(Call, C.CallId); };
     auto Wanted = Given ? T.values(Given) : std::nullopt;
     if (!Wanted)
       return std::nullopt;
     // The window: the suspect's ops that ran before the child was entered
     // (its own ops and its descendants' alike).
-    auto InChild = [&](int64_t Call) {
-      for (const ModuleCallRecord *M = T.CallById.lookup(Call); M;
-           M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
-        if (M->Id == Before)
-          return true;
-      return false;
-    };
+    auto InChild = [&](int64_t Call) { return within(Call, Before); };
     int64_t ChildFirstOp = std::numeric_limits<int64_t>::max();
     if (Child)
       for (const OpRecord &Op : T.Ops)
