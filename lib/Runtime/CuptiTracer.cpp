@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 #endif
 
@@ -55,7 +56,6 @@ struct DriverApi {
   CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*StreamSynchronize)(CUstream) = nullptr;
   CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *) = nullptr;
-  int (*GetFuncBySymbol)(CUfunction *, const void *) = nullptr; // a runtime's
 };
 DriverApi Driver;
 std::mutex DriverMutex;
@@ -89,9 +89,6 @@ bool loadDriver() {
                   loadFrom(Cuda, Driver.MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2") &&
                   loadFrom(Cuda, Driver.StreamSynchronize, "cuStreamSynchronize") &&
                   loadFrom(Cuda, Driver.StreamIsCapturing, "cuStreamIsCapturing");
-  // The process-wide fallback for cudaLaunchKernel's host stubs; see
-  // runtimeOf for the runtime that registered a given stub.
-  loadFrom(RTLD_DEFAULT, Driver.GetFuncBySymbol, "cudaGetFuncBySymbol");
   if (Driver.Loaded)
     setDeviceMemoryOps({[](void *Dst, const void *Src, size_t Bytes, uint64_t Stream) {
                           return Driver.MemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(Dst),
@@ -105,25 +102,62 @@ bool loadDriver() {
   return Driver.Loaded;
 }
 
-using GetFuncBySymbolFn = int (*)(CUfunction *, const void *);
+/// A CUDA runtime's functions for resolving a host stub, and for keeping
+/// its per-thread last error as the program left it.
+struct StubRuntime {
+  int (*GetFuncBySymbol)(CUfunction *, const void *) = nullptr;
+  int (*PeekAtLastError)() = nullptr;
+  int (*GetLastError)() = nullptr;
+  bool usable() const { return GetFuncBySymbol && PeekAtLastError && GetLastError; }
+};
 
-/// The cudaGetFuncBySymbol of the CUDA runtime that registered host stub
-/// \p Stub: the library holding the stub resolves it, to its own statically
-/// linked runtime (nvcc's default) or to the libcudart it depends on
-/// (torch, cuBLAS). Only that runtime knows the stub.
-GetFuncBySymbolFn runtimeOf(const void *Stub) {
-  thread_local std::unordered_map<std::string, GetFuncBySymbolFn> ByLibrary;
+/// The runtime that registered host stub \p Stub: the library holding the
+/// stub resolves it, to its own statically linked runtime (nvcc's default)
+/// or to the libcudart it depends on (torch, cuBLAS); else the process-wide
+/// one. Only the registering runtime knows the stub.
+StubRuntime runtimeOf(const void *Stub) {
+  thread_local std::unordered_map<std::string, StubRuntime> ByLibrary;
+  auto Load = [](void *Lib, StubRuntime &R) {
+    loadFrom(Lib, R.GetFuncBySymbol, "cudaGetFuncBySymbol");
+    loadFrom(Lib, R.PeekAtLastError, "cudaPeekAtLastError");
+    loadFrom(Lib, R.GetLastError, "cudaGetLastError");
+  };
   Dl_info Where;
-  if (!dladdr(Stub, &Where) || !Where.dli_fname)
-    return Driver.GetFuncBySymbol;
-  auto [It, Inserted] = ByLibrary.try_emplace(Where.dli_fname, nullptr);
+  std::string Library = dladdr(Stub, &Where) && Where.dli_fname ? Where.dli_fname : "";
+  auto [It, Inserted] = ByLibrary.try_emplace(Library);
   if (Inserted) {
-    if (void *Lib = dlopen(Where.dli_fname, RTLD_LAZY | RTLD_NOLOAD))
-      loadFrom(Lib, It->second, "cudaGetFuncBySymbol");
-    if (!It->second)
-      It->second = Driver.GetFuncBySymbol;
+    if (void *Lib = Library.empty() ? nullptr : dlopen(Library.c_str(), RTLD_LAZY | RTLD_NOLOAD))
+      Load(Lib, It->second);
+    if (!It->second.usable())
+      Load(RTLD_DEFAULT, It->second);
   }
   return It->second;
+}
+
+/// Resolves a host stub to its function. A runtime that does not know the
+/// stub records the failure as its last error, which the program's next
+/// error check would report as its own (torch raises "invalid device
+/// function" at its next launch): that error is cleared, and the lookup is
+/// not tried while the program has an error of its own pending.
+CUfunction functionOfStub(const void *Stub, std::string &Why, bool &Retry) {
+  StubRuntime Runtime = runtimeOf(Stub);
+  if (!Runtime.usable()) {
+    Why = "no parameter layout: no CUDA runtime to resolve the host stub";
+    return nullptr;
+  }
+  if (int Pending = Runtime.PeekAtLastError()) {
+    Why = "no parameter layout: the program had a CUDA error pending (" +
+          std::to_string(Pending) + ")";
+    Retry = true;
+    return nullptr;
+  }
+  CUfunction Function = nullptr;
+  if (int R = Runtime.GetFuncBySymbol(&Function, Stub)) {
+    Runtime.GetLastError(); // ours, not the program's
+    Why = "no parameter layout: cudaGetFuncBySymbol error " + std::to_string(R);
+    return nullptr;
+  }
+  return Function;
 }
 
 /// Each parameter's size, as the driver reports it; cached per function.
@@ -134,6 +168,7 @@ const std::vector<KernelParam> &parameterLayout(const KernelLaunch &L, std::stri
       Cache;
   auto [It, Inserted] = Cache.try_emplace({int(L.HandleKind), L.Handle});
   auto &[Layout, Reason] = It->second;
+  bool Retry = false; // not known now, but perhaps at the next launch
   if (Inserted) {
     // A CUkernel is asked directly, then through its function in this
     // context; a host stub through the runtime that registered it.
@@ -164,14 +199,8 @@ const std::vector<KernelParam> &parameterLayout(const KernelLaunch &L, std::stri
       Known = Ask(Driver.KernelGetParamInfo, K);
       if (!Known && Driver.KernelGetFunction(&Function, K) == CUDA_SUCCESS)
         Known = Ask(Driver.FuncGetParamInfo, Function);
-    } else if (GetFuncBySymbolFn ByStub = runtimeOf(L.Handle)) {
-      int R = ByStub(&Function, L.Handle);
-      if (R == 0)
-        Known = Ask(Driver.FuncGetParamInfo, Function);
-      else
-        Reason = "no parameter layout: cudaGetFuncBySymbol error " + std::to_string(R);
-    } else {
-      Reason = "no parameter layout: no cudaGetFuncBySymbol for the host stub";
+    } else if ((Function = functionOfStub(L.Handle, Reason, Retry))) {
+      Known = Ask(Driver.FuncGetParamInfo, Function);
     }
     if (!Known && Reason.empty())
       Reason = "no parameter layout: driver error " + std::to_string(int(First));
@@ -180,6 +209,11 @@ const std::vector<KernelParam> &parameterLayout(const KernelLaunch &L, std::stri
       Reason += Kinds[int(L.HandleKind)];
   }
   Why = Reason;
+  if (Retry) {
+    Cache.erase(It);
+    static const std::vector<KernelParam> Unknown;
+    return Unknown;
+  }
   return Layout;
 }
 
@@ -231,16 +265,28 @@ void CUPTIAPI onCallback(void *, CUpti_CallbackDomain Domain, CUpti_CallbackId C
   }
 }
 
+/// A recorded runtime launch by host stub whose parameters are not known
+/// yet: the driver launch underneath usually tells them (by CUkernel); only
+/// when none does is the stub resolved, at the launch's exit.
+thread_local bool StubPending = false;
+
 void onCallbackImpl(CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid, const void *Data) {
   if (Domain != CUPTI_CB_DOMAIN_RUNTIME_API && Domain != CUPTI_CB_DOMAIN_DRIVER_API)
     return;
   LaunchDomain D = Domain == CUPTI_CB_DOMAIN_RUNTIME_API ? LaunchDomain::RuntimeApi
                                                          : LaunchDomain::DriverApi;
   const auto *Info = static_cast<const CUpti_CallbackData *>(Data);
+  auto Decode = [&] {
+    return decodeLaunch(D, Cbid, Info->functionParams, Info->symbolName, Info->correlationId);
+  };
   if (Info->callbackSite == CUPTI_API_EXIT) {
     // The recorded launch has returned: its kernel is on the stream.
-    if (Dedup.exit(D))
+    if (Dedup.exit(D)) {
+      if (std::exchange(StubPending, false) && kernelSnapshotsWanted())
+        if (auto Launch = Decode())
+          matchKernelPointers(snapshotCandidates(*Launch));
       snapshotKernelBuffers();
+    }
     return;
   }
   if (!Dedup.enter(D)) {
@@ -249,14 +295,17 @@ void onCallbackImpl(CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid, const vo
     // outer launch's handle did not.
     ++(D == LaunchDomain::DriverApi ? NestedDriverLaunches : NestedRuntimeLaunches);
     if (kernelSnapshotsWanted())
-      if (auto Launch = decodeLaunch(D, Cbid, Info->functionParams, Info->symbolName,
-                                     Info->correlationId))
+      if (auto Launch = Decode(); Launch && Launch->HandleKind != KernelHandle::None) {
+        StubPending = false;
         matchKernelPointers(snapshotCandidates(*Launch));
+      }
     return;
   }
-  if (auto Launch = decodeLaunch(D, Cbid, Info->functionParams, Info->symbolName,
-                                 Info->correlationId))
-    recordKernelLaunch(*Launch, snapshotCandidates(*Launch));
+  if (auto Launch = Decode()) {
+    StubPending = Launch->HandleKind == KernelHandle::HostStub && kernelSnapshotsWanted();
+    recordKernelLaunch(*Launch, StubPending ? std::vector<PointerArgument>{}
+                                            : snapshotCandidates(*Launch));
+  }
 }
 
 /// Which other profiler holds CUPTI, as far as the environment tells.
