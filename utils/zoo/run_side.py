@@ -8,6 +8,9 @@
   run_side.py reference CASE DIR DTYPE    run the HF model (bf16 or fp32) with those
                                           weights on those tokens in one forward
 
+Either takes `--device DEVICE` last (default cpu; cuda runs the engine's
+CUDA kernels). A checkpoint already in DIR is used as it is.
+
 Building the checkpoint in the target's process saves a Python start (the
 model is only constructed there: nothing of it is traced, no forward runs).
 """
@@ -22,11 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cases import BY_ID, SEED  # noqa: E402
 
 
-def reference_model(case, dtype):
+def reference_model(case, dtype, device):
     torch.manual_seed(SEED)
     model = case.hf_model_class()(case.config()).eval()
     model.load_state_dict(load_file(os.path.join(DIR, "checkpoint.safetensors")), strict=False)
-    model = model.to(dtype)
+    model = model.to(device=device, dtype=dtype)
     # What the model keeps in float32 in any dtype (Ernie-4.5's router), as
     # from_pretrained does.
     keep = list(getattr(model, "_keep_in_fp32_modules_strict", None) or []) + \
@@ -37,23 +40,33 @@ def reference_model(case, dtype):
     return model
 
 
+def save_checkpoint(case, path):
+    torch.manual_seed(SEED)
+    model = case.hf_model_class()(case.config())
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, path)
+
+
 def main():
     global DIR
-    what, case_id, DIR = sys.argv[1:4]
+    args = sys.argv[1:]
+    device = "cpu"
+    if len(args) >= 2 and args[-2] == "--device":
+        device = args[-1]
+        args = args[:-2]
+    what, case_id, DIR = args[:3]
     case = BY_ID[case_id]
     if what == "target":
-        torch.manual_seed(SEED)
-        model = case.hf_model_class()(case.config())
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if getattr(model.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        save_file(state, os.path.join(DIR, "checkpoint.safetensors"))
-        del model
+        checkpoint_path = os.path.join(DIR, "checkpoint.safetensors")
+        if not os.path.exists(checkpoint_path):
+            save_checkpoint(case, checkpoint_path)
         from zoo_engine import Engine
         checkpoint = {k: v.to(torch.bfloat16)
                       for k, v in load_file(os.path.join(DIR, "checkpoint.safetensors")).items()}
         engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs,
-                        task=case.task)
+                        task=case.task, device=device)
         if case.task == "embed":
             engine.embed(case.prompt)
             consumed, generated = case.prompt, []
@@ -62,14 +75,14 @@ def main():
         with open(os.path.join(DIR, "tokens.json"), "w") as f:
             json.dump({"consumed": consumed, "generated": generated}, f)
     elif what == "reference":
-        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[sys.argv[4]]
+        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args[3]]
         with open(os.path.join(DIR, "tokens.json")) as f:
             tokens = json.load(f)["consumed"]
-        model = reference_model(case, dtype)
+        model = reference_model(case, dtype, device)
         # A batch of prompts (an embedding case) is already a list of lists.
         batch = tokens if tokens and isinstance(tokens[0], list) else [tokens]
         with torch.no_grad():
-            model(torch.tensor(batch))
+            model(torch.tensor(batch, device=device))
     else:
         raise SystemExit(f"run_side.py: unknown step '{what}'")
 

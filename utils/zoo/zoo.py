@@ -7,6 +7,13 @@
   zoo bench [--json FILE]      every case; a table and the totals: top-1,
                                top-3 and kernel-level accuracy, false alarms
                                on clean pairs, seconds per case
+  zoo trace CASE --work DIR    only the tracing of `run` (on a machine with a
+                               GPU, say, with --device cuda)
+  zoo diagnose CASE --work DIR only the diagnosis of `run`, over traces that
+                               `zoo trace` left in DIR (brought from there)
+
+`--device cuda` (run, bench, trace) runs all three sides on the GPU: the
+engine with its kernels' CUDA versions, traced with CUPTI.
 
 Ekka sees what a user's run would give it: three traces and the code index
 of the engine (utils/zoo); the ground truth is read here only, to score.
@@ -76,21 +83,29 @@ def fresh_workdir(work):
     open(os.path.join(work, MARKER), "w").close()
 
 
-def run_case(case, work, index, text=True):
-    """Traces and diagnoses one case; returns (report dict, seconds). With
-    \p text, also the diagnosis as ekka-diagnose prints it (for `zoo run`)."""
-    start = time.time()
+def trace_case(case, work, device="cpu"):
+    """Traces the engine with the case's bug and the reference (bf16, fp32)
+    into \p work (made fresh)."""
     fresh_workdir(work)
     py = sys.executable
     side = os.path.join(HERE, "run_side.py")
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
                EKKA_PROGRESS="0")
     trace = [tool("ekka-trace"), "--force"]
+    where = ["--device", device]
     sh(trace + ["-o", f"{work}/target", "--capture-ops", "^zoo::", "--",
-                py, side, "target", case.id, work], "tracing the engine", env)
+                py, side, "target", case.id, work] + where, "tracing the engine", env)
     for dtype in ("bf16", "fp32"):
         sh(trace + ["-o", f"{work}/reference-{dtype}", "--", py, side, "reference", case.id,
-                    work, dtype], f"tracing the reference ({dtype})", env)
+                    work, dtype] + where, f"tracing the reference ({dtype})", env)
+
+
+def diagnose_case(work, index, text=True):
+    """Runs ekka-diagnose over the traces in \p work; returns its JSON report.
+    With \p text, also the diagnosis as ekka-diagnose prints it."""
+    for side in ("target", "reference-bf16", "reference-fp32"):
+        if not os.path.isfile(os.path.join(work, side, "trace.db")):
+            die(f"zoo: no trace '{side}' in '{work}' (zoo trace CASE --work DIR makes them)")
     cmd = [tool("ekka-diagnose"), "--target", f"{work}/target",
            "--reference", f"{work}/reference-bf16", "--reference-fp32", f"{work}/reference-fp32",
            "--index", index]
@@ -102,7 +117,14 @@ def run_case(case, work, index, text=True):
     report = json.loads(js.stdout)
     report["_text"] = shown
     report["_exit"] = js.returncode
-    return report, time.time() - start
+    return report
+
+
+def run_case(case, work, index, text=True, device="cpu"):
+    """Traces and diagnoses one case; returns (report dict, seconds)."""
+    start = time.time()
+    trace_case(case, work, device)
+    return diagnose_case(work, index, text), time.time() - start
 
 
 def score(case, report, seconds):
@@ -130,14 +152,15 @@ def cmd_list(args):
         print(f"{c.id:22} {c.source:26} {c.model:20} -> {truth}{kernel}")
 
 
-def cmd_run(args):
-    case = BY_ID.get(args.case)
+def find_case(name):
+    case = BY_ID.get(name)
     if not case:
-        die(f"zoo: no case '{args.case}' (zoo list shows them)")
-    work = args.work or os.path.join(tempfile.gettempdir(), f"ekka-zoo-{case.id}")
-    print(f"zoo: {case.id} ({case.source}): {case.model}, bug: {', '.join(case.bugs) or 'none'}",
-          file=sys.stderr)
-    report, seconds = run_case(case, work, code_index())
+        die(f"zoo: no case '{name}' (zoo list shows them)")
+    return case
+
+
+def show(case, report, seconds, work):
+    """The report next to the ground truth; the exit code of `run`."""
     print(report["_text"], end="")
     row = score(case, report, seconds)
     print("---")
@@ -153,13 +176,43 @@ def cmd_run(args):
     return 0 if (row["false_alarm"] is False or row["top1"]) else 1
 
 
+def announce(case):
+    print(f"zoo: {case.id} ({case.source}): {case.model}, bug: {', '.join(case.bugs) or 'none'}",
+          file=sys.stderr)
+
+
+def cmd_run(args):
+    case = find_case(args.case)
+    work = args.work or os.path.join(tempfile.gettempdir(), f"ekka-zoo-{case.id}")
+    announce(case)
+    report, seconds = run_case(case, work, code_index(), device=args.device)
+    return show(case, report, seconds, work)
+
+
+def cmd_trace(args):
+    case = find_case(args.case)
+    announce(case)
+    start = time.time()
+    trace_case(case, args.work, args.device)
+    print(f"zoo: traces of {case.id} in {args.work} ({time.time() - start:.1f} s)", file=sys.stderr)
+    return 0
+
+
+def cmd_diagnose(args):
+    case = find_case(args.case)
+    start = time.time()
+    report = diagnose_case(args.work, code_index())
+    return show(case, report, time.time() - start, args.work)
+
+
 def cmd_bench(args):
     index = code_index()
     rows = []
     work_root = tempfile.mkdtemp(prefix="ekka-zoo-bench-")
     for i, case in enumerate(CASES):
         print(f"zoo: [{i + 1}/{len(CASES)}] {case.id}", file=sys.stderr)
-        report, seconds = run_case(case, os.path.join(work_root, case.id), index, text=False)
+        report, seconds = run_case(case, os.path.join(work_root, case.id), index, text=False,
+                                   device=args.device)
         rows.append(score(case, report, seconds))
     shutil.rmtree(work_root, ignore_errors=True)
     mark = {True: "yes", False: "no", None: "-"}
@@ -203,8 +256,18 @@ def main():
     run.add_argument("--work", help="where the traces go (default: a temporary folder per case)")
     bench = sub.add_parser("bench", help="every case, with accuracy and time")
     bench.add_argument("--json", help="also write the results as JSON to this file")
+    trace = sub.add_parser("trace", help="only trace one case (e.g. on a GPU machine)")
+    trace.add_argument("case")
+    trace.add_argument("--work", required=True, help="where the traces go")
+    diagnose = sub.add_parser("diagnose", help="only diagnose the traces `zoo trace` made")
+    diagnose.add_argument("case")
+    diagnose.add_argument("--work", required=True, help="where the traces are")
+    for p in (run, bench, trace):
+        p.add_argument("--device", default="cpu",
+                       help="where all three sides run: cpu (default) or cuda")
     args = ap.parse_args()
-    return {"list": cmd_list, "run": cmd_run, "bench": cmd_bench}[args.command](args)
+    return {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "trace": cmd_trace,
+            "diagnose": cmd_diagnose}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@
 // through these ops, as vLLM runs its own through `_C`: RMSNorm, fused
 // residual-add + RMSNorm (in place, returning the pair through its
 // arguments), rotary embedding applied in place, writing keys and values
-// into a paged cache, and paged attention over it. CPU implementations;
-// they compute in float and write the tensor's own dtype.
+// into a paged cache, paged attention over it, and the experts of a fused
+// MoE. Each op has one implementation for the CPU and, where the CUDA
+// toolkit was found at build time (ZOO_WITH_CUDA), the GPU: the loops here,
+// or the kernels of ZooKernelsCuda.cu for CUDA tensors. They compute in
+// float and write the tensor's own dtype.
 //
 // Bug switches (`zoo::set_bugs`) plant the kernel-level silent errors of
 // ../shared/ZOO.md. Nothing outside these switches knows about them.
@@ -13,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 #include <torch/library.h>
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,7 +28,27 @@
 #include <string>
 #include <vector>
 
+#ifdef ZOO_WITH_CUDA
+#include "ZooCuda.h"
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace {
+
+#ifdef ZOO_WITH_CUDA
+/// The stream the op's caller computes on, for a kernel on \p T's device.
+void *streamOf(const at::Tensor &T) {
+  return c10::cuda::getCurrentCUDAStream(T.device().index()).stream();
+}
+void launched(int Error, const char *Kernel) {
+  TORCH_CHECK(Error == 0, "zoo: launching ", Kernel, " failed: CUDA error ", Error);
+}
+#endif
+
+/// Makes the op's tensors' device the current one (a GPU's, for its stream).
+struct DeviceGuard : c10::OptionalDeviceGuard {
+  explicit DeviceGuard(at::Device D) : c10::OptionalDeviceGuard(D) {}
+};
 
 std::set<std::string> &bugs() {
   static std::set<std::string> B;
@@ -54,10 +78,20 @@ void rmsNormRow(const float *X, const float *W, float *Y, int64_t N, double Eps,
 // out = rms_norm(input) * (offset + weight)
 void rmsNorm(at::Tensor Out, const at::Tensor &Input, const at::Tensor &Weight, double Eps,
              double Offset) {
+  DeviceGuard Guard(Input.device());
   at::Tensor X = Input.to(at::kFloat).contiguous();
   at::Tensor W = Weight.to(at::kFloat).contiguous();
   int64_t N = X.size(-1), Rows = X.numel() / N;
   at::Tensor Y = at::empty_like(X);
+#ifdef ZOO_WITH_CUDA
+  if (X.is_cuda()) {
+    launched(zoo::cuda::rmsNorm(Y.data_ptr<float>(), X.data_ptr<float>(), W.data_ptr<float>(),
+                                Rows, N, Eps, Offset, streamOf(X)),
+             "zoo_rms_norm_kernel");
+    Out.copy_(Y.view(Out.sizes()));
+    return;
+  }
+#endif
   for (int64_t R = 0; R < Rows; ++R)
     rmsNormRow(X.data_ptr<float>() + R * N, W.data_ptr<float>(), Y.data_ptr<float>() + R * N, N,
                Eps, Offset);
@@ -76,6 +110,7 @@ void fusedAddRmsNorm(at::Tensor Input, at::Tensor Residual, const at::Tensor &We
 // (GPT-J style: element pairs 2i, 2i+1).
 void rotaryEmbedding(const at::Tensor &Positions, at::Tensor Query, at::Tensor Key, int64_t HeadDim,
                      double Theta, bool Neox) {
+  DeviceGuard Guard(Query.device());
   auto Apply = [&](at::Tensor T) {
     int64_t Tokens = T.size(0);
     at::Tensor F = T.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
@@ -84,6 +119,15 @@ void rotaryEmbedding(const at::Tensor &Positions, at::Tensor Query, at::Tensor K
     int64_t Heads = F.size(1), Half = HeadDim / 2;
     float *P = F.data_ptr<float>();
     at::Tensor Pos = Positions.to(at::kLong).contiguous();
+#ifdef ZOO_WITH_CUDA
+    if (F.is_cuda()) {
+      launched(zoo::cuda::rotary(P, Pos.data_ptr<int64_t>(), Tokens, Heads, HeadDim, Theta, Neox,
+                                 streamOf(F)),
+               "zoo_rotary_kernel");
+      T.copy_(F.view(T.sizes()));
+      return;
+    }
+#endif
     for (int64_t Tk = 0; Tk < Tokens; ++Tk) {
       double Position = double(Pos.data_ptr<int64_t>()[Tk]);
       for (int64_t I = 0; I < Half; ++I) {
@@ -108,8 +152,25 @@ void rotaryEmbedding(const at::Tensor &Positions, at::Tensor Query, at::Tensor K
 // at slot_mapping[t] = block * block_size + offset.
 void reshapeAndCache(const at::Tensor &Key, const at::Tensor &Value, at::Tensor KeyCache,
                      at::Tensor ValueCache, const at::Tensor &SlotMapping) {
+  DeviceGuard Guard(Key.device());
   int64_t BlockSize = KeyCache.size(1);
   at::Tensor Slots = SlotMapping.to(at::kLong).contiguous();
+#ifdef ZOO_WITH_CUDA
+  if (Key.is_cuda()) {
+    TORCH_CHECK(KeyCache.is_contiguous() && ValueCache.is_contiguous() &&
+                    Key.scalar_type() == KeyCache.scalar_type() &&
+                    Value.scalar_type() == ValueCache.scalar_type(),
+                "zoo::reshape_and_cache: contiguous caches of the keys' dtype expected");
+    at::Tensor K = Key.contiguous(), V = Value.contiguous();
+    int64_t Tokens = K.size(0);
+    launched(zoo::cuda::reshapeAndCache(K.data_ptr(), V.data_ptr(), KeyCache.data_ptr(),
+                                        ValueCache.data_ptr(), Slots.data_ptr<int64_t>(), Tokens,
+                                        Tokens ? K.numel() / Tokens * K.element_size() : 0,
+                                        streamOf(K)),
+             "zoo_reshape_and_cache_kernel");
+    return;
+  }
+#endif
   for (int64_t T = 0; T < Key.size(0); ++T) {
     int64_t Slot = Slots.data_ptr<int64_t>()[T];
     KeyCache[Slot / BlockSize][Slot % BlockSize].copy_(Key[T]);
@@ -125,6 +186,7 @@ void pagedAttention(at::Tensor Out, const at::Tensor &Query, const at::Tensor &K
                     const at::Tensor &ValueCache, const at::Tensor &BlockTables,
                     const at::Tensor &SeqIds, const at::Tensor &Positions, double Scale,
                     int64_t Window) {
+  DeviceGuard Guard(Query.device());
   int64_t Tokens = Query.size(0), Heads = Query.size(1), HeadDim = Query.size(2);
   int64_t BlockSize = KeyCache.size(1), KvHeads = KeyCache.size(2);
   int64_t Group = Heads / KvHeads;
@@ -135,7 +197,20 @@ void pagedAttention(at::Tensor Out, const at::Tensor &Query, const at::Tensor &K
   at::Tensor Seqs = SeqIds.to(at::kLong).contiguous();
   int64_t MaxBlocks = Blocks.size(-1);
   at::Tensor Pos = Positions.to(at::kLong).contiguous();
-  at::Tensor O = at::zeros({Tokens, Heads, HeadDim}, at::kFloat);
+  at::Tensor O = at::zeros({Tokens, Heads, HeadDim}, Q.options());
+#ifdef ZOO_WITH_CUDA
+  if (Q.is_cuda()) {
+    int64_t MaxPosition = Tokens ? Pos.max().item<int64_t>() : 0;
+    launched(zoo::cuda::pagedAttention(
+                 O.data_ptr<float>(), Q.data_ptr<float>(), K.data_ptr<float>(), V.data_ptr<float>(),
+                 Blocks.data_ptr<int64_t>(), Seqs.data_ptr<int64_t>(), Pos.data_ptr<int64_t>(),
+                 Tokens, Heads, KvHeads, HeadDim, BlockSize, MaxBlocks, MaxPosition, Scale, Window,
+                 bug("paged-attn-last-page"), streamOf(Q)),
+             "zoo_paged_attention_kernel");
+    Out.copy_(O.view(Out.sizes()));
+    return;
+  }
+#endif
   const float *Qp = Q.data_ptr<float>(), *Kp = K.data_ptr<float>(), *Vp = V.data_ptr<float>();
   float *Op = O.data_ptr<float>();
   const int64_t *Table = nullptr; // the current token's sequence's pages
@@ -190,6 +265,7 @@ void pagedAttention(at::Tensor Out, const at::Tensor &Query, const at::Tensor &K
 void fusedMoe(at::Tensor Out, const at::Tensor &Hidden, const at::Tensor &W13, const at::Tensor &W2,
               const at::Tensor &RouterLogits, int64_t TopK, bool Renormalize, int64_t Split,
               const std::optional<at::Tensor> &CorrectionBias, double NormMin) {
+  DeviceGuard Guard(Hidden.device());
   at::Tensor X = Hidden.to(at::kFloat).contiguous();
   at::Tensor Probs = at::softmax(RouterLogits.to(at::kFloat), -1);
   at::Tensor Weights, Experts;
@@ -205,6 +281,21 @@ void fusedMoe(at::Tensor Out, const at::Tensor &Hidden, const at::Tensor &W13, c
   }
   at::Tensor Y = at::zeros_like(X);
   int64_t Inter = W2.size(2);
+#ifdef ZOO_WITH_CUDA
+  if (X.is_cuda()) {
+    int64_t Tokens = X.size(0), Hidden = X.size(1);
+    at::Tensor Act = at::empty({Tokens, TopK, Inter}, X.options());
+    at::Tensor F13 = W13.to(at::kFloat).contiguous(), F2 = W2.to(at::kFloat).contiguous();
+    at::Tensor E = Experts.to(at::kLong).contiguous(), Wt = Weights.to(at::kFloat).contiguous();
+    launched(zoo::cuda::fusedMoe(Y.data_ptr<float>(), Act.data_ptr<float>(), X.data_ptr<float>(),
+                                 F13.data_ptr<float>(), F2.data_ptr<float>(),
+                                 E.data_ptr<int64_t>(), Wt.data_ptr<float>(), Tokens, TopK, Hidden,
+                                 F13.size(1), Inter, Split, streamOf(X)),
+             "zoo_moe_gate_up_kernel / zoo_moe_down_kernel");
+    Out.copy_(Y.view(Out.sizes()));
+    return;
+  }
+#endif
   for (int64_t T = 0; T < X.size(0); ++T)
     for (int64_t K = 0; K < TopK; ++K) {
       int64_t E = Experts[T][K].item<int64_t>();
@@ -245,3 +336,15 @@ TORCH_LIBRARY_IMPL(zoo, CPU, m) {
   m.impl("reshape_and_cache", reshapeAndCache);
   m.impl("paged_attention", pagedAttention);
 }
+
+#ifdef ZOO_WITH_CUDA
+// The same functions: each sends CUDA tensors to its kernels in ZooKernelsCuda.cu.
+TORCH_LIBRARY_IMPL(zoo, CUDA, m) {
+  m.impl("fused_moe", fusedMoe);
+  m.impl("rms_norm", rmsNorm);
+  m.impl("fused_add_rms_norm", fusedAddRmsNorm);
+  m.impl("rotary_embedding", rotaryEmbedding);
+  m.impl("reshape_and_cache", reshapeAndCache);
+  m.impl("paged_attention", pagedAttention);
+}
+#endif

@@ -32,18 +32,20 @@ def load_kernels(path=None):
 
 
 class Engine:
-    """One sequence at a time: prefill the prompt, then decode greedily."""
+    """One sequence at a time: prefill the prompt, then decode greedily. On
+    the CPU, or on a GPU (`device="cuda"`) with the kernels' CUDA versions."""
 
     def __init__(self, hf_config, checkpoint, dtype=torch.bfloat16, bugs=(), block_size=4,
-                 num_blocks=256, task="generate"):
+                 num_blocks=256, task="generate", device="cpu"):
         load_kernels()
         self.bugs = frozenset(bugs)
         torch.ops.zoo.set_bugs(",".join(sorted(self.bugs)))
         self.arch = Arch(hf_config)
         self.dtype = dtype
+        self.device = torch.device(device)
         with torch.device("meta"):
             model = (ForEmbedding if task == "embed" else ForCausalLM)(self.arch, self.bugs)
-        self.model = model.to_empty(device="cpu").to(dtype).eval()
+        self.model = model.to_empty(device=self.device).to(dtype).eval()
         for module in self.model.modules():
             if getattr(module, "keep_fp32", False):
                 module.float()  # as HF keeps the router in float32
@@ -52,8 +54,8 @@ class Engine:
         self.block_size = block_size
         shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
         for layer in self.model.model.layers:
-            layer.self_attn.attn.kv_cache = (torch.zeros(shape, dtype=dtype),
-                                             torch.zeros(shape, dtype=dtype))
+            layer.self_attn.attn.kv_cache = (torch.zeros(shape, dtype=dtype, device=self.device),
+                                             torch.zeros(shape, dtype=dtype, device=self.device))
         # Pages are handed out from the end of the pool, so that a sequence's
         # pages are not the first ones (paging is visible in the cache).
         self.free_blocks = list(range(num_blocks))
@@ -106,6 +108,14 @@ class Engine:
         return torch.tensor([table[p // bs] * bs + p % bs for p in positions.tolist()])
 
     def embed(self, prompts):
+        with torch.device(self.device):
+            return self._embed(prompts)
+
+    def generate(self, prompt, max_new_tokens):
+        with torch.device(self.device):
+            return self._generate(prompt, max_new_tokens)
+
+    def _embed(self, prompts):
         """One forward over the prompts as a flattened batch (vLLM's layout:
         their tokens one after the other, each sequence with its own pages);
         returns the pooled embeddings, one per prompt."""
@@ -127,7 +137,7 @@ class Engine:
             return self.model(torch.tensor(ids), meta.positions,
                               torch.tensor([len(p) for p in prompts]), meta=meta)
 
-    def generate(self, prompt, max_new_tokens):
+    def _generate(self, prompt, max_new_tokens):
         """Greedy decoding. Returns the tokens the model consumed (the prompt,
         then each decode step's input) and the tokens it generated."""
         table = []

@@ -142,7 +142,7 @@ class PagedAttention(nn.Module):
         torch.ops.zoo.reshape_and_cache(k.view(t, self.num_kv_heads, self.head_dim),
                                         v.view(t, self.num_kv_heads, self.head_dim),
                                         key_cache, value_cache, meta.slot_mapping)
-        out = torch.empty(t, self.num_heads, self.head_dim, dtype=q.dtype)
+        out = torch.empty(t, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         torch.ops.zoo.paged_attention(out, q.view(t, self.num_heads, self.head_dim), key_cache,
                                       value_cache, meta.block_tables, meta.seq_ids,
                                       meta.positions, self.scale, self.window)
@@ -339,7 +339,7 @@ class Embedding(nn.Module):
     def forward(self, ids):
         x = torch.nn.functional.embedding(ids, self.weight)
         if self.scale is not None:
-            x = x * torch.tensor(self.scale, dtype=x.dtype)
+            x = x * torch.tensor(self.scale, dtype=x.dtype, device=x.device)
         return x
 
 
