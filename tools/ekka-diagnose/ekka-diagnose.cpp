@@ -11,6 +11,7 @@
 #include "ekka/Support/Error.h"
 #include "ekka/Trace/TraceReader.h"
 
+#include "llvm/Demangle/Demangle.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
@@ -102,8 +103,15 @@ SourceLink sourceOf(const ComponentRatio &C, std::vector<std::unique_ptr<CodeInd
   return {C.SourceFile + ":" + std::to_string(C.SourceLine), ""};
 }
 
-/// Where a kernel is defined, from the code indexes (find_kernel).
-std::string kernelSource(StringRef Kernel, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
+/// A kernel as a reader knows it: its source from the code indexes
+/// (find_kernel), and its name as the index or the demangler spells it (a
+/// CUPTI name is mangled, with nvcc's per-file name for an anonymous
+/// namespace).
+struct KernelSite {
+  std::string Where;   ///< file:line, or empty
+  std::string Display; ///< a readable name
+};
+KernelSite kernelSite(StringRef Kernel, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
   for (auto &I : Idx) {
     auto Defs = I->findKernel(Kernel);
     if (!Defs) {
@@ -111,9 +119,10 @@ std::string kernelSource(StringRef Kernel, std::vector<std::unique_ptr<CodeIndex
       continue;
     }
     if (!Defs->empty())
-      return Defs->front().File + ":" + std::to_string(Defs->front().Def.LineStart);
+      return {Defs->front().File + ":" + std::to_string(Defs->front().Def.LineStart),
+              Defs->front().Def.QualifiedName};
   }
-  return "";
+  return {"", llvm::demangle(Kernel.str())};
 }
 
 /// Where a custom op is implemented, from the code indexes (find_op): the
@@ -195,9 +204,10 @@ void printText(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx)
       if (std::string Where = opSource(S.Op->Name, Idx); !Where.empty())
         OS << "  op source: " << Where << "\n";
       for (const std::string &K : S.Op->Kernels) {
-        OS << "  kernel: " << K;
-        if (std::string Where = kernelSource(K, Idx); !Where.empty())
-          OS << "  " << Where;
+        KernelSite Site = kernelSite(K, Idx);
+        OS << "  kernel: " << Site.Display;
+        if (!Site.Where.empty())
+          OS << "  " << Site.Where;
         OS << "\n";
       }
     }
@@ -226,9 +236,11 @@ json::Value componentJSON(const ComponentRatio &C) {
 json::Value opJSON(const OpFinding &Op, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
   json::Array Kernels;
   for (const std::string &K : Op.Kernels) {
-    std::string Where = kernelSource(K, Idx);
+    KernelSite Site = kernelSite(K, Idx);
     Kernels.push_back(json::Object{
-        {"name", K}, {"source", Where.empty() ? json::Value(nullptr) : json::Value(Where)}});
+        {"name", K},
+        {"display_name", Site.Display},
+        {"source", Site.Where.empty() ? json::Value(nullptr) : json::Value(Site.Where)}});
   }
   std::string OpWhere = opSource(Op.Name, Idx);
   return json::Object{{"op", Op.Name},

@@ -31,6 +31,14 @@ TEST(KernelSymbol, DemangledSignatures) {
   EXPECT_EQ(kernelQualifiedName("ns::k"), "ns::k");
 }
 
+TEST(KernelSymbol, NvccAnonymousNamespace) {
+  // nvcc names a .cu file's anonymous namespace after the file and a hash;
+  // CUPTI reports it so (seen on an H200 with nvcc 13.0).
+  EXPECT_EQ(kernelQualifiedName("_ZN50_GLOBAL__N__52fe86f7_17_ZooKernelsCuda_cu_f4cf3eeb26zoo_"
+                                "paged_attention_kernelEPfPKfS2_S2_PKlS4_S4_lllllflb"),
+            "(anonymous namespace)::zoo_paged_attention_kernel");
+}
+
 TEST(KernelSymbol, PlainNamesPassThrough) {
   EXPECT_EQ(kernelQualifiedName("triton_poi_fused_add_0"), "triton_poi_fused_add_0");
 }
