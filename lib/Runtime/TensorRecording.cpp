@@ -3,11 +3,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
+#include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 namespace ekka {
 
@@ -41,6 +44,40 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R) {
   return true;
 }
 
+namespace {
+
+/// Sum, sum of squares, min, max, NaN and Inf counts of \p T, as six
+/// doubles computed where \p T is (asynchronously on a GPU), in few
+/// kernels: reductions that accumulate in double without a double copy of
+/// the tensor, and one stack that promotes their results. The second is
+/// the 2-norm; statsOfSix squares it.
+at::Tensor statsOnDevice(const at::Tensor &T) {
+  at::Tensor X = T.detach();
+  switch (X.scalar_type()) {
+  case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble: break;
+  default: X = X.to(at::kDouble); // integers, booleans, float8
+  }
+  auto [Min, Max] = at::aminmax(X);
+  return at::stack({at::sum(X, at::kDouble),
+                    at::linalg_vector_norm(X, 2, std::nullopt, false, at::kDouble), Min, Max,
+                    at::isnan(X).sum(), at::isinf(X).sum()})
+      .to(at::kDouble);
+}
+
+TensorStats statsOfSix(const at::Tensor &Host) {
+  const double *V = Host.const_data_ptr<double>();
+  TensorStats S;
+  S.Sum = V[0];
+  S.SumSq = V[1] * V[1];
+  S.Min = V[2];
+  S.Max = V[3];
+  S.NanCount = int64_t(V[4]);
+  S.InfCount = int64_t(V[5]);
+  return S;
+}
+
+} // namespace
+
 TensorStats tensorStats(const at::Tensor &T) {
   // Our own ops must neither be recorded nor enter autograd.
   at::RecordFunctionGuard NoRecord(false);
@@ -60,18 +97,7 @@ TensorStats tensorStats(const at::Tensor &T) {
   }
   // On a GPU, or an element type the loop does not know: reductions there,
   // brought back in one transfer.
-  at::Tensor X = T.detach().to(at::kDouble);
-  at::Tensor All = at::stack({X.sum(), (X * X).sum(), X.min(), X.max(),
-                              X.isnan().sum().to(at::kDouble), X.isinf().sum().to(at::kDouble)})
-                       .cpu();
-  const double *V = All.const_data_ptr<double>();
-  S.Sum = V[0];
-  S.SumSq = V[1];
-  S.Min = V[2];
-  S.Max = V[3];
-  S.NanCount = int64_t(V[4]);
-  S.InfCount = int64_t(V[5]);
-  return S;
+  return statsOfSix(statsOnDevice(T).cpu());
 }
 
 std::string tensorBytes(const at::Tensor &T) {
@@ -80,6 +106,36 @@ std::string tensorBytes(const at::Tensor &T) {
   at::Tensor C = T.detach().to(at::kCPU).contiguous();
   const char *P = static_cast<const char *>(C.data_ptr());
   return std::string(P, P + C.numel() * C.element_size());
+}
+
+TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
+                                       std::atomic<int64_t> &Lost) {
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  if (T.numel() == 0 && !Bytes)
+    return [](TensorRecord &R, std::optional<std::string> &) { R.Stats = TensorStats(); };
+  at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
+  at::Tensor Host = at::empty(Source.sizes(),
+                              Source.options().device(at::kCPU).pinned_memory(true));
+  Host.copy_(Source, /*non_blocking=*/true);
+  // The copy is on the tensor's device's current stream: the event after
+  // it says when the pinned buffer holds the result.
+  const c10::impl::DeviceGuardImplInterface *Device = c10::impl::getDeviceGuardImpl(T.device().type());
+  auto Done = std::make_shared<c10::Event>(T.device().type());
+  Done->record(Device->getStream(T.device()));
+  return [Host, Done, Bytes, &Lost](TensorRecord &R, std::optional<std::string> &Data) {
+    try {
+      Done->synchronize();
+      if (Bytes) {
+        const char *P = static_cast<const char *>(Host.const_data_ptr());
+        Data = std::string(P, P + Host.numel() * Host.element_size());
+      } else {
+        R.Stats = statsOfSix(Host);
+      }
+    } catch (...) {
+      ++Lost; // the record stays, without what the device did not deliver
+    }
+  };
 }
 
 } // namespace ekka

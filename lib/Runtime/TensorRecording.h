@@ -3,9 +3,11 @@
 #define EKKA_LIB_RUNTIME_TENSORRECORDING_H
 
 #include "ekka/Trace/TraceFormat.h"
+#include "ekka/Trace/TraceWriter.h"
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <optional>
 #include <string>
 
@@ -20,6 +22,15 @@ TensorStats tensorStats(const at::Tensor &T);
 /// A contiguous CPU copy of \p T's bytes: what it holds now, even if an op
 /// later changes it in place.
 std::string tensorBytes(const at::Tensor &T);
+
+/// For a tensor on a GPU: its statistics (or, with \p Bytes, its bytes)
+/// copied to pinned host memory without blocking the program, in stream
+/// order (so, as it is now, even if an op later changes it in place). The
+/// completion, run on the trace writer's thread, waits for that copy and
+/// fills in the record. A failure there leaves the record without them and
+/// counts it in \p Lost.
+TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
+                                       std::atomic<int64_t> &Lost);
 
 } // namespace ekka
 

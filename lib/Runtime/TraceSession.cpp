@@ -86,6 +86,9 @@ struct Session {
   CaptureOptions Options;
   std::string OptionsText;
   std::atomic<int64_t> CallSeq{0}, OpSeq{0}, KernelSeq{0}, KernelSnapshots{0};
+  /// Device statistics or bytes that never arrived (an error waiting for
+  /// the copy): their records are written without them.
+  std::atomic<int64_t> LostReadbacks{0};
   /// Launches inside captured ops, and those whose pointers matched no
   /// tensor of the op or whose copy failed: the meta's kernel_snapshots.
   std::atomic<int64_t> CapturedOpLaunches{0}, UnmatchedLaunches{0}, FailedCopies{0},
@@ -158,11 +161,18 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   bool Captured = Capture && withinCaptureBudget(S, Size);
   std::optional<std::string> Data;
   auto Use = TraceWriter::BytesUse::Capture;
+  int64_t Id = R.Id;
+  if (T.is_cuda() && (Captured || Stats)) {
+    // Read back without waiting: the writer's thread waits for the copy.
+    // Captured bytes give the statistics too, computed there.
+    if (!Captured)
+      Use = TraceWriter::BytesUse::StatsOnly;
+    S.Writer->addTensor(std::move(R), deviceReadback(T, Captured, S.LostReadbacks),
+                        Captured ? Size : 0, Use);
+    return Id;
+  }
   if (Captured) {
-    // The writer's thread already has the shards to write: the statistics
-    // of what it stores are computed here.
-    if (Stats)
-      R.Stats = tensorStats(T);
+    // The statistics are computed from the bytes, on the writer's thread.
     Data = tensorBytes(T);
   } else if (Stats && T.device().is_cpu()) {
     // A copy is cheaper here than the statistics: they are computed on the
@@ -172,7 +182,6 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   } else if (Stats) {
     R.Stats = tensorStats(T); // on the device, one transfer of six numbers
   }
-  int64_t Id = R.Id;
   S.Writer->addTensor(std::move(R), std::move(Data), Use);
   return Id;
 }
@@ -695,6 +704,10 @@ std::string stopTrace() {
     Result = std::to_string(C.ModuleCalls) + " module calls, " + std::to_string(C.Ops) +
              " ops, " + std::to_string(C.Kernels) + " kernels, " + std::to_string(C.Tensors) +
              " tensors, " + std::to_string(C.CapturedBytes) + " bytes captured";
+  // Known only now: the writer's thread waited for the device's copies.
+  if (int64_t Readbacks = S->LostReadbacks.load())
+    Lost += (Lost.empty() ? "" : "; ") + std::to_string(Readbacks) +
+            " tensors' statistics or bytes never came back from the device (recorded without)";
   if (!Result.empty() && !Lost.empty() && Result.rfind("error: ", 0) != 0)
     Result += "; warning: " + Lost;
   // Not deleted: an observer or CUPTI callback on another thread may still

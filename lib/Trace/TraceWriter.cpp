@@ -35,7 +35,7 @@ std::string dim3(const uint32_t D[3]) {
 class TraceWriter::Backend {
 public:
   Backend(std::string Dir, std::unique_ptr<SQLiteDatabase> Db, uint64_t ShardBytes)
-      : Dir(std::move(Dir)), Db(std::move(Db)), ShardBytes(ShardBytes) {}
+      : Db(std::move(Db)), Dir(std::move(Dir)), ShardBytes(ShardBytes) {}
 
   Error prepare() {
     auto Prep = [&](SQLiteStatement &S, StringRef SQL) -> Error {
@@ -149,6 +149,10 @@ private:
 
   Error add(TensorItem &T, TraceCounts &Counts) {
     ++Counts.Tensors;
+    if (T.Complete) {
+      T.Complete(T.Record, T.Data);
+      T.Complete = nullptr; // what it held (device copies) is released now
+    }
     if (T.Data && !T.Record.Stats)
       T.Record.Stats = statsOfBytes(T.Record.Type, *T.Data);
     if (!T.Data || T.Use == BytesUse::StatsOnly)
@@ -277,7 +281,10 @@ void TraceWriter::addOp(OpRecord R) { enqueue(std::move(R), 0); }
 void TraceWriter::addKernel(KernelRecord R) { enqueue(std::move(R), 0); }
 void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data, BytesUse Use) {
   uint64_t Bytes = Data ? Data->size() : 0;
-  enqueue(TensorItem{std::move(R), std::move(Data), Use}, Bytes);
+  enqueue(TensorItem{std::move(R), std::move(Data), Use, nullptr}, Bytes);
+}
+void TraceWriter::addTensor(TensorRecord R, Completion Complete, uint64_t Bytes, BytesUse Use) {
+  enqueue(TensorItem{std::move(R), std::nullopt, Use, std::move(Complete)}, Bytes);
 }
 
 void TraceWriter::run() {
@@ -308,7 +315,8 @@ void TraceWriter::run() {
     } else {
       // After a failure nothing more is written; captures are counted lost.
       for (Item &I : Batch)
-        if (auto *T = std::get_if<TensorItem>(&I); T && T->Data && T->Use == BytesUse::Capture)
+        if (auto *T = std::get_if<TensorItem>(&I);
+            T && (T->Data || T->Complete) && T->Use == BytesUse::Capture)
           ++Counts.DroppedCaptures;
     }
     Batch.clear();

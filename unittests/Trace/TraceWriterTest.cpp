@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 using namespace ekka;
 using namespace llvm;
 
@@ -96,6 +98,62 @@ TEST_F(TraceTest, WriteThenRead) {
   auto None = (*R)->tensorBytes((*Tensors)[1]);
   ASSERT_FALSE(bool(None));
   EXPECT_NE(toString(None.takeError()).find("was not captured"), std::string::npos);
+}
+
+// A device's read-back: the record is completed on the writer's thread,
+// after the program enqueued it (the completion waits for the copy there).
+TEST_F(TraceTest, CompletionsFillInStatisticsAndBytesOnTheWritersThread) {
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W)) << toString(W.takeError());
+  std::thread::id Program = std::this_thread::get_id(), StatsThread, BytesThread;
+  TensorRecord Stats;
+  Stats.Id = (*W)->nextTensorId();
+  Stats.Owner = TensorOwner::ModuleCall;
+  Stats.OwnerId = 1;
+  Stats.Role = "output";
+  Stats.Shape = {2};
+  Stats.Device = "cuda:0";
+  (*W)->addTensor(
+      Stats,
+      [&](TensorRecord &R, std::optional<std::string> &) {
+        StatsThread = std::this_thread::get_id();
+        R.Stats = TensorStats{3, 5, 1, 2, 0, 0};
+      },
+      0, TraceWriter::BytesUse::StatsOnly);
+  TensorRecord Captured = Stats;
+  Captured.Id = (*W)->nextTensorId();
+  (*W)->addTensor(
+      Captured,
+      [&](TensorRecord &, std::optional<std::string> &Data) {
+        BytesThread = std::this_thread::get_id();
+        Data = floats({1, -2});
+      },
+      8, TraceWriter::BytesUse::Capture);
+  // One whose device never delivered: recorded, without statistics or bytes.
+  TensorRecord Lost = Stats;
+  Lost.Id = (*W)->nextTensorId();
+  (*W)->addTensor(Lost, [](TensorRecord &, std::optional<std::string> &) {}, 8,
+                  TraceWriter::BytesUse::Capture);
+  ASSERT_FALSE(bool((*W)->close()));
+  EXPECT_NE(StatsThread, Program);
+  EXPECT_NE(BytesThread, Program);
+
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  auto Tensors = (*R)->tensors();
+  ASSERT_TRUE(Tensors && Tensors->size() == 3u);
+  ASSERT_TRUE((*Tensors)[0].Stats.has_value());
+  EXPECT_DOUBLE_EQ((*Tensors)[0].Stats->SumSq, 5);
+  EXPECT_TRUE((*Tensors)[0].Shard.empty());
+  // Captured bytes give the statistics, computed by the writer.
+  ASSERT_TRUE((*Tensors)[1].Stats.has_value());
+  EXPECT_DOUBLE_EQ((*Tensors)[1].Stats->Sum, -1);
+  EXPECT_DOUBLE_EQ((*Tensors)[1].Stats->Min, -2);
+  auto Bytes = (*R)->tensorBytes((*Tensors)[1]);
+  ASSERT_TRUE(bool(Bytes));
+  EXPECT_EQ(*Bytes, floats({1, -2}));
+  EXPECT_FALSE((*Tensors)[2].Stats.has_value());
+  EXPECT_TRUE((*Tensors)[2].Shard.empty());
 }
 
 TEST_F(TraceTest, SmallShardsRollOver) {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -72,6 +73,13 @@ public:
   /// thread, off the program's.
   void addTensor(TensorRecord R, std::optional<std::string> Data = std::nullopt,
                  BytesUse Use = BytesUse::Capture);
+  /// Completes a record on the writer's thread, just before it is written:
+  /// fills in its statistics or its bytes (a device's copy, waited for
+  /// there rather than on the program's thread). It must not throw.
+  using Completion = std::function<void(TensorRecord &, std::optional<std::string> &)>;
+  /// A tensor whose statistics or bytes (\p Bytes of them) \p Complete will
+  /// provide.
+  void addTensor(TensorRecord R, Completion Complete, uint64_t Bytes, BytesUse Use);
 
   /// Writes everything still queued and the last shard, then stops the
   /// background thread. The first write error (a full disk) is returned;
@@ -94,6 +102,7 @@ private:
     TensorRecord Record;
     std::optional<std::string> Data;
     BytesUse Use = BytesUse::Capture;
+    Completion Complete;
   };
   using Item = std::variant<MetaItem, ModuleCallRecord, OpRecord, KernelRecord, TensorItem>;
 
