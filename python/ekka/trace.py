@@ -22,6 +22,7 @@ from torch.nn.modules.module import (register_module_forward_hook,
 from torch.utils import _pytree
 
 _state = None
+_enter = _exit = None  # torch.ops.ekka.enter / exit, once the runtime is loaded
 
 
 class _State:
@@ -53,18 +54,38 @@ class _State:
         self.local.names = value
 
 
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+_tracing_state = torch._C._get_tracing_state
+_is_scripting = torch.jit.is_scripting
+
+
 def _not_traceable():
     """While torch.compile or torch.jit traces the program, hooks must stay
     out of the graph: the ekka ops have no meta kernels and return strings."""
-    try:
-        if torch.compiler.is_compiling():
-            return True
-    except AttributeError:
-        pass
-    return torch._C._get_tracing_state() is not None or torch.jit.is_scripting()
+    return _is_compiling() or _tracing_state() is not None or _is_scripting()
 
 
 def _tensors(value):
+    """The tensors in a module's arguments or result, in order. The common
+    shapes (a tensor, a tuple or list of tensors and None, a dict of them)
+    directly; anything else through pytree: a hook runs at every module
+    call, and pytree's flattening is most of its cost."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if type(value) in (tuple, list):
+        out = []
+        for leaf in value:
+            if isinstance(leaf, torch.Tensor):
+                out.append(leaf)
+            elif leaf is not None and not isinstance(leaf, (int, float, bool, str)):
+                return _tensors_of_any(value)
+        return out
+    if type(value) is dict:
+        return _tensors(list(value.values()))
+    return _tensors_of_any(value)
+
+
+def _tensors_of_any(value):
     leaves, _ = _pytree.tree_flatten(value)
     out = []
     for leaf in leaves:
@@ -140,40 +161,57 @@ def _pre_hook(module, args):
         return
     if not state.started and not _start(state):
         return
-    is_root = not state.stack
+    local = state.local
+    stack = getattr(local, "stack", None)
+    if stack is None:
+        stack = local.stack = []
+    is_root = not stack
+    names = getattr(local, "names", None)
     if is_root:
-        state.names = {id(m): name for name, m in module.named_modules(remove_duplicate=False)}
-    path = state.names.get(id(module))
+        local.forwards = getattr(local, "forwards", 0) + 1
+        if names is None or getattr(local, "root", None) is not module:
+            # The root's module tree, named once per root (again, once per
+            # forward, when a module is not found in it: one added since).
+            names = local.names = _names_of(module)
+            local.root = module
+            local.named_in = local.forwards
+    path = names.get(id(module))
+    if path is None and stack and local.named_in != local.forwards:
+        names = local.names = _names_of(local.root)
+        local.named_in = local.forwards
+        path = names.get(id(module))
     if path is None:
         # A module outside the root's tree (created on the fly): named under
         # its caller.
-        parent = state.names.get(id(state.stack[-1][0]), "") if state.stack else ""
+        parent = names.get(id(stack[-1][0]), "") if stack else ""
         path = f"{parent}.<{type(module).__name__}>" if parent else type(module).__name__
     qualname, file, line = _class_source(state, type(module))
     inputs = _tensors(args)
-    call_id = torch.ops.ekka.enter(path, type(module).__name__, qualname, file, line,
-                                   is_root, inputs)
-    state.stack.append((module, call_id, len(inputs)))
+    call_id = _enter(path, type(module).__name__, qualname, file, line, is_root, inputs)
+    stack.append((module, call_id, len(inputs)))
+
+
+def _names_of(root):
+    return {id(m): name for name, m in root.named_modules(remove_duplicate=False)}
 
 
 def _post_hook(module, args, *rest):
     # PyTorch passes (kwargs, output) normally, but only (output) when it
     # calls an always_call hook for a forward that raised.
     kwargs, output = (rest[0], rest[1]) if len(rest) == 2 else ({}, None)
-    state = _state
-    if not state.stack or _not_traceable():
+    stack = getattr(_state.local, "stack", None)
+    if not stack or _not_traceable():
         return
     # Unwind to this module: a call that raised left without its exit.
-    while state.stack and state.stack[-1][0] is not module:
-        state.stack.pop()
-    if not state.stack:
+    while stack and stack[-1][0] is not module:
+        stack.pop()
+    if not stack:
         return
-    _, call_id, positional = state.stack.pop()
+    _, call_id, positional = stack.pop()
     # Global pre-hooks do not see keyword arguments (HF passes hidden_states
     # by keyword); the forward hook does, so they are recorded here, as the
     # inputs after the positional ones.
-    torch.ops.ekka.exit(call_id, _tensors(output), _tensors(kwargs) if kwargs else [],
-                        positional)
+    _exit(call_id, _tensors(output), _tensors(kwargs) if kwargs else [], positional)
 
 
 def _stop():
@@ -198,6 +236,8 @@ def install(trace_dir, options="", runtime_library=None):
     if _state is not None:
         return
     torch.ops.load_library(runtime_library or os.environ["EKKA_RUNTIME_LIB"])
+    global _enter, _exit
+    _enter, _exit = torch.ops.ekka.enter.default, torch.ops.ekka.exit.default
     _state = _State(trace_dir, options)
     # torch.compile must not trace into the hooks: they run eagerly, outside
     # its graphs, where they see real tensors.

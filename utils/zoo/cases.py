@@ -80,12 +80,21 @@ class MeanPoolingEmbedder(torch.nn.Module):
 
 
 class Case:
+    """`quant`: the engine's decoder linears quantized ("fp8", "fp4"); the
+    checkpoint's weights of those layers are then on the format's grid (per
+    row, power-of-two scales), so that a correct quantized engine computes
+    what the reference does up to rounding. `scale_weights`: checkpoint
+    weights multiplied by a factor (large activations where a case needs
+    them)."""
+
     def __init__(self, id, source, model, config, bugs, accepted, kernel=None,
-                 prompt=PROMPT, decode=4, symptom="", task="generate"):
+                 prompt=PROMPT, decode=4, symptom="", task="generate", quant=None,
+                 scale_weights=None):
         self.id, self.source, self.model, self.config = id, source, model, config
         self.bugs, self.accepted, self.kernel = tuple(bugs), tuple(accepted), kernel
         self.prompt, self.decode, self.symptom = prompt, decode, symptom
-        self.task = task
+        self.task, self.quant = task, quant
+        self.scale_weights = dict(scale_weights or {})
 
     @property
     def clean(self):
@@ -133,6 +142,19 @@ CASES = [
          ["paged-attn-last-page"], ["model.layers.0.self_attn", "model.layers.0.self_attn.attn"],
          kernel="zoo::paged_attention",
          symptom="attention reads the unfilled tail of the last KV page"),
+    Case("clean-llama-fp8", "clean pair", "LlamaForCausalLM", llama_config, [], [],
+         quant="fp8"),
+    Case("fp8-weights-zero", "SGLang-4434", "LlamaForCausalLM", llama_config,
+         ["fp8-weights-zero"], ["model.layers.0.self_attn.qkv_proj"], quant="fp8",
+         symptom="FP8 linears loaded from a 16-bit checkpoint without online quantization: "
+                 "their weights stay zero"),
+    Case("clean-llama-fp4", "clean pair", "LlamaForCausalLM", llama_config, [], [],
+         quant="fp4"),
+    Case("fp4-gemm-overflow", "vLLM-33560", "LlamaForCausalLM", llama_config,
+         ["fp4-gemm-overflow"], ["model.layers.0.mlp.gate_up_proj"], kernel="zoo::quant_gemm",
+         quant="fp4", scale_weights={"model.layers.0.post_attention_layernorm.weight": 3000.0},
+         symptom="the FP4 GEMM rounds its fp32 accumulator to fp16 before the scale: "
+                 "large activations overflow"),
 ]
 
 BY_ID = {c.id: c for c in CASES}

@@ -40,10 +40,36 @@ def reference_model(case, dtype, device):
     return model
 
 
+# The decoder's linear layers, which a quantized engine quantizes.
+QUANTIZED = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.",
+             ".self_attn.o_proj.", ".mlp.gate_proj.", ".mlp.up_proj.", ".mlp.down_proj.")
+FORMAT_MAX = {"fp8": 448.0, "fp4": 6.0}
+FP4_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def on_grid(weight, fmt):
+    """\p weight rounded to the quantization grid of \p fmt, per row with a
+    power-of-two scale: values a correct quantized engine holds exactly."""
+    w = weight.float()
+    amax = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / FORMAT_MAX[fmt])))
+    q = w / scale
+    if fmt == "fp8":
+        q = q.to(torch.float8_e4m3fn).float()
+    else:
+        q = FP4_GRID[(q.abs().unsqueeze(-1) - FP4_GRID).abs().argmin(-1)] * q.sign()
+    return (q * scale).to(weight.dtype)
+
+
 def save_checkpoint(case, path):
     torch.manual_seed(SEED)
     model = case.hf_model_class()(case.config())
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    for name, factor in case.scale_weights.items():
+        state[name] = state[name] * factor
+    if case.quant:
+        state = {k: on_grid(v, case.quant) if k.endswith(".weight") and any(q in k for q in QUANTIZED)
+                 else v for k, v in state.items()}
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     save_file(state, path)
@@ -66,7 +92,7 @@ def main():
         checkpoint = {k: v.to(torch.bfloat16)
                       for k, v in load_file(os.path.join(DIR, "checkpoint.safetensors")).items()}
         engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs,
-                        task=case.task, device=device)
+                        task=case.task, device=device, quant=case.quant)
         if case.task == "embed":
             engine.embed(case.prompt)
             consumed, generated = case.prompt, []

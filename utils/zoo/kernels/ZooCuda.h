@@ -45,6 +45,12 @@ int fusedMoe(float *Out, float *Act, const float *X, const float *W13, const flo
              const int64_t *Experts, const float *Weights, int64_t Tokens, int64_t TopK,
              int64_t Hidden, int64_t Rows13, int64_t Inter, int64_t Split, void *Stream);
 
+/// Y[t, n] = (sum_k X[t, k] Q[n, k]) * Scales[n], accumulated in fp32 over
+/// the unscaled weight values \p Q; \p HalfAccumulator rounds the sum to
+/// fp16 before the scale (the bug `fp4-gemm-overflow`).
+int quantGemm(float *Y, const float *X, const float *Q, const float *Scales, int64_t Tokens,
+              int64_t N, int64_t K, bool HalfAccumulator, void *Stream);
+
 } // namespace zoo::cuda
 
 #endif

@@ -4,8 +4,8 @@
 // through these ops, as vLLM runs its own through `_C`: RMSNorm, fused
 // residual-add + RMSNorm (in place, returning the pair through its
 // arguments), rotary embedding applied in place, writing keys and values
-// into a paged cache, paged attention over it, and the experts of a fused
-// MoE. Each op has one implementation for the CPU and, where the CUDA
+// into a paged cache, paged attention over it, the experts of a fused MoE,
+// and the GEMM of FP8/FP4-quantized linears. Each op has one implementation for the CPU and, where the CUDA
 // toolkit was found at build time (ZOO_WITH_CUDA), the GPU: the loops here,
 // or the kernels of ZooKernelsCuda.cu for CUDA tensors. They compute in
 // float and write the tensor's own dtype.
@@ -307,6 +307,58 @@ void fusedMoe(at::Tensor Out, const at::Tensor &Hidden, const at::Tensor &W13, c
   Out.copy_(Y.view(Out.sizes()));
 }
 
+// The weights of a quantized GEMM as the float values of their codes (not
+// yet scaled): float8 e4m3 as stored, or FP4 e2m1 codes two per byte (even
+// columns in the low nibble, the sign in each code's bit 3).
+at::Tensor quantizedValues(const at::Tensor &QWeight, const std::string &Format) {
+  if (Format == "fp8")
+    return QWeight.to(at::kFloat);
+  TORCH_CHECK(Format == "fp4", "zoo::quant_gemm: unknown format '", Format, "'");
+  at::Tensor Grid = at::tensor({0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f},
+                               at::TensorOptions().device(QWeight.device()));
+  at::Tensor Bytes = QWeight.to(at::kLong);
+  at::Tensor Codes = at::stack({Bytes.bitwise_and(15), Bytes.bitwise_right_shift(4)}, -1)
+                         .flatten(-2);
+  return Grid.index({Codes});
+}
+
+// out = (input . q^T) * scale + bias, where q are the weight codes' values
+// and scale one float per output row: the products are accumulated in fp32
+// over the unscaled codes, then scaled (as FP4/FP8 GEMMs with a global scale
+// do). The planted bug `fp4-gemm-overflow` casts the fp32 accumulator to
+// fp16 before the scale: large activations overflow to infinity.
+void quantGemm(at::Tensor Out, const at::Tensor &Input, const at::Tensor &QWeight,
+               const at::Tensor &Scales, const std::optional<at::Tensor> &Bias,
+               std::string Format) {
+  DeviceGuard Guard(Input.device());
+  int64_t K = Input.size(-1);
+  at::Tensor X = Input.to(at::kFloat).reshape({-1, K}).contiguous();
+  at::Tensor Q = quantizedValues(QWeight, Format).contiguous();
+  TORCH_CHECK(Q.size(1) == K, "zoo::quant_gemm: weight of ", Q.size(1), " columns for input of ", K);
+  at::Tensor S = Scales.to(at::kFloat).contiguous();
+  bool Overflow = Format == "fp4" && bug("fp4-gemm-overflow");
+  at::Tensor Y;
+#ifdef ZOO_WITH_CUDA
+  if (X.is_cuda()) {
+    Y = at::empty({X.size(0), Q.size(0)}, X.options());
+    launched(zoo::cuda::quantGemm(Y.data_ptr<float>(), X.data_ptr<float>(), Q.data_ptr<float>(),
+                                  S.data_ptr<float>(), X.size(0), Q.size(0), K, Overflow,
+                                  streamOf(X)),
+             "zoo_quant_gemm_kernel");
+  }
+#endif
+  if (!Y.defined()) {
+    at::Tensor Acc = at::matmul(X, Q.t());
+    if (Overflow)
+      Acc = Acc.to(at::kHalf).to(at::kFloat);
+    Y = Acc * S;
+  }
+  if (Bias)
+    Y = Y + Bias->to(at::kFloat);
+  Out.copy_(Y.view(Out.sizes()));
+}
+
 } // namespace
 
 TORCH_LIBRARY(zoo, m) {
@@ -326,6 +378,8 @@ TORCH_LIBRARY_FRAGMENT(zoo, m) {
   m.def("fused_moe(Tensor(a!) out, Tensor hidden_states, Tensor w13, Tensor w2, "
         "Tensor router_logits, int top_k, bool renormalize, int split, "
         "Tensor? correction_bias=None, float norm_min=0.0) -> ()");
+  m.def("quant_gemm(Tensor(a!) out, Tensor input, Tensor qweight, Tensor scales, Tensor? bias, "
+        "str format) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(zoo, CPU, m) {
@@ -335,6 +389,7 @@ TORCH_LIBRARY_IMPL(zoo, CPU, m) {
   m.impl("rotary_embedding", rotaryEmbedding);
   m.impl("reshape_and_cache", reshapeAndCache);
   m.impl("paged_attention", pagedAttention);
+  m.impl("quant_gemm", quantGemm);
 }
 
 #ifdef ZOO_WITH_CUDA
@@ -346,5 +401,6 @@ TORCH_LIBRARY_IMPL(zoo, CUDA, m) {
   m.impl("rotary_embedding", rotaryEmbedding);
   m.impl("reshape_and_cache", reshapeAndCache);
   m.impl("paged_attention", pagedAttention);
+  m.impl("quant_gemm", quantGemm);
 }
 #endif

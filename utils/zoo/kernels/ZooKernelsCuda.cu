@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 #include "ZooCuda.h"
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 namespace {
@@ -160,6 +161,21 @@ __global__ void zoo_moe_down_kernel(float *Out, const float *Act, const float *W
   }
 }
 
+// One block per token; threads over output columns.
+__global__ void zoo_quant_gemm_kernel(float *Y, const float *X, const float *Q,
+                                      const float *Scales, int64_t N, int64_t K,
+                                      bool HalfAccumulator) {
+  const float *Xr = X + blockIdx.x * K;
+  for (int64_t Col = threadIdx.x; Col < N; Col += Threads) {
+    float Acc = 0;
+    for (int64_t I = 0; I < K; ++I)
+      Acc += Xr[I] * Q[Col * K + I];
+    if (HalfAccumulator)
+      Acc = __half2float(__float2half(Acc));
+    Y[blockIdx.x * N + Col] = Acc * Scales[Col];
+  }
+}
+
 cudaStream_t stream(void *S) { return static_cast<cudaStream_t>(S); }
 int launched() { return int(cudaGetLastError()); }
 
@@ -220,6 +236,14 @@ int fusedMoe(float *Out, float *Act, const float *X, const float *W13, const flo
     return Error;
   zoo_moe_down_kernel<<<unsigned(Tokens), Threads, 0, stream(Stream)>>>(Out, Act, W2, Experts,
                                                                          Weights, TopK, Hidden, Inter);
+  return launched();
+}
+
+int quantGemm(float *Y, const float *X, const float *Q, const float *Scales, int64_t Tokens,
+              int64_t N, int64_t K, bool HalfAccumulator, void *Stream) {
+  if (Tokens > 0)
+    zoo_quant_gemm_kernel<<<unsigned(Tokens), Threads, 0, stream(Stream)>>>(Y, X, Q, Scales, N, K,
+                                                                            HalfAccumulator);
   return launched();
 }
 

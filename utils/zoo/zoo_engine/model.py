@@ -10,8 +10,10 @@ from torch import nn
 class Arch:
     """What differs between the supported families, read off a HF config."""
 
-    def __init__(self, hf_config):
+    def __init__(self, hf_config, quant=None):
         c = hf_config
+        # Weight quantization of the decoder's linear layers: None, fp8, fp4.
+        self.quant = quant
         self.family = ("gemma3" if c.model_type.startswith("gemma3") else
                        c.model_type if c.model_type in ("qwen2_moe", "qwen3_moe", "ernie4_5_moe")
                        else "llama")
@@ -102,16 +104,72 @@ class HeadNorm(RMSNorm):
         return out.view_as(x)
 
 
-class Linear(nn.Module):
-    """A linear layer (vLLM's Column/RowParallelLinear on one rank)."""
+# The largest magnitude of each weight format, for the per-row scales.
+QUANT_MAX = {"fp8": 448.0, "fp4": 6.0}
+# FP4 (e2m1) magnitudes, by the code's low three bits; the fourth is the sign.
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
-    def __init__(self, in_features, out_features, bias=False):
+
+def power_of_two_scales(weight, fmt):
+    """Per output row: the smallest power of two s with max|w| / s within
+    the format's range (a power of two keeps a quantized value exact in
+    bf16). frexp, not log2: exact at powers of two."""
+    amax = weight.abs().amax(dim=1).float().clamp_min(1e-30) / QUANT_MAX[fmt]
+    mantissa, exponent = torch.frexp(amax)
+    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
+    return torch.ldexp(torch.ones_like(amax), exponent)
+
+
+def fp4_codes(q):
+    """The nearest e2m1 code of each value (sign in bit 3), two per byte:
+    even columns in the low nibble."""
+    grid = torch.tensor(FP4_VALUES, device=q.device)
+    codes = (q.abs().unsqueeze(-1) - grid).abs().argmin(dim=-1).to(torch.uint8)
+    codes |= (q < 0).to(torch.uint8) << 3
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+class Linear(nn.Module):
+    """A linear layer (vLLM's Column/RowParallelLinear on one rank). With
+    `quant` ("fp8" or "fp4"), weights are quantized after loading (per
+    output row, power-of-two scales, as vLLM's online quantization does for
+    a 16-bit checkpoint) and run by the engine's own GEMM kernel
+    (`zoo::quant_gemm`, dequantizing on the fly, accumulating in fp32)."""
+
+    def __init__(self, in_features, out_features, bias=False, quant=None):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.quant = quant
+        if quant:
+            self.allocate_quantized()
+
+    def allocate_quantized(self):
+        """What the kernel reads: allocated zero (again after the module is
+        moved or cast: they keep their own dtypes), filled by quantize()."""
+        out_features, in_features = self.weight.shape
+        packed = in_features if self.quant == "fp8" else in_features // 2
+        dtype = torch.float8_e4m3fn if self.quant == "fp8" else torch.uint8
+        device = self.weight.device
+        self.register_buffer("qweight", torch.zeros(out_features, packed, dtype=dtype,
+                                                    device=device))
+        self.register_buffer("weight_scale", torch.ones(out_features, device=device))
+
+    def quantize(self):
+        """Online quantization of the loaded 16-bit weight."""
+        with torch.no_grad():
+            w = self.weight.float()
+            scale = power_of_two_scales(w, self.quant)
+            q = w / scale.unsqueeze(1)
+            self.qweight.copy_(q.to(torch.float8_e4m3fn) if self.quant == "fp8" else fp4_codes(q))
+            self.weight_scale.copy_(scale)
 
     def forward(self, x):
-        return torch.nn.functional.linear(x, self.weight, self.bias)
+        if not self.quant:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        out = torch.empty(*x.shape[:-1], self.qweight.shape[0], dtype=x.dtype, device=x.device)
+        torch.ops.zoo.quant_gemm(out, x, self.qweight, self.weight_scale, self.bias, self.quant)
+        return out
 
 
 class RotaryEmbedding(nn.Module):
@@ -155,7 +213,8 @@ class Attention(nn.Module):
         a = arch
         self.q_size = a.num_heads * a.head_dim
         self.kv_size = a.num_kv_heads * a.head_dim
-        self.qkv_proj = Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias)
+        self.qkv_proj = Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias,
+                               quant=a.quant)
         if a.qk_norm:
             self.q_norm = HeadNorm(a.head_dim, a.eps, a.norm_offset, bugs)
             self.k_norm = HeadNorm(a.head_dim, a.eps, a.norm_offset, bugs)
@@ -172,7 +231,7 @@ class Attention(nn.Module):
         theta = a.rope_theta.get(layer_type, next(iter(a.rope_theta.values())))
         self.rotary_emb = RotaryEmbedding(a.head_dim, theta, a.rope_neox)
         self.attn = PagedAttention(a.num_heads, a.num_kv_heads, a.head_dim, a.scale, window)
-        self.o_proj = Linear(self.q_size, a.hidden_size)
+        self.o_proj = Linear(self.q_size, a.hidden_size, quant=a.quant)
         self.qk_norm = a.qk_norm
 
     def forward(self, positions, hidden_states, meta):
@@ -204,9 +263,9 @@ class MLP(nn.Module):
     def __init__(self, arch, bugs, intermediate_size=None):
         super().__init__()
         intermediate_size = intermediate_size or arch.intermediate_size
-        self.gate_up_proj = Linear(arch.hidden_size, 2 * intermediate_size)
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * intermediate_size, quant=arch.quant)
         self.act_fn = ActAndMul(arch.activation)
-        self.down_proj = Linear(intermediate_size, arch.hidden_size)
+        self.down_proj = Linear(intermediate_size, arch.hidden_size, quant=arch.quant)
         self.bugs = bugs
 
     def forward(self, x):
