@@ -20,6 +20,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <cmath>
+#include <malloc.h>
 #include <limits>
 
 using namespace llvm;
@@ -367,6 +368,11 @@ void writeHtml(StringRef Path, const Diagnosis &D, std::vector<std::unique_ptr<C
 } // namespace
 
 int main(int argc, char **argv) {
+  // Tensors are widened to doubles one pair after another, in buffers of
+  // the same few sizes: keep freed ones in the heap for the next, rather than
+  // mapping fresh pages (and faulting on each) for every tensor.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   cl::HideUnrelatedOptions({&Category});
   cl::SetVersionPrinter([](raw_ostream &OS) { OS << "ekka-diagnose " EKKA_VERSION "\n"; });
   parseCommandLineOrExit(
