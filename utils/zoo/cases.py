@@ -85,16 +85,18 @@ class Case:
     row, power-of-two scales), so that a correct quantized engine computes
     what the reference does up to rounding. `scale_weights`: checkpoint
     weights multiplied by a factor (large activations where a case needs
-    them)."""
+    them). `tp`: the engine runs as that many tensor-parallel ranks (gloo),
+    its trace one directory per rank."""
 
     def __init__(self, id, source, model, config, bugs, accepted, kernel=None,
                  prompt=PROMPT, decode=4, symptom="", task="generate", quant=None,
-                 scale_weights=None):
+                 scale_weights=None, tp=1):
         self.id, self.source, self.model, self.config = id, source, model, config
         self.bugs, self.accepted, self.kernel = tuple(bugs), tuple(accepted), kernel
         self.prompt, self.decode, self.symptom = prompt, decode, symptom
         self.task, self.quant = task, quant
         self.scale_weights = dict(scale_weights or {})
+        self.tp = tp  # the engine's tensor-parallel ranks (processes)
 
     @property
     def clean(self):
@@ -155,6 +157,10 @@ CASES = [
          quant="fp4", scale_weights={"model.layers.0.post_attention_layernorm.weight": 3000.0},
          symptom="the FP4 GEMM rounds its fp32 accumulator to fp16 before the scale: "
                  "large activations overflow"),
+    Case("clean-llama-tp2", "clean pair", "LlamaForCausalLM", llama_config, [], [], tp=2),
+    Case("tp-mlp-reduce", "SGLang-21039", "LlamaForCausalLM", llama_config,
+         ["tp-mlp-reduce"], ["model.layers.0.mlp.down_proj", "model.layers.0.mlp"], tp=2,
+         symptom="under tensor parallel 2 the MLP's down projection skips its all-reduce"),
 ]
 
 BY_ID = {c.id: c for c in CASES}

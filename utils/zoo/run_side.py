@@ -75,6 +75,30 @@ def save_checkpoint(case, path):
     save_file(state, path)
 
 
+def serve(case, device, rank=0, world=1):
+    """The engine serving the case's prompt on one rank of \p world."""
+    if world > 1:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+        torch.distributed.init_process_group(
+            "gloo", init_method="file://" + os.path.join(DIR, "gloo-store"), rank=rank,
+            world_size=world)
+    from zoo_engine import Engine
+    checkpoint = {k: v.to(torch.bfloat16)
+                  for k, v in load_file(os.path.join(DIR, "checkpoint.safetensors")).items()}
+    engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs,
+                    task=case.task, device=device, quant=case.quant, tp_rank=rank, tp_size=world)
+    if case.task == "embed":
+        engine.embed(case.prompt)
+        consumed, generated = case.prompt, []
+    else:
+        consumed, generated = engine.generate(case.prompt, case.decode)
+    if rank == 0:
+        with open(os.path.join(DIR, "tokens.json"), "w") as f:
+            json.dump({"consumed": consumed, "generated": generated}, f)
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
 def main():
     global DIR
     args = sys.argv[1:]
@@ -88,18 +112,22 @@ def main():
         checkpoint_path = os.path.join(DIR, "checkpoint.safetensors")
         if not os.path.exists(checkpoint_path):
             save_checkpoint(case, checkpoint_path)
-        from zoo_engine import Engine
-        checkpoint = {k: v.to(torch.bfloat16)
-                      for k, v in load_file(os.path.join(DIR, "checkpoint.safetensors")).items()}
-        engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs,
-                        task=case.task, device=device, quant=case.quant)
-        if case.task == "embed":
-            engine.embed(case.prompt)
-            consumed, generated = case.prompt, []
+        if case.tp == 1:
+            serve(case, device)
         else:
-            consumed, generated = engine.generate(case.prompt, case.decode)
-        with open(os.path.join(DIR, "tokens.json"), "w") as f:
-            json.dump({"consumed": consumed, "generated": generated}, f)
+            # One process per rank, as vLLM's workers: forked here, each
+            # traced into rank-N/ of the target trace.
+            import multiprocessing
+            fork = multiprocessing.get_context("fork")
+            ranks = [fork.Process(target=serve, args=(case, device, rank, case.tp))
+                     for rank in range(case.tp)]
+            for p in ranks:
+                p.start()
+            for p in ranks:
+                p.join()
+            failed = [r for r, p in enumerate(ranks) if p.exitcode != 0]
+            if failed:
+                raise SystemExit(f"run_side.py: rank {failed[0]} of the engine failed")
     elif what == "reference":
         dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args[3]]
         with open(os.path.join(DIR, "tokens.json")) as f:

@@ -104,7 +104,8 @@ def diagnose_case(work, index, text=True):
     """Runs ekka-diagnose over the traces in \p work; returns its JSON report.
     With \p text, also the diagnosis as ekka-diagnose prints it."""
     for side in ("target", "reference-bf16", "reference-fp32"):
-        if not os.path.isfile(os.path.join(work, side, "trace.db")):
+        if not any(os.path.isfile(os.path.join(work, side, *where, "trace.db"))
+                   for where in ((), ("rank-0",))):
             die(f"zoo: no trace '{side}' in '{work}' (zoo trace CASE --work DIR makes them)")
     cmd = [tool("ekka-diagnose"), "--target", f"{work}/target",
            "--reference", f"{work}/reference-bf16", "--reference-fp32", f"{work}/reference-fp32",

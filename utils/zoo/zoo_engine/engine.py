@@ -36,11 +36,12 @@ class Engine:
     the CPU, or on a GPU (`device="cuda"`) with the kernels' CUDA versions."""
 
     def __init__(self, hf_config, checkpoint, dtype=torch.bfloat16, bugs=(), block_size=4,
-                 num_blocks=256, task="generate", device="cpu", quant=None):
+                 num_blocks=256, task="generate", device="cpu", quant=None, tp_rank=0,
+                 tp_size=1):
         load_kernels()
         self.bugs = frozenset(bugs)
         torch.ops.zoo.set_bugs(",".join(sorted(self.bugs)))
-        self.arch = Arch(hf_config, quant)
+        self.arch = Arch(hf_config, quant, tp_rank, tp_size)
         self.dtype = dtype
         self.device = torch.device(device)
         with torch.device("meta"):
@@ -63,8 +64,27 @@ class Engine:
         # pages are not the first ones (paging is visible in the cache).
         self.free_blocks = list(range(num_blocks))
 
+    def shard(self, name, weight):
+        """This rank's share of a checkpoint tensor under tensor parallelism:
+        the rows of a column-parallel layer (Q, K, V, gate, up: its heads or
+        columns), the input columns of a row-parallel one (o_proj,
+        down_proj); the rest is replicated."""
+        a = self.arch
+        if a.tp_size == 1:
+            return weight
+        column = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
+        if any(p in name for p in column):
+            dim = 0
+        elif name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+            dim = 1
+        else:
+            return weight
+        size = weight.shape[dim] // a.tp_size
+        return weight.narrow(dim, a.tp_rank * size, size)
+
     def load_weights(self, checkpoint):
         """Maps HF checkpoint names onto the engine's (fused) parameters."""
+        checkpoint = {name: self.shard(name, w) for name, w in checkpoint.items()}
         params = dict(self.model.named_parameters())
         a = self.arch
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
@@ -110,6 +130,14 @@ class Engine:
         for module in self.model.modules():
             if isinstance(module, Linear) and module.quant:
                 module.quantize()
+
+    def _sampled(self, token):
+        """The next token: under tensor parallelism, rank 0's choice,
+        broadcast to every rank (as vLLM's driver worker samples for all)."""
+        if self.arch.tp_size > 1:
+            token = token.reshape(1).clone()
+            torch.distributed.broadcast(token, src=0)
+        return int(token)
 
     def _slots(self, table, positions):
         bs = self.block_size
@@ -163,7 +191,7 @@ class Engine:
                                              seq_ids=torch.zeros_like(positions),
                                              positions=positions)
                 logits = self.model(ids, positions, meta=meta)
-                token = int(logits[-1].argmax())
+                token = self._sampled(logits[-1].argmax())
                 generated.append(token)
                 if step + 1 < max_new_tokens:
                     consumed.append(token)

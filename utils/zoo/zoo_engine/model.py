@@ -10,10 +10,14 @@ from torch import nn
 class Arch:
     """What differs between the supported families, read off a HF config."""
 
-    def __init__(self, hf_config, quant=None):
+    def __init__(self, hf_config, quant=None, tp_rank=0, tp_size=1):
         c = hf_config
         # Weight quantization of the decoder's linear layers: None, fp8, fp4.
         self.quant = quant
+        # Tensor parallelism (vLLM's): each rank holds its share of the
+        # attention heads and of the MLP's intermediate size; the counts
+        # below are the rank's own.
+        self.tp_rank, self.tp_size = tp_rank, tp_size
         self.family = ("gemma3" if c.model_type.startswith("gemma3") else
                        c.model_type if c.model_type in ("qwen2_moe", "qwen3_moe", "ernie4_5_moe")
                        else "llama")
@@ -21,11 +25,14 @@ class Arch:
         self.rope_neox = self.family != "ernie4_5_moe"
         self.vocab_size = c.vocab_size
         self.hidden_size = c.hidden_size
-        self.intermediate_size = c.intermediate_size
         self.num_layers = c.num_hidden_layers
-        self.num_heads = c.num_attention_heads
-        self.num_kv_heads = c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        for count in (c.num_attention_heads, c.num_key_value_heads, c.intermediate_size):
+            if count % tp_size:
+                raise SystemExit(f"zoo: {count} heads or columns do not split over {tp_size} ranks")
+        self.intermediate_size = c.intermediate_size // tp_size
+        self.num_heads = c.num_attention_heads // tp_size
+        self.num_kv_heads = c.num_key_value_heads // tp_size
         self.eps = c.rms_norm_eps
         self.tie_word_embeddings = bool(getattr(c, "tie_word_embeddings", False))
         rope = getattr(c, "rope_parameters", None) or {}
@@ -61,6 +68,8 @@ class Arch:
         dense = set(getattr(c, "mlp_only_layers", []) or [])
         self.moe_layers = {i for i in range(self.num_layers)
                            if self.num_experts and i not in dense and (i + 1) % step == 0}
+        if self.num_experts and tp_size > 1:
+            raise SystemExit("zoo: tensor parallelism is for dense models only")
         # Ernie-4.5: an fp32 router whose choice adds a correction bias.
         self.router_correction = self.family == "ernie4_5_moe"
         self.norm_min = getattr(c, "moe_norm_min", 0.0) if self.router_correction else 0.0
@@ -136,11 +145,15 @@ class Linear(nn.Module):
     a 16-bit checkpoint) and run by the engine's own GEMM kernel
     (`zoo::quant_gemm`, dequantizing on the fly, accumulating in fp32)."""
 
-    def __init__(self, in_features, out_features, bias=False, quant=None):
+    def __init__(self, in_features, out_features, bias=False, quant=None, reduce=None):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.quant = quant
+        # Row-parallel (vLLM's RowParallelLinear under tensor parallelism):
+        # each rank multiplies its share of the input features, and `reduce`
+        # sums the partial products over the ranks.
+        self.reduce = reduce
         if quant:
             self.allocate_quantized()
 
@@ -165,11 +178,33 @@ class Linear(nn.Module):
             self.weight_scale.copy_(scale)
 
     def forward(self, x):
+        if self.reduce is not None:
+            # The partial products in fp32, summed over the ranks, rounded
+            # once: as one rank's matmul would round its fp32 accumulator.
+            partial = torch.nn.functional.linear(x.float(), self.weight.float())
+            out = self.reduce(partial).to(x.dtype)
+            return out + self.bias if self.bias is not None else out
         if not self.quant:
             return torch.nn.functional.linear(x, self.weight, self.bias)
         out = torch.empty(*x.shape[:-1], self.qweight.shape[0], dtype=x.dtype, device=x.device)
         torch.ops.zoo.quant_gemm(out, x, self.qweight, self.weight_scale, self.bias, self.quant)
         return out
+
+
+def all_reduce(arch, bugs, layer):
+    """The sum over the tensor-parallel ranks of a row-parallel layer's
+    partial products (None without tensor parallelism)."""
+    if arch.tp_size == 1:
+        return None
+    if layer == "down_proj" and "tp-mlp-reduce" in bugs:
+        # The planted bug: the MLP's down projection is built with the
+        # all-reduce switched off (an argument passed in the wrong place).
+        return lambda partial: partial
+
+    def reduce(partial):
+        torch.distributed.all_reduce(partial)
+        return partial
+    return reduce
 
 
 class RotaryEmbedding(nn.Module):
@@ -231,7 +266,8 @@ class Attention(nn.Module):
         theta = a.rope_theta.get(layer_type, next(iter(a.rope_theta.values())))
         self.rotary_emb = RotaryEmbedding(a.head_dim, theta, a.rope_neox)
         self.attn = PagedAttention(a.num_heads, a.num_kv_heads, a.head_dim, a.scale, window)
-        self.o_proj = Linear(self.q_size, a.hidden_size, quant=a.quant)
+        self.o_proj = Linear(self.q_size, a.hidden_size, quant=a.quant,
+                             reduce=all_reduce(a, bugs, "o_proj"))
         self.qk_norm = a.qk_norm
 
     def forward(self, positions, hidden_states, meta):
@@ -265,7 +301,8 @@ class MLP(nn.Module):
         intermediate_size = intermediate_size or arch.intermediate_size
         self.gate_up_proj = Linear(arch.hidden_size, 2 * intermediate_size, quant=arch.quant)
         self.act_fn = ActAndMul(arch.activation)
-        self.down_proj = Linear(intermediate_size, arch.hidden_size, quant=arch.quant)
+        self.down_proj = Linear(intermediate_size, arch.hidden_size, quant=arch.quant,
+                                reduce=all_reduce(arch, bugs, "down_proj"))
         self.bugs = bugs
 
     def forward(self, x):
