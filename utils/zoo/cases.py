@@ -14,6 +14,13 @@ def llama_config():
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 
 
+def qwen3_score_config():
+    return transformers.Qwen3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_labels=3,
+        max_position_embeddings=256)
+
+
 def gemma3_config():
     return transformers.Gemma3TextConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -158,6 +165,12 @@ CASES = [
          symptom="the FP4 GEMM rounds its fp32 accumulator to fp16 before the scale: "
                  "large activations overflow"),
     Case("clean-llama-tp2", "clean pair", "LlamaForCausalLM", llama_config, [], [], tp=2),
+    Case("clean-qwen3-score-tp2", "clean pair", "Qwen3ForSequenceClassification",
+         qwen3_score_config, [], [], tp=2, task="classify"),
+    Case("score-head-tp", "vLLM-23804", "Qwen3ForSequenceClassification", qwen3_score_config,
+         ["score-head-tp"], ["score"], tp=2, task="classify",
+         symptom="under tensor parallel 2 the score head applies one rank's shard of its "
+                 "weight to the full hidden state: classification scores drift"),
     Case("tp-mlp-reduce", "SGLang-21039", "LlamaForCausalLM", llama_config,
          ["tp-mlp-reduce"], ["model.layers.0.mlp.down_proj", "model.layers.0.mlp"], tp=2,
          symptom="under tensor parallel 2 the MLP's down projection skips its all-reduce"),

@@ -87,8 +87,8 @@ def serve(case, device, rank=0, world=1):
                   for k, v in load_file(os.path.join(DIR, "checkpoint.safetensors")).items()}
     engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs,
                     task=case.task, device=device, quant=case.quant, tp_rank=rank, tp_size=world)
-    if case.task == "embed":
-        engine.embed(case.prompt)
+    if case.task in ("embed", "classify"):
+        getattr(engine, case.task)(case.prompt)
         consumed, generated = case.prompt, []
     else:
         consumed, generated = engine.generate(case.prompt, case.decode)

@@ -4,7 +4,7 @@ import types
 
 import torch
 
-from .model import Arch, ForCausalLM, ForEmbedding, Linear
+from .model import Arch, ForCausalLM, ForEmbedding, ForSequenceClassification, Linear
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -45,7 +45,8 @@ class Engine:
         self.dtype = dtype
         self.device = torch.device(device)
         with torch.device("meta"):
-            model = (ForEmbedding if task == "embed" else ForCausalLM)(self.arch, self.bugs)
+            model = {"embed": ForEmbedding, "classify": ForSequenceClassification}.get(
+                task, ForCausalLM)(self.arch, self.bugs)
         self.model = model.to_empty(device=self.device).to(dtype).eval()
         for module in self.model.modules():
             if getattr(module, "keep_fp32", False):
@@ -72,6 +73,15 @@ class Engine:
         a = self.arch
         if a.tp_size == 1:
             return weight
+        if name == "score.weight" and "score-head-tp" in self.bugs:
+            # The planted bug: the (replicated) score head is loaded as if it
+            # were row-parallel, one rank's share of the hidden features,
+            # and applied to the full hidden state without a reduction.
+            size = weight.shape[1] // a.tp_size
+            own = torch.zeros_like(weight)
+            own[:, a.tp_rank * size:(a.tp_rank + 1) * size] = \
+                weight[:, a.tp_rank * size:(a.tp_rank + 1) * size]
+            return own
         column = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
         if any(p in name for p in column):
             dim = 0
@@ -150,6 +160,16 @@ class Engine:
     def embed(self, prompts):
         with torch.device(self.device):
             return self._embed(prompts)
+
+    def classify(self, prompt):
+        """One forward over the prompt; the last token's scores."""
+        with torch.device(self.device), torch.no_grad():
+            positions = torch.arange(len(prompt))
+            table = []
+            meta = types.SimpleNamespace(slot_mapping=self._slots(table, positions),
+                                         block_tables=torch.tensor([table]),
+                                         seq_ids=torch.zeros_like(positions), positions=positions)
+            return self.model(torch.tensor(prompt), positions, meta=meta)[-1]
 
     def generate(self, prompt, max_new_tokens):
         with torch.device(self.device):

@@ -19,8 +19,10 @@ class Arch:
         # below are the rank's own.
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.family = ("gemma3" if c.model_type.startswith("gemma3") else
-                       c.model_type if c.model_type in ("qwen2_moe", "qwen3_moe", "ernie4_5_moe")
+                       c.model_type if c.model_type in ("qwen2_moe", "qwen3", "qwen3_moe",
+                                                        "ernie4_5_moe")
                        else "llama")
+        self.num_labels = getattr(c, "num_labels", 0)
         # Rotary: neox style (halves) or interleaved pairs (Ernie-4.5).
         self.rope_neox = self.family != "ernie4_5_moe"
         self.vocab_size = c.vocab_size
@@ -54,7 +56,7 @@ class Arch:
             self.scale = self.head_dim ** -0.5
             self.activation = "silu"
             self.embed_scale = None
-            self.qk_norm = self.family == "qwen3_moe"
+            self.qk_norm = self.family in ("qwen3", "qwen3_moe")
         self.qkv_bias = bool(getattr(c, "qkv_bias", False) or getattr(c, "attention_bias", False))
         # Mixture of experts (Qwen2-MoE, Qwen3-MoE): which layers, how many
         # experts, each token's top k, the experts' and the shared expert's
@@ -494,6 +496,21 @@ class MeanPooler(nn.Module):
         padded = torch.cat([zero, cumsum])
         sums = padded[ends + 1] - padded[starts + 1]
         return sums.float() / prompt_lens.unsqueeze(-1).float()
+
+
+class ForSequenceClassification(nn.Module):
+    """A decoder with a score head (vLLM's *ForSequenceClassification): the
+    head scores every token's hidden state; the last token's scores are the
+    sequence's."""
+
+    def __init__(self, arch, bugs=frozenset()):
+        super().__init__()
+        self.arch = arch
+        self.model = Model(arch, bugs)
+        self.score = Linear(arch.hidden_size, arch.num_labels)
+
+    def forward(self, ids, positions, meta):
+        return self.score(self.model(ids, positions, meta=meta))
 
 
 class ForEmbedding(nn.Module):
