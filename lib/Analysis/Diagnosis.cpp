@@ -17,6 +17,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 
 using namespace llvm;
 
@@ -184,9 +185,13 @@ std::optional<std::vector<double>> concatenate(const std::vector<std::vector<dou
   return Out;
 }
 
-/// One side's trace, indexed for the comparison.
+/// One side's trace, indexed for the comparison. A pipeline-parallel run's
+/// stages (ranks that ran different modules) are joined into one: their
+/// ids are kept apart by the stage in their top bits.
 struct Side {
+  static constexpr int StageShift = 40;
   TraceReader *Reader = nullptr;
+  std::vector<TraceReader *> Stages; ///< When joined: each stage's trace.
   std::vector<ModuleCallRecord> Calls;
   std::vector<OpRecord> Ops;
   std::vector<KernelRecord> Kernels;
@@ -205,22 +210,101 @@ struct Side {
 
   Error load(TraceReader &R) {
     Reader = &R;
+    Stages = {&R};
+    if (Error E = append(R, 0))
+      return E;
+    return index();
+  }
+
+  /// The stages of a pipeline-parallel run, first to last, as one trace:
+  /// calls in the order the stages ran them, step by step. A module that
+  /// several stages enter (the root, the decoder each stage runs a part of)
+  /// is the last stage's call, which completes it; the earlier stages'
+  /// calls of it are dropped, their children re-parented to it.
+  Error loadStages(ArrayRef<TraceReader *> Readers) {
+    Reader = Readers.front();
+    Stages.assign(Readers.begin(), Readers.end());
+    for (size_t I = 0; I < Readers.size(); ++I)
+      if (Error E = append(*Readers[I], int64_t(I)))
+        return E;
+    std::map<std::pair<int64_t, std::string>, int64_t> LastStage;
+    for (const ModuleCallRecord &M : Calls)
+      LastStage[{M.Step, M.Path}] =
+          std::max(LastStage[{M.Step, M.Path}], M.Id >> StageShift);
+    std::map<std::pair<int64_t, std::string>, int64_t> Kept; // -> the kept call's id
+    for (const ModuleCallRecord &M : Calls)
+      if ((M.Id >> StageShift) == LastStage[{M.Step, M.Path}])
+        Kept.try_emplace({M.Step, M.Path}, M.Id);
+    DenseMap<int64_t, int64_t> Replaced;
+    std::vector<ModuleCallRecord> Joined;
+    for (ModuleCallRecord &M : Calls) {
+      if ((M.Id >> StageShift) != LastStage[{M.Step, M.Path}])
+        Replaced[M.Id] = Kept[{M.Step, M.Path}];
+      else
+        Joined.push_back(std::move(M));
+    }
+    for (ModuleCallRecord &M : Joined)
+      if (M.ParentId)
+        if (auto It = Replaced.find(*M.ParentId); It != Replaced.end())
+          M.ParentId = It->second;
+    std::stable_sort(Joined.begin(), Joined.end(),
+                     [](const ModuleCallRecord &A, const ModuleCallRecord &B) {
+                       return std::make_tuple(A.Step, A.Id >> StageShift, A.Seq) <
+                              std::make_tuple(B.Step, B.Id >> StageShift, B.Seq);
+                     });
+    for (size_t I = 0; I < Joined.size(); ++I)
+      Joined[I].Seq = int64_t(I);
+    Calls = std::move(Joined);
+    return index();
+  }
+
+  /// Reads one trace (stage \p Stage) into the side, its ids offset.
+  Error append(TraceReader &R, int64_t Stage) {
+    int64_t Off = Stage << StageShift;
+    auto Shift = [Off](std::optional<int64_t> &Id) {
+      if (Id)
+        *Id += Off;
+    };
     auto C = R.moduleCalls();
     if (!C)
       return C.takeError();
-    Calls = std::move(*C);
+    for (ModuleCallRecord &M : *C) {
+      M.Id += Off;
+      Shift(M.ParentId);
+      Calls.push_back(std::move(M));
+    }
     auto T = R.tensors();
     if (!T)
       return T.takeError();
-    Tensors = std::move(*T);
+    for (TensorRecord &X : *T) {
+      X.Id += Off;
+      X.OwnerId += Off;
+      Shift(X.SourceId);
+      Tensors.push_back(std::move(X));
+    }
     auto O = R.ops();
     if (!O)
       return O.takeError();
-    Ops = std::move(*O);
+    for (OpRecord &X : *O) {
+      X.Id += Off;
+      X.Seq += Off;
+      Shift(X.ModuleCallId);
+      Ops.push_back(std::move(X));
+    }
     auto K = R.kernels();
     if (!K)
       return K.takeError();
-    Kernels = std::move(*K);
+    for (KernelRecord &X : *K) {
+      X.Id += Off;
+      X.Seq += Off;
+      Shift(X.OpId);
+      Shift(X.ModuleCallId);
+      Kernels.push_back(std::move(X));
+    }
+    return Error::success();
+  }
+
+  Error index() {
     std::map<std::pair<int64_t, std::string>, unsigned> Seen;
     for (const ModuleCallRecord &M : Calls) {
       CallById[M.Id] = &M;
@@ -260,7 +344,7 @@ struct Side {
       T = TensorById.lookup(*T->SourceId);
     if (!T || T->Shard.empty())
       return std::nullopt;
-    auto Bytes = Reader->tensorBytes(*T);
+    auto Bytes = Stages[size_t(T->Id >> StageShift)]->tensorBytes(*T);
     if (!Bytes) {
       // A missing or corrupt shard must not turn into a quietly partial
       // diagnosis: remember it, the diagnosis fails with it.
@@ -1151,8 +1235,36 @@ private:
 
 Expected<Diagnosis> diagnose(TraceReader &Target, TraceReader &Reference,
                              TraceReader *ReferenceFP32, const DiagnoseOptions &Options) {
+  TraceReader *Ranks[] = {&Target};
+  return diagnose(Ranks, Reference, ReferenceFP32, Options);
+}
+
+Expected<RankLayout> rankLayout(ArrayRef<TraceReader *> Ranks) {
+  if (Ranks.size() < 2)
+    return RankLayout::Single;
+  std::vector<std::set<std::string>> Paths;
+  for (TraceReader *R : Ranks) {
+    auto C = R->moduleCalls();
+    if (!C)
+      return C.takeError();
+    std::set<std::string> P;
+    for (const ModuleCallRecord &M : *C)
+      P.insert(M.Path);
+    Paths.push_back(std::move(P));
+  }
+  return llvm::all_of(Paths, [&](const std::set<std::string> &P) { return P == Paths[0]; })
+             ? RankLayout::SameModules
+             : RankLayout::Stages;
+}
+
+Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks, TraceReader &Reference,
+                             TraceReader *ReferenceFP32, const DiagnoseOptions &Options) {
+  TraceReader &Target = *TargetRanks.front();
   Side T, R, F;
-  if (Error E = T.load(Target))
+  auto Layout = rankLayout(TargetRanks);
+  if (!Layout)
+    return Layout.takeError();
+  if (Error E = *Layout == RankLayout::Stages ? T.loadStages(TargetRanks) : T.load(Target))
     return E;
   if (Error E = R.load(Reference))
     return E;

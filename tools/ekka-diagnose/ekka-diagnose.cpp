@@ -58,15 +58,21 @@ cl::opt<bool> NoRecipes(
 cl::opt<bool> ShowMapping("show-mapping", cl::cat(Category),
                           cl::desc("Print how target components map to reference components"));
 
-std::unique_ptr<TraceReader> openTrace(StringRef Flag, StringRef Dir) {
+/// A trace's ranks, first to last.
+std::vector<std::unique_ptr<TraceReader>> openRanks(StringRef Flag, StringRef Dir) {
   auto Ranks = TraceReader::openRanks(Dir);
   if (!Ranks)
     exitWithError(Tool, makeError("--" + Flag + ": " + toString(Ranks.takeError())));
-  // Multi-rank gathering comes with the Align library; rank 0 for now.
-  if (Ranks->size() > 1)
-    errs() << Tool << ": warning: --" << Flag << " has " << Ranks->size()
+  return std::move(*Ranks);
+}
+
+/// A reference: one rank (HuggingFace runs in one process).
+std::unique_ptr<TraceReader> openTrace(StringRef Flag, StringRef Dir) {
+  auto Ranks = openRanks(Flag, Dir);
+  if (Ranks.size() > 1)
+    errs() << Tool << ": warning: --" << Flag << " has " << Ranks.size()
            << " ranks; only rank 0 is compared\n";
-  return std::move((*Ranks)[0]);
+  return std::move(Ranks[0]);
 }
 
 /// A ratio as JSON: infinity (a NaN or Inf where the reference has none)
@@ -397,7 +403,17 @@ int main(int argc, char **argv) {
     if (EC)
       exitWithError(Tool, makeError("cannot write '" + HtmlFile + "': " + EC.message()));
   }
-  auto Target = openTrace("target", TargetDir);
+  auto TargetRanks = openRanks("target", TargetDir);
+  std::vector<TraceReader *> Target;
+  for (auto &R : TargetRanks)
+    Target.push_back(R.get());
+  // Pipeline stages are joined; ranks that ran the same modules (tensor
+  // parallelism) are compared through rank 0 for now.
+  RankLayout Layout = unwrapOrExit(Tool, rankLayout(Target));
+  if (Layout == RankLayout::SameModules)
+    errs() << Tool << ": warning: --target has " << Target.size()
+           << " ranks that ran the same modules (tensor parallel); only rank 0 is compared, "
+              "its shards of column-parallel modules unmapped\n";
   auto Reference = openTrace("reference", ReferenceDir);
   std::unique_ptr<TraceReader> FP32;
   if (!ReferenceFP32Dir.empty())
@@ -411,7 +427,7 @@ int main(int argc, char **argv) {
   if (!MappingFile.empty())
     Options.Mapping = unwrapOrExit(Tool, readMappingFile(MappingFile));
   Options.UseRecipes = !NoRecipes;
-  Diagnosis D = unwrapOrExit(Tool, diagnose(*Target, *Reference, FP32.get(), Options));
+  Diagnosis D = unwrapOrExit(Tool, diagnose(Target, *Reference, FP32.get(), Options));
 
   if (ShowMapping) {
     for (const ComponentRatio &C : D.Curve) {

@@ -21,6 +21,9 @@ import time
 
 import numpy
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import memcpy_gbps  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
@@ -32,17 +35,6 @@ model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layer
 with torch.no_grad():
     model(torch.randn(tokens, width))
 """
-
-
-def memcpy_gbps(nbytes=256 << 20, repeats=5):
-    src = numpy.ones(nbytes, dtype=numpy.uint8)
-    dst = numpy.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        numpy.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best / 1e9
 
 
 def captured_bytes(trace):

@@ -24,6 +24,9 @@ import time
 
 import numpy
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import memcpy_gbps  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKLOAD = os.path.join(HERE, "trace_workload.py")
@@ -34,17 +37,6 @@ def ms_per_forward(cmd):
     if out.returncode != 0:
         sys.exit(f"bench: {' '.join(cmd)} failed:\n{out.stderr}")
     return float(re.search(r"ms_per_forward=([0-9.]+)", out.stdout).group(1))
-
-
-def memcpy_gbps(nbytes=256 << 20, repeats=5):
-    src = numpy.ones(nbytes, dtype=numpy.uint8)
-    dst = numpy.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        numpy.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best / 1e9
 
 
 def d2h_gbps(nbytes=256 << 20, repeats=5):

@@ -21,6 +21,15 @@ def qwen3_score_config():
         max_position_embeddings=256)
 
 
+def llama_tied_config():
+    """A Llama whose head is tied to its embedding, with layers for two
+    pipeline stages."""
+    return transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True)
+
+
 def gemma3_config():
     return transformers.Gemma3TextConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -97,13 +106,14 @@ class Case:
 
     def __init__(self, id, source, model, config, bugs, accepted, kernel=None,
                  prompt=PROMPT, decode=4, symptom="", task="generate", quant=None,
-                 scale_weights=None, tp=1):
+                 scale_weights=None, tp=1, pp=1):
         self.id, self.source, self.model, self.config = id, source, model, config
         self.bugs, self.accepted, self.kernel = tuple(bugs), tuple(accepted), kernel
         self.prompt, self.decode, self.symptom = prompt, decode, symptom
         self.task, self.quant = task, quant
         self.scale_weights = dict(scale_weights or {})
         self.tp = tp  # the engine's tensor-parallel ranks (processes)
+        self.pp = pp  # or its pipeline stages (one of the two)
 
     @property
     def clean(self):
@@ -171,6 +181,11 @@ CASES = [
          ["score-head-tp"], ["score"], tp=2, task="classify",
          symptom="under tensor parallel 2 the score head applies one rank's shard of its "
                  "weight to the full hidden state: classification scores drift"),
+    Case("clean-llama-pp2", "clean pair", "LlamaForCausalLM", llama_tied_config, [], [], pp=2),
+    Case("pp-lm-head-unloaded", "SGLang-21093", "LlamaForCausalLM", llama_tied_config,
+         ["pp-lm-head-unloaded"], ["lm_head"], pp=2,
+         symptom="under pipeline parallel 2 the last stage never copies the tied embedding "
+                 "into lm_head"),
     Case("tp-mlp-reduce", "SGLang-21039", "LlamaForCausalLM", llama_config,
          ["tp-mlp-reduce"], ["model.layers.0.mlp.down_proj", "model.layers.0.mlp"], tp=2,
          symptom="under tensor parallel 2 the MLP's down projection skips its all-reduce"),

@@ -85,8 +85,10 @@ def serve(case, device, rank=0, world=1):
     from zoo_engine import Engine
     checkpoint = {k: v.to(torch.bfloat16)
                   for k, v in load_file(os.path.join(DIR, "checkpoint.safetensors")).items()}
+    tp_rank, pp_rank = (rank, 0) if case.tp > 1 else (0, rank)
     engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs,
-                    task=case.task, device=device, quant=case.quant, tp_rank=rank, tp_size=world)
+                    task=case.task, device=device, quant=case.quant, tp_rank=tp_rank,
+                    tp_size=case.tp, pp_rank=pp_rank, pp_size=case.pp)
     if case.task in ("embed", "classify"):
         getattr(engine, case.task)(case.prompt)
         consumed, generated = case.prompt, []
@@ -112,15 +114,16 @@ def main():
         checkpoint_path = os.path.join(DIR, "checkpoint.safetensors")
         if not os.path.exists(checkpoint_path):
             save_checkpoint(case, checkpoint_path)
-        if case.tp == 1:
+        world = case.tp * case.pp
+        if world == 1:
             serve(case, device)
         else:
             # One process per rank, as vLLM's workers: forked here, each
             # traced into rank-N/ of the target trace.
             import multiprocessing
             fork = multiprocessing.get_context("fork")
-            ranks = [fork.Process(target=serve, args=(case, device, rank, case.tp))
-                     for rank in range(case.tp)]
+            ranks = [fork.Process(target=serve, args=(case, device, rank, world))
+                     for rank in range(world)]
             for p in ranks:
                 p.start()
             for p in ranks:

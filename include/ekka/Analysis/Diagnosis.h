@@ -13,6 +13,7 @@
 
 #include "ekka/Trace/TraceReader.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
 
 #include <optional>
@@ -127,6 +128,18 @@ llvm::StringRef verdictName(Diagnosis::Verdict V);
 /// \p ReferenceFP32 (optional) as the accurate answer.
 llvm::Expected<Diagnosis> diagnose(TraceReader &Target, TraceReader &Reference,
                                    TraceReader *ReferenceFP32, const DiagnoseOptions &Options);
+
+/// How a multi-rank target's ranks relate: the same modules on every rank
+/// (tensor parallelism: rank 0 is compared, its shards of column-parallel
+/// modules unmapped), or different ones (pipeline stages: joined into one
+/// call sequence).
+enum class RankLayout { Single, SameModules, Stages };
+llvm::Expected<RankLayout> rankLayout(llvm::ArrayRef<TraceReader *> Ranks);
+
+/// The same, for a target of several ranks (first to last).
+llvm::Expected<Diagnosis> diagnose(llvm::ArrayRef<TraceReader *> TargetRanks,
+                                   TraceReader &Reference, TraceReader *ReferenceFP32,
+                                   const DiagnoseOptions &Options);
 
 } // namespace ekka
 

@@ -382,7 +382,10 @@ TORCH_LIBRARY_FRAGMENT(zoo, m) {
         "str format) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(zoo, CPU, m) {
+namespace {
+/// The implementations, one per op for every device: each sends CUDA
+/// tensors to its kernels in ZooKernelsCuda.cu.
+void implement(torch::Library &m) {
   m.impl("fused_moe", fusedMoe);
   m.impl("rms_norm", rmsNorm);
   m.impl("fused_add_rms_norm", fusedAddRmsNorm);
@@ -391,16 +394,10 @@ TORCH_LIBRARY_IMPL(zoo, CPU, m) {
   m.impl("paged_attention", pagedAttention);
   m.impl("quant_gemm", quantGemm);
 }
+} // namespace
+
+TORCH_LIBRARY_IMPL(zoo, CPU, m) { implement(m); }
 
 #ifdef ZOO_WITH_CUDA
-// The same functions: each sends CUDA tensors to its kernels in ZooKernelsCuda.cu.
-TORCH_LIBRARY_IMPL(zoo, CUDA, m) {
-  m.impl("fused_moe", fusedMoe);
-  m.impl("rms_norm", rmsNorm);
-  m.impl("fused_add_rms_norm", fusedAddRmsNorm);
-  m.impl("rotary_embedding", rotaryEmbedding);
-  m.impl("reshape_and_cache", reshapeAndCache);
-  m.impl("paged_attention", pagedAttention);
-  m.impl("quant_gemm", quantGemm);
-}
+TORCH_LIBRARY_IMPL(zoo, CUDA, m) { implement(m); }
 #endif

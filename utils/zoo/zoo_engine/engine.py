@@ -37,11 +37,11 @@ class Engine:
 
     def __init__(self, hf_config, checkpoint, dtype=torch.bfloat16, bugs=(), block_size=4,
                  num_blocks=256, task="generate", device="cpu", quant=None, tp_rank=0,
-                 tp_size=1):
+                 tp_size=1, pp_rank=0, pp_size=1):
         load_kernels()
         self.bugs = frozenset(bugs)
         torch.ops.zoo.set_bugs(",".join(sorted(self.bugs)))
-        self.arch = Arch(hf_config, quant, tp_rank, tp_size)
+        self.arch = Arch(hf_config, quant, tp_rank, tp_size, pp_rank, pp_size)
         self.dtype = dtype
         self.device = torch.device(device)
         with torch.device("meta"):
@@ -58,8 +58,8 @@ class Engine:
         a = self.arch
         self.block_size = block_size
         shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
-        for layer in self.model.model.layers:
-            layer.self_attn.attn.kv_cache = (torch.zeros(shape, dtype=dtype, device=self.device),
+        for i in self.arch.stage_layers:
+            self.model.model.layers[i].self_attn.attn.kv_cache = (torch.zeros(shape, dtype=dtype, device=self.device),
                                              torch.zeros(shape, dtype=dtype, device=self.device))
         # Pages are handed out from the end of the pool, so that a sequence's
         # pages are not the first ones (paging is visible in the cache).
@@ -105,6 +105,8 @@ class Engine:
                 for fused, part, shard in STACKED:
                     if f".{part}." in name:
                         target = name.replace(f".{part}.", f".{fused}.")
+                        if target not in params:
+                            break  # another pipeline stage's layer
                         if shard in offsets:
                             start, size = offsets[shard]
                         else:  # gate, up: the halves of this projection
@@ -125,8 +127,17 @@ class Engine:
             elif "lm_head.weight" not in checkpoint or a.tie_word_embeddings \
                     or "lm-head-overwritten" in self.bugs:
                 # Tied embeddings: the head is the embedding matrix. (The
-                # planted bug copies it whether or not they are tied.)
-                params["lm_head.weight"].copy_(params["model.embed_tokens.weight"])
+                # planted bug copies it whether or not they are tied.) The
+                # last pipeline stage has no embedding of its own: it takes
+                # the checkpoint's.
+                if "pp-lm-head-unloaded" in self.bugs and not a.first_stage:
+                    # The planted bug: the last stage assumes the tied copy
+                    # happened with the embedding, on the first stage.
+                    params["lm_head.weight"].zero_()
+                else:
+                    params["lm_head.weight"].copy_(
+                        params["model.embed_tokens.weight"] if a.first_stage
+                        else checkpoint["model.embed_tokens.weight"])
                 loaded.add("lm_head.weight")
         missing = sorted(set(params) - loaded)
         if missing:
@@ -141,12 +152,36 @@ class Engine:
             if isinstance(module, Linear) and module.quant:
                 module.quantize()
 
+    def _forward(self, ids, positions, meta):
+        """One forward; under pipeline parallelism, this stage's part: it
+        receives the previous stage's (hidden states, residual), sends its
+        own on, and only the last stage returns logits."""
+        a = self.arch
+        if a.pp_size == 1:
+            return self.model(ids, positions, meta=meta)
+        intermediate = None
+        if not a.first_stage:
+            buffers = [torch.empty(len(positions), a.hidden_size) for _ in range(2)]
+            for b in buffers:
+                torch.distributed.recv(b, src=a.pp_rank - 1)
+            intermediate = tuple(b.to(self.dtype) for b in buffers)
+        out = self.model(ids, positions, meta=meta, intermediate=intermediate)
+        if a.last_stage:
+            return out
+        for t in out:  # sent as float32: exact for bf16, and any backend takes it
+            torch.distributed.send(t.float().contiguous(), dst=a.pp_rank + 1)
+        return None
+
     def _sampled(self, token):
-        """The next token: under tensor parallelism, rank 0's choice,
-        broadcast to every rank (as vLLM's driver worker samples for all)."""
-        if self.arch.tp_size > 1:
-            token = token.reshape(1).clone()
-            torch.distributed.broadcast(token, src=0)
+        """The next token: under tensor parallelism rank 0's choice, under
+        pipeline parallelism the last stage's, broadcast to every rank (as
+        vLLM's driver worker samples for all)."""
+        a = self.arch
+        if a.tp_size > 1 or a.pp_size > 1:
+            src = 0 if a.tp_size > 1 else a.pp_size - 1
+            token = (token.reshape(1).clone() if token is not None
+                     else torch.zeros(1, dtype=torch.long))
+            torch.distributed.broadcast(token, src=src)
         return int(token)
 
     def _slots(self, table, positions):
@@ -210,8 +245,8 @@ class Engine:
                                              block_tables=torch.tensor([table]),
                                              seq_ids=torch.zeros_like(positions),
                                              positions=positions)
-                logits = self.model(ids, positions, meta=meta)
-                token = self._sampled(logits[-1].argmax())
+                logits = self._forward(ids, positions, meta)
+                token = self._sampled(logits[-1].argmax() if logits is not None else None)
                 generated.append(token)
                 if step + 1 < max_new_tokens:
                     consumed.append(token)

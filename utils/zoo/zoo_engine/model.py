@@ -10,7 +10,7 @@ from torch import nn
 class Arch:
     """What differs between the supported families, read off a HF config."""
 
-    def __init__(self, hf_config, quant=None, tp_rank=0, tp_size=1):
+    def __init__(self, hf_config, quant=None, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
         c = hf_config
         # Weight quantization of the decoder's linear layers: None, fp8, fp4.
         self.quant = quant
@@ -18,6 +18,13 @@ class Arch:
         # attention heads and of the MLP's intermediate size; the counts
         # below are the rank's own.
         self.tp_rank, self.tp_size = tp_rank, tp_size
+        # Pipeline parallelism: this stage's share of the layers; the first
+        # stage embeds, the last one norms and projects.
+        self.pp_rank, self.pp_size = pp_rank, pp_size
+        per_stage = -(-c.num_hidden_layers // pp_size)
+        self.stage_layers = range(pp_rank * per_stage,
+                                  min(c.num_hidden_layers, (pp_rank + 1) * per_stage))
+        self.first_stage, self.last_stage = pp_rank == 0, pp_rank == pp_size - 1
         self.family = ("gemma3" if c.model_type.startswith("gemma3") else
                        c.model_type if c.model_type in ("qwen2_moe", "qwen3", "qwen3_moe",
                                                         "ernie4_5_moe")
@@ -441,17 +448,35 @@ class Embedding(nn.Module):
         return x
 
 
+class MissingLayer(nn.Module):
+    """A part another pipeline stage holds (vLLM's PPMissingLayer)."""
+
+
 class Model(nn.Module):
+    """The decoder. Under pipeline parallelism a stage runs its own layers:
+    the first embeds the tokens, the others take the previous stage's
+    (hidden states, residual) and return their own; the last one norms."""
+
     def __init__(self, arch, bugs):
         super().__init__()
-        self.embed_tokens = Embedding(arch)
-        self.layers = nn.ModuleList(DecoderLayer(arch, i, bugs) for i in range(arch.num_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.eps, arch.norm_offset)
+        a = arch
+        self.arch = a
+        self.embed_tokens = Embedding(a) if a.first_stage else MissingLayer()
+        self.layers = nn.ModuleList(DecoderLayer(a, i, bugs) if i in a.stage_layers
+                                    else MissingLayer() for i in range(a.num_layers))
+        self.norm = (RMSNorm(a.hidden_size, a.eps, a.norm_offset) if a.last_stage
+                     else MissingLayer())
 
-    def forward(self, ids, positions, meta):
-        hidden_states, residual = self.embed_tokens(ids), None
-        for layer in self.layers:
-            hidden_states, residual = layer(hidden_states, residual, positions=positions, meta=meta)
+    def forward(self, ids, positions, meta, intermediate=None):
+        if self.arch.first_stage:
+            hidden_states, residual = self.embed_tokens(ids), None
+        else:
+            hidden_states, residual = intermediate
+        for i in self.arch.stage_layers:
+            hidden_states, residual = self.layers[i](hidden_states, residual,
+                                                     positions=positions, meta=meta)
+        if not self.arch.last_stage:
+            return hidden_states, residual
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -469,11 +494,16 @@ class ForCausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.model = Model(arch, bugs)
-        self.lm_head = Linear(arch.hidden_size, arch.vocab_size)
-        self.logits_processor = LogitsProcessor()
+        if arch.last_stage:
+            self.lm_head = Linear(arch.hidden_size, arch.vocab_size)
+            self.logits_processor = LogitsProcessor()
 
-    def forward(self, ids, positions, meta):
-        return self.logits_processor(self.lm_head(self.model(ids, positions, meta=meta)))
+    def forward(self, ids, positions, meta, intermediate=None):
+        """The logits; on a stage before the last, what it hands on."""
+        hidden = self.model(ids, positions, meta=meta, intermediate=intermediate)
+        if not self.arch.last_stage:
+            return hidden
+        return self.logits_processor(self.lm_head(hidden))
 
 
 class MeanPooler(nn.Module):
