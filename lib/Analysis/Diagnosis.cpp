@@ -235,11 +235,21 @@ struct Side {
     for (const ModuleCallRecord &M : Calls)
       if ((M.Id >> StageShift) == LastStage[{M.Step, M.Path}])
         Kept.try_emplace({M.Step, M.Path}, M.Id);
+    // Where each call sorts: its stage and place; a kept call takes the
+    // place of its module's first entry (a parent before its children).
+    using Place = std::tuple<int64_t, int64_t, int64_t>; // step, stage, seq
+    std::map<int64_t, Place> PlaceOf;
     DenseMap<int64_t, int64_t> Replaced;
     std::vector<ModuleCallRecord> Joined;
     for (ModuleCallRecord &M : Calls) {
-      if ((M.Id >> StageShift) != LastStage[{M.Step, M.Path}])
-        Replaced[M.Id] = Kept[{M.Step, M.Path}];
+      Place Here{M.Step, M.Id >> StageShift, M.Seq};
+      bool Dropped = (M.Id >> StageShift) != LastStage[{M.Step, M.Path}];
+      int64_t Id = Dropped ? Kept[{M.Step, M.Path}] : M.Id;
+      auto [It, New] = PlaceOf.try_emplace(Id, Here);
+      if (!New)
+        It->second = std::min(It->second, Here);
+      if (Dropped)
+        Replaced[M.Id] = Id;
       else
         Joined.push_back(std::move(M));
     }
@@ -248,9 +258,8 @@ struct Side {
         if (auto It = Replaced.find(*M.ParentId); It != Replaced.end())
           M.ParentId = It->second;
     std::stable_sort(Joined.begin(), Joined.end(),
-                     [](const ModuleCallRecord &A, const ModuleCallRecord &B) {
-                       return std::make_tuple(A.Step, A.Id >> StageShift, A.Seq) <
-                              std::make_tuple(B.Step, B.Id >> StageShift, B.Seq);
+                     [&](const ModuleCallRecord &A, const ModuleCallRecord &B) {
+                       return PlaceOf[A.Id] < PlaceOf[B.Id];
                      });
     for (size_t I = 0; I < Joined.size(); ++I)
       Joined[I].Seq = int64_t(I);

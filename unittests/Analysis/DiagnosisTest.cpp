@@ -490,3 +490,81 @@ TEST_F(DiagnosisTest, AChildThatWroteItsInputInPlaceComesFirst) {
 }
 
 } // namespace
+
+namespace {
+
+// Pipeline stages: rank 0 runs the first layer, rank 1 the second and the
+// head; both enter the root and the decoder. Joined, they are the
+// reference's one call sequence, and a bug in the last stage is found.
+TEST_F(DiagnosisTest, PipelineStagesAreJoinedIntoOneCallSequence) {
+  std::vector<int64_t> Tokens = {5, 6, 7};
+  {
+    TraceBuilder R(dir("ref"));
+    R.call("", "", {0.5f, 0.25f}, {}, Tokens);
+    R.call("model", "", {2, 3});
+    R.call("model.layers.0", "model", {1, 2});
+    R.call("model.layers.1", "model", {2, 3}, {"model.layers.0"});
+    R.call("head", "", {0.5f, 0.25f}, {"model"});
+    R.close();
+  }
+  auto Stage = [&](StringRef Name, bool First, std::vector<float> Head) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", First ? std::vector<float>{1, 2} : Head, {}, Tokens);
+    T.call("model", "", First ? std::vector<float>{1, 2} : std::vector<float>{2, 3});
+    if (First) {
+      T.call("model.layers.0", "model", {1, 2});
+    } else {
+      T.call("model.layers.1", "model", {2, 3});
+      T.call("head", "", Head, {"model"});
+    }
+    T.close();
+  };
+  Stage("rank-0", true, {});
+  Stage("rank-1", false, {0.5f, 0.25f});
+  Stage("bad-rank-1", false, {9, 9});
+
+  auto Open = [&](StringRef Name) {
+    auto R = TraceReader::open(dir(Name));
+    EXPECT_TRUE(bool(R));
+    return std::move(*R);
+  };
+  auto Ref = Open("ref"), First = Open("rank-0"), Last = Open("rank-1"), Bad = Open("bad-rank-1");
+  TraceReader *Clean[] = {First.get(), Last.get()};
+  TraceReader *Broken[] = {First.get(), Bad.get()};
+  auto Layout = rankLayout(Clean);
+  ASSERT_TRUE(bool(Layout));
+  EXPECT_EQ(*Layout, RankLayout::Stages);
+
+  auto D = diagnose(Clean, *Ref, nullptr, DiagnoseOptions());
+  ASSERT_TRUE(bool(D)) << toString(D.takeError());
+  EXPECT_EQ(D->Result, Diagnosis::Verdict::NoDivergence);
+  // One call per module, in the stages' order; the earlier stage's root and
+  // decoder calls are the last stage's.
+  std::vector<std::string> Paths;
+  for (const ComponentRatio &C : D->Curve)
+    Paths.push_back(C.Path);
+  EXPECT_EQ(Paths, (std::vector<std::string>{"", "model", "model.layers.0", "model.layers.1",
+                                             "head"}));
+
+  auto E = diagnose(Broken, *Ref, nullptr, DiagnoseOptions());
+  ASSERT_TRUE(bool(E)) << toString(E.takeError());
+  ASSERT_EQ(E->Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(E->Suspects.front().Component.Path, "head");
+}
+
+TEST_F(DiagnosisTest, RanksOfTheSameModulesAreNotStages) {
+  for (StringRef Name : {"tp-0", "tp-1"}) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {1}, {}, {1});
+    T.call("a", "", {1});
+    T.close();
+  }
+  auto A = TraceReader::open(dir("tp-0")), B = TraceReader::open(dir("tp-1"));
+  ASSERT_TRUE(A && B);
+  TraceReader *Ranks[] = {A->get(), B->get()};
+  auto Layout = rankLayout(Ranks);
+  ASSERT_TRUE(bool(Layout));
+  EXPECT_EQ(*Layout, RankLayout::SameModules);
+}
+
+} // namespace
