@@ -185,6 +185,22 @@ std::optional<std::vector<double>> concatenate(const std::vector<std::vector<dou
   return Out;
 }
 
+/// A tensor's shape as [tokens, features]: without the leading dimensions
+/// of one (a batch of one sequence), the first dimension the tokens, the
+/// rest, multiplied, the features. A serving engine's [tokens, heads *
+/// head_dim] is HuggingFace's [1, tokens, heads, head_dim] so (a head
+/// reshape: the same elements in the same order).
+std::vector<int64_t> tokenMajor(std::vector<int64_t> Shape) {
+  while (Shape.size() > 1 && Shape.front() == 1)
+    Shape.erase(Shape.begin());
+  if (Shape.size() <= 2)
+    return Shape;
+  int64_t Features = 1;
+  for (size_t I = 1; I < Shape.size(); ++I)
+    Features *= Shape[I];
+  return {Shape[0], Features};
+}
+
 /// One side's trace, indexed for the comparison. A pipeline-parallel run's
 /// stages (ranks that ran different modules) are joined into one: their
 /// ids are kept apart by the stage in their top bits.
@@ -642,18 +658,29 @@ private:
     std::vector<int64_t> Ref = RefShape;
     while (Ref.size() > Rank && Ref.front() == 1)
       Ref.erase(Ref.begin());
-    if (Rank != Ref.size())
+    // A head reshape ([tokens, heads * dim] against [tokens, heads, dim]):
+    // both sides as [tokens, features].
+    bool Reshaped = Rank != Ref.size();
+    if (Reshaped) {
+      Ref = tokenMajor(Ref);
+      Rank = Ref.size();
+    }
+    auto ShapeOf = [&](const TensorRecord *X) {
+      return Reshaped ? tokenMajor(X->Shape) : X->Shape;
+    };
+    if (Rank != Ref.size() || tokenMajor(A->Shape).size() != Rank)
       return std::nullopt;
     std::optional<size_t> Dim;
     for (size_t D = 0; D < Rank && !Dim; ++D) {
       int64_t Sum = 0;
       bool Others = true;
       for (const TensorRecord *X : Parts) {
-        if (X->Shape.size() != Rank)
+        std::vector<int64_t> S = ShapeOf(X);
+        if (S.size() != Rank)
           return std::nullopt;
-        Sum += X->Shape[D];
+        Sum += S[D];
         for (size_t E = 0; E < Rank; ++E)
-          Others &= E == D || X->Shape[E] == Ref[E];
+          Others &= E == D || S[E] == Ref[E];
       }
       if (Others && Sum == Ref[D])
         Dim = D;
@@ -667,7 +694,7 @@ private:
       if (!V)
         return std::nullopt;
       Values.push_back(std::move(*V));
-      Shapes.push_back(X->Shape);
+      Shapes.push_back(ShapeOf(X));
     }
     return concatenate(Values, Shapes, int(*Dim));
   }
@@ -768,10 +795,10 @@ private:
       if (!A || !B || A->Shape.empty() || B->Shape.empty() || unitRoundoff(A->Type) == 0 ||
           unitRoundoff(B->Type) == 0)
         continue;
-      if (A->Shape.back() != B->Shape.back())
+      int64_t FA = tokenMajor(A->Shape).back(), FB = tokenMajor(B->Shape).back();
+      if (FA != FB)
         return ("same path, but a different computation: its first " + Role +
-                " has " + Twine(A->Shape.back()) + " features against the reference's " +
-                Twine(B->Shape.back()))
+                " has " + Twine(FA) + " features against the reference's " + Twine(FB))
             .str();
     }
     return "";
