@@ -201,6 +201,24 @@ std::vector<int64_t> tokenMajor(std::vector<int64_t> Shape) {
   return {Shape[0], Features};
 }
 
+/// A target tensor as [rows, Features], its trailing dimensions multiplied
+/// up to \p Features (a decode step's single token stays a row); empty
+/// when they do not make exactly that.
+std::vector<int64_t> rowsOf(const std::vector<int64_t> &Shape, int64_t Features) {
+  int64_t Trailing = 1, Rows = 1;
+  size_t I = Shape.size();
+  do {
+    if (I == 0)
+      return {};
+    Trailing *= Shape[--I];
+  } while (Trailing < Features);
+  if (Trailing != Features || Features <= 0)
+    return {};
+  for (size_t J = 0; J < I; ++J)
+    Rows *= Shape[J];
+  return {Rows, Features};
+}
+
 /// One side's trace, indexed for the comparison. A pipeline-parallel run's
 /// stages (ranks that ran different modules) are joined into one: their
 /// ids are kept apart by the stage in their top bits.
@@ -645,9 +663,16 @@ private:
   /// one where the steps' shapes differ and add up to the reference's.
   std::optional<std::vector<double>> targetValues(const TensorRecord *A, int64_t Call,
                                                   const std::vector<int64_t> &RefShape) {
+    // A tensor-parallel shard: gathered from the ranks first.
+    bool Gather = sharded(A, RefShape);
+    int64_t Ranks = int64_t(Peers.size() + 1), RefFeatures = tokenMajor(RefShape).back();
+    int64_t Local = Gather ? RefFeatures / Ranks : RefFeatures;
+    auto Values = [&](const TensorRecord *X) {
+      return Gather ? gathered(X, Local) : T.values(X);
+    };
     auto Steps = LaterSteps.find(Call);
     if (!MergeSteps || Steps == LaterSteps.end())
-      return T.values(A);
+      return Values(A);
     std::vector<const TensorRecord *> Parts = {A};
     for (const ModuleCallRecord *Later : Steps->second)
       if (const TensorRecord *X = T.tensor(Later->Id, A->Role, A->Index))
@@ -660,15 +685,18 @@ private:
       Ref.erase(Ref.begin());
     // A head reshape ([tokens, heads * dim] against [tokens, heads, dim]):
     // both sides as [tokens, features].
-    bool Reshaped = Rank != Ref.size();
+    bool Reshaped = Rank != Ref.size() || Gather;
     if (Reshaped) {
       Ref = tokenMajor(Ref);
       Rank = Ref.size();
     }
     auto ShapeOf = [&](const TensorRecord *X) {
-      return Reshaped ? tokenMajor(X->Shape) : X->Shape;
+      std::vector<int64_t> S = Reshaped ? rowsOf(X->Shape, Local) : X->Shape;
+      if (Gather && S.size() == 2)
+        S[1] *= Ranks;
+      return S;
     };
-    if (Rank != Ref.size() || tokenMajor(A->Shape).size() != Rank)
+    if (Rank != Ref.size() || ShapeOf(A).size() != Rank)
       return std::nullopt;
     std::optional<size_t> Dim;
     for (size_t D = 0; D < Rank && !Dim; ++D) {
@@ -687,16 +715,16 @@ private:
     }
     if (!Dim)
       return std::nullopt; // the steps do not add up to the reference: not comparable
-    std::vector<std::vector<double>> Values;
+    std::vector<std::vector<double>> Merged;
     std::vector<std::vector<int64_t>> Shapes;
     for (const TensorRecord *X : Parts) {
-      auto V = T.values(X);
+      auto V = Values(X);
       if (!V)
         return std::nullopt;
-      Values.push_back(std::move(*V));
+      Merged.push_back(std::move(*V));
       Shapes.push_back(ShapeOf(X));
     }
-    return concatenate(Values, Shapes, int(*Dim));
+    return concatenate(Merged, Shapes, int(*Dim));
   }
 
   /// Prefill and decode steps against a one-shot reference: group each
@@ -749,7 +777,13 @@ private:
         return std::nullopt;
       RefShape[D] += X->Shape[D];
     }
+    // A tensor-parallel rank holds its share of each part.
+    GatherParts.clear();
+    if (!Peers.empty() && (Dim == -1 || Dim == int(RefShape.size()) - 1))
+      for (const ModuleCallRecord *C : RC)
+        GatherParts.push_back(tokenMajor(R.tensor(C->Id, "output", 0)->Shape).back());
     auto XT = targetValues(TT, TC.Id, RefShape);
+    GatherParts.clear();
     auto Gather = [&](Side &S, const std::vector<const ModuleCallRecord *> &Calls)
         -> std::optional<std::vector<double>> {
       std::vector<std::vector<double>> Parts;
@@ -784,17 +818,154 @@ private:
                   1e-30);
   }
 
+  /// The tensors of the other tensor-parallel ranks that stand where \p X
+  /// stands on rank 0: the same call (step, path, occurrence), role and
+  /// index. Empty unless every rank has one.
+  std::vector<const TensorRecord *> peerTensors(const TensorRecord *X) const {
+    std::vector<const TensorRecord *> Out;
+    if (Peers.empty() || !X || X->Owner != TensorOwner::ModuleCall)
+      return Out;
+    auto Key = T.KeyOf.lookup(X->OwnerId);
+    for (Side *P : Peers) {
+      auto It = P->ByKey.find(Key);
+      const TensorRecord *Y =
+          It == P->ByKey.end() ? nullptr : P->tensor(It->second->Id, X->Role, X->Index);
+      if (!Y)
+        return {};
+      Out.push_back(Y);
+    }
+    return Out;
+  }
+
+  /// The record holding \p X's statistics: an input that is an earlier
+  /// output has them on that output.
+  static const TensorRecord *producer(const Side &S, const TensorRecord *X) {
+    for (unsigned Hops = 0; X && X->SourceId && Hops < 4; ++Hops)
+      X = S.TensorById.lookup(*X->SourceId);
+    return X;
+  }
+
+  /// Whether \p X is the same on every tensor-parallel rank (by its
+  /// statistics; unknown counts as the same).
+  bool replicated(const TensorRecord *X) const {
+    auto Ps = peerTensors(X);
+    const TensorRecord *A = producer(T, X);
+    for (size_t I = 0; I < Ps.size(); ++I) {
+      const TensorRecord *B = producer(*Peers[I], Ps[I]);
+      if (!A || !B || !A->Stats || !B->Stats)
+        continue;
+      if (A->Stats->Sum != B->Stats->Sum || A->Stats->SumSq != B->Stats->SumSq ||
+          A->Stats->Min != B->Stats->Min || A->Stats->Max != B->Stats->Max)
+        return false;
+    }
+    return true;
+  }
+
+  /// Whether \p X is one rank's share of a tensor of \p RefShape: the
+  /// ranks' features side by side make the reference's (a column-parallel
+  /// layer's output, a row-parallel one's input).
+  bool sharded(const TensorRecord *X, const std::vector<int64_t> &RefShape) const {
+    if (Peers.empty() || !X || X->Shape.empty() || RefShape.empty() ||
+        unitRoundoff(X->Type) == 0) // ids and positions are never shards
+      return false;
+    // Features only: the tokens may be one of several steps' share.
+    int64_t Ranks = int64_t(Peers.size() + 1), Features = tokenMajor(RefShape).back();
+    return Features % Ranks == 0 && !rowsOf(X->Shape, Features / Ranks).empty() &&
+           !peerTensors(X).empty();
+  }
+
+  /// When a fused module is compared with the concatenation of several
+  /// reference modules (a recipe: qkv_proj against q, k and v), their
+  /// features; each rank holds its share of every part, so the gathered
+  /// tensor is regrouped part by part.
+  std::vector<int64_t> GatherParts;
+
+  /// \p X gathered from every rank: each token's features, rank after rank
+  /// (part after part, each part rank after rank, with GatherParts).
+  std::optional<std::vector<double>> gathered(const TensorRecord *X, int64_t Features) const {
+    if (!GatherParts.empty())
+      return gatheredByParts(X, Features);
+    auto Ps = peerTensors(X);
+    std::vector<std::vector<double>> Values;
+    std::vector<std::vector<int64_t>> Shapes;
+    auto V = T.values(X);
+    if (!V || Ps.empty())
+      return std::nullopt;
+    Values.push_back(std::move(*V));
+    Shapes.push_back(rowsOf(X->Shape, Features));
+    for (size_t I = 0; I < Ps.size(); ++I) {
+      auto W = Peers[I]->values(Ps[I]);
+      if (!W)
+        return std::nullopt;
+      Values.push_back(std::move(*W));
+      Shapes.push_back(rowsOf(Ps[I]->Shape, Features));
+    }
+    return concatenate(Values, Shapes, 1);
+  }
+
+  std::optional<std::vector<double>> gatheredByParts(const TensorRecord *X,
+                                                     int64_t Local) const {
+    auto Ps = peerTensors(X);
+    size_t Ranks = Ps.size() + 1;
+    std::vector<std::vector<double>> Values;
+    auto V = T.values(X);
+    if (!V || Ps.empty())
+      return std::nullopt;
+    Values.push_back(std::move(*V));
+    for (size_t I = 0; I < Ps.size(); ++I) {
+      auto W = Peers[I]->values(Ps[I]);
+      if (!W || W->size() != Values[0].size())
+        return std::nullopt;
+      Values.push_back(std::move(*W));
+    }
+    int64_t Total = 0;
+    for (int64_t P : GatherParts) {
+      if (P % int64_t(Ranks))
+        return std::nullopt;
+      Total += P;
+    }
+    if (Local <= 0 || Total != Local * int64_t(Ranks) || Values[0].size() % size_t(Local))
+      return std::nullopt;
+    size_t Tokens = Values[0].size() / size_t(Local);
+    std::vector<double> Out;
+    Out.reserve(Tokens * size_t(Total));
+    for (size_t Tok = 0; Tok < Tokens; ++Tok) {
+      int64_t Offset = 0; // within a rank's row
+      for (int64_t P : GatherParts) {
+        int64_t Share = P / int64_t(Ranks);
+        for (const std::vector<double> &Rank : Values) {
+          auto Row = Rank.begin() + Tok * size_t(Local) + Offset;
+          Out.insert(Out.end(), Row, Row + Share);
+        }
+        Offset += Share;
+      }
+    }
+    return Out;
+  }
+
   /// Structural evidence against a pairing by path: the same name for a
   /// different computation (vLLM's `act_fn` is SiluAndMul, which takes the
   /// gate and up projections together; HF's is the activation alone). Their
   /// first input's or first output's last dimension (the feature size)
   /// differ. Empty when nothing speaks against the pair.
   std::string structureDiffers(const ModuleCallRecord &TC, const ModuleCallRecord &RC) {
+    const TensorRecord *TO = T.tensor(TC.Id, "output", 0), *RO = R.tensor(RC.Id, "output", 0);
+    bool OutputSharded = TO && RO && sharded(TO, RO->Shape);
     for (StringRef Role : {"input", "output"}) {
       const TensorRecord *A = T.tensor(TC.Id, Role, 0), *B = R.tensor(RC.Id, Role, 0);
       if (!A || !B || A->Shape.empty() || B->Shape.empty() || unitRoundoff(A->Type) == 0 ||
           unitRoundoff(B->Type) == 0)
         continue;
+      // Under tensor parallelism a shard is gathered from the ranks; but a
+      // module whose output is a shard while its input, as large as the
+      // reference's, differs from rank to rank takes a shard of something
+      // else (vLLM's SiluAndMul `act_fn`: gate and up, against HF's
+      // activation of the gate alone).
+      if (sharded(A, B->Shape))
+        continue;
+      if (Role == "input" && OutputSharded && !replicated(A))
+        return "same path, but a different computation: its first input is a "
+               "tensor-parallel shard as large as the reference's whole input";
       int64_t FA = tokenMajor(A->Shape).back(), FB = tokenMajor(B->Shape).back();
       if (FA != FB)
         return ("same path, but a different computation: its first " + Role +
@@ -1265,6 +1436,10 @@ private:
   Side &T, &R;
   Side *F;
   const DiagnoseOptions &O;
+
+public:
+  /// The target's other tensor-parallel ranks (rank 0 is T).
+  std::vector<Side *> Peers;
 };
 
 } // namespace
@@ -1302,6 +1477,14 @@ Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks, TraceReader &R
     return Layout.takeError();
   if (Error E = *Layout == RankLayout::Stages ? T.loadStages(TargetRanks) : T.load(Target))
     return E;
+  // Tensor-parallel ranks: rank 0 is compared, the others lend their shards.
+  std::vector<std::unique_ptr<Side>> Peers;
+  if (*Layout == RankLayout::SameModules)
+    for (TraceReader *Rank : TargetRanks.drop_front()) {
+      Peers.push_back(std::make_unique<Side>());
+      if (Error E = Peers.back()->load(*Rank))
+        return E;
+    }
   if (Error E = R.load(Reference))
     return E;
   if (ReferenceFP32)
@@ -1311,10 +1494,16 @@ Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks, TraceReader &R
     return makeError("the target trace '" + Target.directory() + "' has no module calls");
   if (R.Calls.empty())
     return makeError("the reference trace '" + Reference.directory() + "' has no module calls");
-  Diagnosis D = Diagnoser(T, R, ReferenceFP32 ? &F : nullptr, Options).run();
+  Diagnoser Run(T, R, ReferenceFP32 ? &F : nullptr, Options);
+  for (auto &P : Peers)
+    Run.Peers.push_back(P.get());
+  Diagnosis D = Run.run();
   for (Side *S : {&T, &R, &F})
     if (!S->Problem.empty())
       return makeError(S->Problem);
+  for (auto &P : Peers)
+    if (!P->Problem.empty())
+      return makeError(P->Problem);
   if (D.Result != Diagnosis::Verdict::InputsDiffer &&
       llvm::none_of(D.Curve, [](const ComponentRatio &C) { return C.Ratio.has_value(); }))
     return makeError("no target component could be compared with the reference: the module "

@@ -408,12 +408,16 @@ int main(int argc, char **argv) {
   for (auto &R : TargetRanks)
     Target.push_back(R.get());
   // Pipeline stages are joined; ranks that ran the same modules (tensor
-  // parallelism) are compared through rank 0 for now.
+  // parallelism) are compared through rank 0, the others lending their
+  // shards of sharded tensors.
   RankLayout Layout = unwrapOrExit(Tool, rankLayout(Target));
   if (Layout == RankLayout::SameModules)
-    errs() << Tool << ": warning: --target has " << Target.size()
-           << " ranks that ran the same modules (tensor parallel); only rank 0 is compared, "
-              "its shards of column-parallel modules unmapped\n";
+    errs() << Tool << ": note: --target has " << Target.size()
+           << " tensor-parallel ranks: compared through rank 0, sharded tensors gathered from "
+              "all ranks\n";
+  else if (Layout == RankLayout::Stages)
+    errs() << Tool << ": note: --target has " << Target.size()
+           << " pipeline stages: joined into one call sequence\n";
   auto Reference = openTrace("reference", ReferenceDir);
   std::unique_ptr<TraceReader> FP32;
   if (!ReferenceFP32Dir.empty())

@@ -568,3 +568,57 @@ TEST_F(DiagnosisTest, RanksOfTheSameModulesAreNotStages) {
 }
 
 } // namespace
+
+namespace {
+
+// Tensor parallelism: a column-parallel module's output is a shard on each
+// rank, gathered (each token's features, rank after rank) to meet the
+// reference's; a bad shard on rank 1 is found there.
+TEST_F(DiagnosisTest, TensorParallelShardsAreGatheredFromTheRanks) {
+  using Spec = TraceBuilder::Spec;
+  std::vector<float> Full = {1, 2, 3, 4, 5, 6, 7, 8}; // [2 tokens, 4 features]
+  std::vector<float> Out = {0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f};
+  {
+    TraceBuilder R(dir("ref"));
+    R.call("", "", {0}, {}, {1, 2});
+    R.callSpecs("col", "", {}, {Spec{Full, {1, 2, 4}}});
+    R.callSpecs("row", "", {Spec{{}, {1, 2, 4}, DType::F32, "col"}}, {Spec{Out, {1, 2, 3}}});
+    R.close();
+  }
+  auto Rank = [&](StringRef Name, int R, bool Bad) {
+    std::vector<float> Shard = {Full[2 * R], Full[2 * R + 1], Full[4 + 2 * R], Full[5 + 2 * R]};
+    if (Bad)
+      Shard[1] += 3;
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("col", "", {}, {Spec{Shard, {2, 2}}});
+    T.callSpecs("row", "", {Spec{{}, {2, 2}, DType::F32, "col"}}, {Spec{Out, {2, 3}}});
+    T.close();
+  };
+  Rank("tp-0", 0, false);
+  Rank("tp-1", 1, false);
+  Rank("bad-tp-1", 1, true);
+  auto Open = [&](StringRef Name) {
+    auto R = TraceReader::open(dir(Name));
+    EXPECT_TRUE(bool(R));
+    return std::move(*R);
+  };
+  auto Ref = Open("ref"), A = Open("tp-0"), B = Open("tp-1"), Bad = Open("bad-tp-1");
+  TraceReader *Clean[] = {A.get(), B.get()};
+  TraceReader *Broken[] = {A.get(), Bad.get()};
+
+  auto D = diagnose(Clean, *Ref, nullptr, DiagnoseOptions());
+  ASSERT_TRUE(bool(D)) << toString(D.takeError());
+  EXPECT_EQ(D->Result, Diagnosis::Verdict::NoDivergence) << D->InputsDifference;
+  auto Col = llvm::find_if(D->Curve, [](const ComponentRatio &C) { return C.Path == "col"; });
+  ASSERT_NE(Col, D->Curve.end());
+  ASSERT_TRUE(Col->Ratio.has_value()); // compared, gathered: not unmapped
+  EXPECT_EQ(*Col->Ratio, 0);
+
+  auto E = diagnose(Broken, *Ref, nullptr, DiagnoseOptions());
+  ASSERT_TRUE(bool(E)) << toString(E.takeError());
+  ASSERT_EQ(E->Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(E->Suspects.front().Component.Path, "col");
+}
+
+} // namespace

@@ -14,11 +14,15 @@ def llama_config():
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 
 
-def qwen3_score_config():
+def qwen3_config(**extra):
     return transformers.Qwen3Config(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_labels=3,
-        max_position_embeddings=256)
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=256, **extra)
+
+
+def qwen3_score_config():
+    return qwen3_config(num_labels=3)
 
 
 def llama_tied_config():
@@ -175,6 +179,11 @@ CASES = [
          symptom="the FP4 GEMM rounds its fp32 accumulator to fp16 before the scale: "
                  "large activations overflow"),
     Case("clean-llama-tp2", "clean pair", "LlamaForCausalLM", llama_config, [], [], tp=2),
+    Case("clean-qwen3-tp2", "clean pair", "Qwen3ForCausalLM", qwen3_config, [], [], tp=2),
+    Case("qk-norm-tp", "vLLM-16296", "Qwen3ForCausalLM", qwen3_config, ["qk-norm-tp"],
+         ["model.layers.0.self_attn.q_norm", "model.layers.0.self_attn.k_norm"], tp=2,
+         symptom="under tensor parallel 2 the per-head q/k norms run over the rank's heads "
+                 "flattened together"),
     Case("clean-qwen3-score-tp2", "clean pair", "Qwen3ForSequenceClassification",
          qwen3_score_config, [], [], tp=2, task="classify"),
     Case("score-head-tp", "vLLM-23804", "Qwen3ForSequenceClassification", qwen3_score_config,

@@ -109,13 +109,23 @@ class RMSNorm(nn.Module):
 
 
 class HeadNorm(RMSNorm):
-    """Gemma-3's q_norm/k_norm: RMSNorm over each head of [tokens, heads*dim]."""
+    """Gemma-3's and Qwen3's q_norm/k_norm: RMSNorm over each head of
+    [tokens, heads*dim]."""
 
-    def __init__(self, head_dim, eps, offset, bugs):
+    def __init__(self, head_dim, eps, offset, bugs, tp_size=1):
         super().__init__(head_dim, eps, offset)
         self.head_dim, self.bugs = head_dim, bugs
+        # The planted bug: under tensor parallelism the norm runs over the
+        # rank's heads flattened together (heads * dim), not head by head.
+        self.flattened = "qk-norm-tp" in bugs and tp_size > 1
 
     def forward(self, x):
+        if self.flattened:
+            flat = x.reshape(x.shape[0], -1)
+            weight = self.weight.repeat(flat.shape[-1] // self.head_dim)
+            out = torch.empty_like(flat)
+            torch.ops.zoo.rms_norm(out, flat, weight, self.eps, self.offset)
+            return out.view_as(x)
         shaped = x.view(x.shape[0], -1, self.head_dim)
         out = torch.empty_like(shaped)
         torch.ops.zoo.rms_norm(out, shaped, self.weight, self.eps, self.offset)
@@ -260,8 +270,8 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias,
                                quant=a.quant)
         if a.qk_norm:
-            self.q_norm = HeadNorm(a.head_dim, a.eps, a.norm_offset, bugs)
-            self.k_norm = HeadNorm(a.head_dim, a.eps, a.norm_offset, bugs)
+            self.q_norm = HeadNorm(a.head_dim, a.eps, a.norm_offset, bugs, a.tp_size)
+            self.k_norm = HeadNorm(a.head_dim, a.eps, a.norm_offset, bugs, a.tp_size)
         layer_type = a.layer_types[layer]
         sliding = layer_type == "sliding_attention"
         # The per-layer window as the model's config gives it.
