@@ -219,6 +219,28 @@ std::vector<int64_t> rowsOf(const std::vector<int64_t> &Shape, int64_t Features)
   return {Rows, Features};
 }
 
+/// Whether two shapes have the same features per token: the same last
+/// dimension ([tokens, hidden] and [batch, seq, hidden]), or one's last
+/// dimension the product of the other's trailing ones, never its first (a
+/// head reshape: [tokens, heads * dim] and [1, tokens, heads, dim]).
+bool sameFeatures(std::vector<int64_t> A, std::vector<int64_t> B) {
+  auto Strip = [](std::vector<int64_t> &S) {
+    while (S.size() > 1 && S.front() == 1)
+      S.erase(S.begin());
+  };
+  Strip(A);
+  Strip(B);
+  if (A.empty() || B.empty() || A.back() == B.back())
+    return true;
+  auto Trailing = [](const std::vector<int64_t> &S, int64_t Features) {
+    int64_t P = 1;
+    for (size_t I = S.size(); I > 1 && P < Features;)
+      P *= S[--I];
+    return P == Features;
+  };
+  return Trailing(B, A.back()) || Trailing(A, B.back());
+}
+
 /// One side's trace, indexed for the comparison. A pipeline-parallel run's
 /// stages (ranks that ran different modules) are joined into one: their
 /// ids are kept apart by the stage in their top bits.
@@ -966,10 +988,10 @@ private:
       if (Role == "input" && OutputSharded && !replicated(A))
         return "same path, but a different computation: its first input is a "
                "tensor-parallel shard as large as the reference's whole input";
-      int64_t FA = tokenMajor(A->Shape).back(), FB = tokenMajor(B->Shape).back();
-      if (FA != FB)
-        return ("same path, but a different computation: its first " + Role +
-                " has " + Twine(FA) + " features against the reference's " + Twine(FB))
+      if (!sameFeatures(A->Shape, B->Shape))
+        return ("same path, but a different computation: its first " + Role + " has " +
+                Twine(A->Shape.back()) + " features against the reference's " +
+                Twine(B->Shape.back()))
             .str();
     }
     return "";

@@ -75,6 +75,8 @@ PROMPT = [2] + [(7 * i + 3) % 250 + 3 for i in range(33)]
 # them as a batch, the engine as one flattened sequence of tokens): many
 # short prompts, as an embedding server batches queries.
 PROMPTS = [[2] + [(7 * i + 13 * j + 3) % 250 + 3 for i in range(11)] for j in range(32)]
+# Two requests of one length, prefilled together (no padding on either side).
+TWO_PROMPTS = [[2] + [(11 * i + 29 * j + 5) % 250 + 3 for i in range(15)] for j in range(2)]
 
 
 class MeanPooler(torch.nn.Module):
@@ -165,6 +167,12 @@ CASES = [
          ["paged-attn-last-page"], ["model.layers.0.self_attn", "model.layers.0.self_attn.attn"],
          kernel="zoo::paged_attention",
          symptom="attention reads the unfilled tail of the last KV page"),
+    Case("clean-llama-batch", "clean pair", "LlamaForCausalLM", llama_config, [], [],
+         prompt=TWO_PROMPTS, task="batch"),
+    Case("causal-mask-stale", "SGLang-18358", "LlamaForCausalLM", llama_config,
+         ["causal-mask-stale"], ["model.layers.0.self_attn", "model.layers.0.self_attn.attn"],
+         prompt=TWO_PROMPTS, task="batch",
+         symptom="a batch of two prompts: the second attends through the first's mask"),
     Case("clean-llama-fp8", "clean pair", "LlamaForCausalLM", llama_config, [], [],
          quant="fp8"),
     Case("fp8-weights-zero", "SGLang-4434", "LlamaForCausalLM", llama_config,

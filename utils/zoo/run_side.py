@@ -89,7 +89,7 @@ def serve(case, device, rank=0, world=1):
     engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs,
                     task=case.task, device=device, quant=case.quant, tp_rank=tp_rank,
                     tp_size=case.tp, pp_rank=pp_rank, pp_size=case.pp)
-    if case.task in ("embed", "classify"):
+    if case.task in ("embed", "classify", "batch"):
         getattr(engine, case.task)(case.prompt)
         consumed, generated = case.prompt, []
     else:

@@ -196,6 +196,39 @@ class Engine:
         with torch.device(self.device):
             return self._embed(prompts)
 
+    def batch(self, prompts):
+        """One prefill over a batch of prompts (flattened, each with its own
+        pages), attended through the torch-native backend: a boolean mask
+        per request over the batch's tokens. Returns the logits."""
+        with torch.device(self.device), torch.no_grad():
+            ids, positions, slots, tables, seq_ids, masks = [], [], [], [], [], []
+            total = sum(len(p) for p in prompts)
+            start = 0
+            for i, prompt in enumerate(prompts):
+                table, n = [], len(prompt)
+                pos = torch.arange(n)
+                slots.append(self._slots(table, pos))
+                tables.append(table)
+                ids += prompt
+                positions.append(pos)
+                seq_ids += [i] * n
+                if "causal-mask-stale" in self.bugs and masks:
+                    # The planted bug: the mask built for the first request
+                    # is reused for the next (it points at the first
+                    # request's tokens).
+                    masks.append((start, start + n, masks[0][2]))
+                else:
+                    mask = torch.zeros(n, total, dtype=torch.bool)
+                    mask[:, start:start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+                    masks.append((start, start + n, mask))
+                start += n
+            width = max(len(t) for t in tables)
+            meta = types.SimpleNamespace(
+                slot_mapping=torch.cat(slots), positions=torch.cat(positions),
+                block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+                seq_ids=torch.tensor(seq_ids), attn_masks=masks)
+            return self.model(torch.tensor(ids), meta.positions, meta=meta)
+
     def classify(self, prompt):
         """One forward over the prompt; the last token's scores."""
         with torch.device(self.device), torch.no_grad():

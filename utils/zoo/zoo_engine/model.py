@@ -254,11 +254,29 @@ class PagedAttention(nn.Module):
         torch.ops.zoo.reshape_and_cache(k.view(t, self.num_kv_heads, self.head_dim),
                                         v.view(t, self.num_kv_heads, self.head_dim),
                                         key_cache, value_cache, meta.slot_mapping)
+        if getattr(meta, "attn_masks", None) is not None:
+            return self.masked(q, k, v, meta.attn_masks)
         out = torch.empty(t, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         torch.ops.zoo.paged_attention(out, q.view(t, self.num_heads, self.head_dim), key_cache,
                                       value_cache, meta.block_tables, meta.seq_ids,
                                       meta.positions, self.scale, self.window)
         return out.view(t, self.num_heads * self.head_dim)
+
+    def masked(self, q, k, v, masks):
+        """The torch-native backend (SGLang's, for a prefill batch): each
+        request's queries attend over this forward's keys through the
+        request's boolean mask (rows: its tokens; columns: all tokens)."""
+        t, h, d = q.shape[0], self.num_heads, self.head_dim
+        group = self.num_heads // self.num_kv_heads
+        qh = q.view(t, h, d).transpose(0, 1)
+        kh = k.view(t, self.num_kv_heads, d).repeat_interleave(group, dim=1).transpose(0, 1)
+        vh = v.view(t, self.num_kv_heads, d).repeat_interleave(group, dim=1).transpose(0, 1)
+        out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
+        for start, end, mask in masks:
+            rows = torch.nn.functional.scaled_dot_product_attention(
+                qh[:, start:end], kh, vh, attn_mask=mask, scale=self.scale)
+            out[start:end] = rows.transpose(0, 1)
+        return out.view(t, h * d)
 
 
 class Attention(nn.Module):
