@@ -47,7 +47,11 @@ void launched(int Error, const char *Kernel) {
 
 /// Makes the op's tensors' device the current one (a GPU's, for its stream).
 struct DeviceGuard : c10::OptionalDeviceGuard {
-  explicit DeviceGuard(at::Device D) : c10::OptionalDeviceGuard(D) {}
+  explicit DeviceGuard(at::Device D) : c10::OptionalDeviceGuard(D) {
+#ifndef ZOO_WITH_CUDA
+    TORCH_CHECK(!D.is_cuda(), "zoo: the kernels were built without CUDA (no nvcc at build time)");
+#endif
+  }
 };
 
 std::set<std::string> &bugs() {
@@ -382,10 +386,9 @@ TORCH_LIBRARY_FRAGMENT(zoo, m) {
         "str format) -> ()");
 }
 
-namespace {
-/// The implementations, one per op for every device: each sends CUDA
-/// tensors to its kernels in ZooKernelsCuda.cu.
-void implement(torch::Library &m) {
+// One implementation per op for every device (each sends CUDA tensors to
+// its kernels in ZooKernelsCuda.cu, where they were built).
+TORCH_LIBRARY_IMPL(zoo, CompositeExplicitAutograd, m) {
   m.impl("fused_moe", fusedMoe);
   m.impl("rms_norm", rmsNorm);
   m.impl("fused_add_rms_norm", fusedAddRmsNorm);
@@ -394,10 +397,3 @@ void implement(torch::Library &m) {
   m.impl("paged_attention", pagedAttention);
   m.impl("quant_gemm", quantGemm);
 }
-} // namespace
-
-TORCH_LIBRARY_IMPL(zoo, CPU, m) { implement(m); }
-
-#ifdef ZOO_WITH_CUDA
-TORCH_LIBRARY_IMPL(zoo, CUDA, m) { implement(m); }
-#endif
