@@ -18,6 +18,8 @@ config.environment["PATH"] = os.pathsep.join(
 config.environment["EKKA_PROGRESS"] = "0"
 config.substitutions.append(("%python", config.python_executable))
 config.substitutions.append(("%ekka-python", os.path.join(config.ekka_src_root, "python")))
+config.substitutions.append(
+    ("%ekka-runtime", os.path.join(config.ekka_obj_root, "lib", "libekka_runtime.so")))
 # One side of a zoo case (utils/zoo/run_side.py), with the engine's kernels
 # from this build.
 config.substitutions.append(

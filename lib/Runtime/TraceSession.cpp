@@ -615,9 +615,11 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
                  (!S->Options.ModuleFilter || std::regex_search(Path, *S->Options.ModuleFilter));
   // Inputs: one that is an earlier module call's output, unchanged, is
   // recorded as that (the dataflow); any other — the root's inputs, what a
-  // parent computed with plain ops — with statistics and, if captured, bytes.
+  // parent computed with plain ops — with statistics and, if captured, bytes
+  // (the root's always, for the inputs check, unless nothing is captured).
   for (size_t I = 0; I < Inputs.size(); ++I)
-    recordInput(*S, R.Id, Inputs[I], int64_t(I), Capture || IsRoot);
+    recordInput(*S, R.Id, Inputs[I], int64_t(I),
+                Capture || (IsRoot && S->Options.CaptureModules));
   CallStack.push_back({R.Id, Capture, S->Writer->nextTensorId()});
   S->LastOpenCall = R.Id;
   return R.Id;

@@ -29,7 +29,10 @@ class _State:
     def __init__(self, trace_dir, options):
         self.trace_dir = trace_dir
         self.options = options
+        self.base_options = options  # without what _start adds
+        self.active = True           # False between regions of Trace()
         self.started = False
+        self.exit_handlers = False
         self.local = threading.local()  # per thread: stack and names of its root
         self.sources = {}        # class -> (qualname, file, line)
 
@@ -135,7 +138,7 @@ def _gpu_options():
 
 def _start(state):
     state.started = True
-    state.options = _gpu_options() + state.options
+    state.options = _gpu_options() + state.base_options
     error = torch.ops.ekka.start(_trace_dir(state.trace_dir), state.options,
                                  os.environ.get("EKKA_COMMAND_LINE", " ".join(sys.argv)))
     if error:
@@ -147,17 +150,20 @@ def _start(state):
         if error:
             print(f"ekka-trace: error: {error}", file=sys.stderr)
             return False
-    atexit.register(_stop)
-    # A child of multiprocessing's fork start method leaves through
-    # os._exit, which skips atexit; multiprocessing's own finalizers still run.
-    import multiprocessing.util
-    multiprocessing.util.Finalize(None, _stop, exitpriority=0)
+    if not state.exit_handlers:
+        state.exit_handlers = True
+        atexit.register(_stop)
+        # A child of multiprocessing's fork start method leaves through
+        # os._exit, which skips atexit; multiprocessing's own finalizers
+        # still run.
+        import multiprocessing.util
+        multiprocessing.util.Finalize(None, _stop, exitpriority=0)
     return True
 
 
 def _pre_hook(module, args):
     state = _state
-    if _not_traceable():
+    if not state.active or _not_traceable():
         return
     if not state.started and not _start(state):
         return
@@ -220,6 +226,69 @@ def _stop():
         print(f"ekka-trace: {summary}", file=sys.stderr)
     elif "; warning: " in summary:
         print(f"ekka-trace: warning: {summary.split('; warning: ', 1)[1]}", file=sys.stderr)
+    return summary
+
+
+class Trace:
+    """Traces a region of this program into a trace directory, as
+    ``ekka-trace -o DIR`` traces a whole program::
+
+        import ekka.trace
+        with ekka.trace.Trace("ref.trace"):
+            model(ids)
+        with ekka.trace.Trace("tgt.trace", capture_ops="^zoo::"):
+            engine.generate(prompt, 4)
+
+    One program can so write several traces without starting again (the
+    zoo runs its three sides in one process). The runtime library comes
+    from ``runtime_library`` or ``$EKKA_RUNTIME_LIB``. Processes forked
+    inside the region (ranks) trace into ``rank-N/`` as under ekka-trace.
+    Options are ekka-trace's: ``capture`` ("modules" or "none"),
+    ``capture_modules``, ``capture_ops`` (regular expressions), ``steps``,
+    ``framework``. An existing trace in the directory is an error unless
+    ``force``. Not for a program already run under ekka-trace."""
+
+    def __init__(self, trace_dir, capture="modules", capture_modules=None, capture_ops=None,
+                 steps=None, framework=None, force=False, runtime_library=None):
+        self.trace_dir = os.path.abspath(trace_dir)
+        options = []
+        if capture == "none":
+            options.append("capture=none")
+        for key, value in (("modules", capture_modules), ("ops", capture_ops),
+                           ("steps", steps), ("framework", framework)):
+            if value is not None:
+                if ";" in str(value):
+                    raise ValueError(f"ekka.trace.Trace: {key} may not contain ';'")
+                options.append(f"{key}={value}")
+        self.options = "".join(o + ";" for o in options)
+        self.force = force
+        self.runtime_library = runtime_library
+        self.summary = ""
+
+    def __enter__(self):
+        if _state is not None and (os.environ.get("EKKA_TRACE_DIR") or _state.active):
+            raise RuntimeError("ekka.trace.Trace: this process is traced already "
+                               "(under ekka-trace, or inside another Trace)")
+        holds = any(os.path.exists(os.path.join(self.trace_dir, *p, "trace.db"))
+                    for p in ((), ("rank-0",)))
+        if holds:
+            if not self.force:
+                raise FileExistsError(f"'{self.trace_dir}' already holds a trace "
+                                      "(force=True replaces it)")
+            import shutil
+            shutil.rmtree(self.trace_dir)
+        os.makedirs(self.trace_dir, exist_ok=True)
+        install(self.trace_dir, self.options, self.runtime_library)
+        _state.trace_dir, _state.base_options = self.trace_dir, self.options
+        _state.started, _state.active = False, True
+        _state.stack = []
+        return self
+
+    def __exit__(self, *exc):
+        if _state.started:
+            self.summary = _stop()
+        _state.started = _state.active = False
+        return False
 
 
 def _after_fork_in_child():

@@ -173,6 +173,11 @@ protected:
   void SetUp() override { ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-diag", Root)); }
   void TearDown() override { sys::fs::remove_directories(Root); }
   std::string dir(StringRef Name) { return (Root + "/" + Name).str(); }
+  std::unique_ptr<TraceReader> open(StringRef Name) {
+    auto R = TraceReader::open(dir(Name));
+    EXPECT_TRUE(bool(R));
+    return R ? std::move(*R) : nullptr;
+  }
 
   /// root -> a (from root) -> b (from a); c (from root) after a; root's
   /// output from b. \p A, \p B, \p C are the outputs.
@@ -523,12 +528,7 @@ TEST_F(DiagnosisTest, PipelineStagesAreJoinedIntoOneCallSequence) {
   Stage("rank-1", false, {0.5f, 0.25f});
   Stage("bad-rank-1", false, {9, 9});
 
-  auto Open = [&](StringRef Name) {
-    auto R = TraceReader::open(dir(Name));
-    EXPECT_TRUE(bool(R));
-    return std::move(*R);
-  };
-  auto Ref = Open("ref"), First = Open("rank-0"), Last = Open("rank-1"), Bad = Open("bad-rank-1");
+  auto Ref = open("ref"), First = open("rank-0"), Last = open("rank-1"), Bad = open("bad-rank-1");
   TraceReader *Clean[] = {First.get(), Last.get()};
   TraceReader *Broken[] = {First.get(), Bad.get()};
   auto Layout = rankLayout(Clean);
@@ -598,12 +598,7 @@ TEST_F(DiagnosisTest, TensorParallelShardsAreGatheredFromTheRanks) {
   Rank("tp-0", 0, false);
   Rank("tp-1", 1, false);
   Rank("bad-tp-1", 1, true);
-  auto Open = [&](StringRef Name) {
-    auto R = TraceReader::open(dir(Name));
-    EXPECT_TRUE(bool(R));
-    return std::move(*R);
-  };
-  auto Ref = Open("ref"), A = Open("tp-0"), B = Open("tp-1"), Bad = Open("bad-tp-1");
+  auto Ref = open("ref"), A = open("tp-0"), B = open("tp-1"), Bad = open("bad-tp-1");
   TraceReader *Clean[] = {A.get(), B.get()};
   TraceReader *Broken[] = {A.get(), Bad.get()};
 

@@ -8,7 +8,11 @@
   run_side.py reference CASE DIR DTYPE    run the HF model (bf16 or fp32) with those
                                           weights on those tokens in one forward
 
-Either takes `--device DEVICE` last (default cpu; cuda runs the engine's
+  run_side.py all CASE DIR                all three in this one process, each traced
+                                          (ekka.trace.Trace) into DIR/target,
+                                          DIR/reference-bf16, DIR/reference-fp32
+
+Each takes `--device DEVICE` last (default cpu; cuda runs the engine's
 CUDA kernels). A checkpoint already in DIR is used as it is.
 
 Building the checkpoint in the target's process saves a Python start (the
@@ -110,38 +114,55 @@ def main():
         args = args[:-2]
     what, case_id, DIR = args[:3]
     case = BY_ID[case_id]
+    if what == "all":
+        # One Python start instead of three: the sides are traced one after
+        # the other, each into its own trace, as three ekka-trace runs would.
+        from ekka.trace import Trace
+        with Trace(os.path.join(DIR, "target"), capture_ops="^zoo::", force=True):
+            run_target(case, device)
+        for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+            with Trace(os.path.join(DIR, f"reference-{name}"), force=True):
+                run_reference(case, dtype, device)
+        return
     if what == "target":
-        checkpoint_path = os.path.join(DIR, "checkpoint.safetensors")
-        if not os.path.exists(checkpoint_path):
-            save_checkpoint(case, checkpoint_path)
-        world = case.tp * case.pp
-        if world == 1:
-            serve(case, device)
-        else:
-            # One process per rank, as vLLM's workers: forked here, each
-            # traced into rank-N/ of the target trace.
-            import multiprocessing
-            fork = multiprocessing.get_context("fork")
-            ranks = [fork.Process(target=serve, args=(case, device, rank, world))
-                     for rank in range(world)]
-            for p in ranks:
-                p.start()
-            for p in ranks:
-                p.join()
-            failed = [r for r, p in enumerate(ranks) if p.exitcode != 0]
-            if failed:
-                raise SystemExit(f"run_side.py: rank {failed[0]} of the engine failed")
+        run_target(case, device)
     elif what == "reference":
-        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args[3]]
-        with open(os.path.join(DIR, "tokens.json")) as f:
-            tokens = json.load(f)["consumed"]
-        model = reference_model(case, dtype, device)
-        # A batch of prompts (an embedding case) is already a list of lists.
-        batch = tokens if tokens and isinstance(tokens[0], list) else [tokens]
-        with torch.no_grad():
-            model(torch.tensor(batch, device=device))
+        run_reference(case, {"bf16": torch.bfloat16, "fp32": torch.float32}[args[3]], device)
     else:
         raise SystemExit(f"run_side.py: unknown step '{what}'")
+
+
+def run_target(case, device):
+    checkpoint_path = os.path.join(DIR, "checkpoint.safetensors")
+    if not os.path.exists(checkpoint_path):
+        save_checkpoint(case, checkpoint_path)
+    world = case.tp * case.pp
+    if world == 1:
+        serve(case, device)
+    else:
+        # One process per rank, as vLLM's workers: forked here, each
+        # traced into rank-N/ of the target trace.
+        import multiprocessing
+        fork = multiprocessing.get_context("fork")
+        ranks = [fork.Process(target=serve, args=(case, device, rank, world))
+                 for rank in range(world)]
+        for p in ranks:
+            p.start()
+        for p in ranks:
+            p.join()
+        failed = [r for r, p in enumerate(ranks) if p.exitcode != 0]
+        if failed:
+            raise SystemExit(f"run_side.py: rank {failed[0]} of the engine failed")
+
+
+def run_reference(case, dtype, device):
+    with open(os.path.join(DIR, "tokens.json")) as f:
+        tokens = json.load(f)["consumed"]
+    model = reference_model(case, dtype, device)
+    # A batch of prompts (an embedding case) is already a list of lists.
+    batch = tokens if tokens and isinstance(tokens[0], list) else [tokens]
+    with torch.no_grad():
+        model(torch.tensor(batch, device=device))
 
 
 if __name__ == "__main__":

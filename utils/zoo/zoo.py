@@ -13,7 +13,9 @@
                                `zoo trace` left in DIR (brought from there)
 
 `--device cuda` (run, bench, trace) runs all three sides on the GPU: the
-engine with its kernels' CUDA versions, traced with CUPTI.
+engine with its kernels' CUDA versions, traced with CUPTI. The three sides
+run in one Python process, each traced into its own trace
+(`ekka.trace.Trace`); `--separate` runs them as three ekka-trace runs.
 
 Ekka sees what a user's run would give it: three traces and the code index
 of the engine (utils/zoo); the ground truth is read here only, to score.
@@ -83,16 +85,23 @@ def fresh_workdir(work):
     open(os.path.join(work, MARKER), "w").close()
 
 
-def trace_case(case, work, device="cpu"):
+def trace_case(case, work, device="cpu", separate=False):
     """Traces the engine with the case's bug and the reference (bf16, fp32)
-    into \p work (made fresh)."""
+    into \p work (made fresh): in one Python process, each side in its own
+    trace (ekka.trace.Trace), or with \p separate as a user would, three
+    ekka-trace runs."""
     fresh_workdir(work)
     py = sys.executable
     side = os.path.join(HERE, "run_side.py")
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
                EKKA_PROGRESS="0")
-    trace = [tool("ekka-trace"), "--force"]
     where = ["--device", device]
+    if not separate:
+        env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env["PYTHONPATH"]
+        env.setdefault("EKKA_RUNTIME_LIB", os.path.join(BUILD, "lib", "libekka_runtime.so"))
+        sh([py, side, "all", case.id, work] + where, "tracing the engine and the reference", env)
+        return
+    trace = [tool("ekka-trace"), "--force"]
     sh(trace + ["-o", f"{work}/target", "--capture-ops", "^zoo::", "--",
                 py, side, "target", case.id, work] + where, "tracing the engine", env)
     for dtype in ("bf16", "fp32"):
@@ -121,10 +130,10 @@ def diagnose_case(work, index, text=True):
     return report
 
 
-def run_case(case, work, index, text=True, device="cpu"):
+def run_case(case, work, index, text=True, device="cpu", separate=False):
     """Traces and diagnoses one case; returns (report dict, seconds)."""
     start = time.time()
-    trace_case(case, work, device)
+    trace_case(case, work, device, separate)
     return diagnose_case(work, index, text), time.time() - start
 
 
@@ -186,7 +195,8 @@ def cmd_run(args):
     case = find_case(args.case)
     work = args.work or os.path.join(tempfile.gettempdir(), f"ekka-zoo-{case.id}")
     announce(case)
-    report, seconds = run_case(case, work, code_index(), device=args.device)
+    report, seconds = run_case(case, work, code_index(), device=args.device,
+                               separate=args.separate)
     return show(case, report, seconds, work)
 
 
@@ -194,7 +204,7 @@ def cmd_trace(args):
     case = find_case(args.case)
     announce(case)
     start = time.time()
-    trace_case(case, args.work, args.device)
+    trace_case(case, args.work, args.device, args.separate)
     print(f"zoo: traces of {case.id} in {args.work} ({time.time() - start:.1f} s)", file=sys.stderr)
     return 0
 
@@ -213,7 +223,7 @@ def cmd_bench(args):
     for i, case in enumerate(CASES):
         print(f"zoo: [{i + 1}/{len(CASES)}] {case.id}", file=sys.stderr)
         report, seconds = run_case(case, os.path.join(work_root, case.id), index, text=False,
-                                   device=args.device)
+                                   device=args.device, separate=args.separate)
         rows.append(score(case, report, seconds))
     shutil.rmtree(work_root, ignore_errors=True)
     mark = {True: "yes", False: "no", None: "-"}
@@ -266,6 +276,9 @@ def main():
     for p in (run, bench, trace):
         p.add_argument("--device", default="cpu",
                        help="where all three sides run: cpu (default) or cuda")
+        p.add_argument("--separate", action="store_true",
+                       help="trace the three sides as three ekka-trace runs, as a user would "
+                            "(default: one Python process writing three traces)")
     args = ap.parse_args()
     return {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "trace": cmd_trace,
             "diagnose": cmd_diagnose}[args.command](args)

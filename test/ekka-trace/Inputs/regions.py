@@ -1,0 +1,34 @@
+"""Two regions of one program traced into two traces (ekka.trace.Trace),
+and what is refused."""
+import os
+import sys
+
+import torch
+
+import ekka.trace
+
+out = sys.argv[1]
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+x = torch.randn(2, 4)
+with torch.no_grad():
+    model(x)  # before any region: not traced
+    with ekka.trace.Trace(os.path.join(out, "first")) as first:
+        model(x)
+    model(x)  # between the regions: not traced
+    with ekka.trace.Trace(os.path.join(out, "second"), capture="none"):
+        model(x)
+        model(x)
+        try:
+            with ekka.trace.Trace(os.path.join(out, "nested")):
+                pass
+        except RuntimeError as e:
+            print("nested:", e)
+    try:
+        with ekka.trace.Trace(os.path.join(out, "first")):
+            pass
+    except FileExistsError as e:
+        print("exists:", e)
+    with ekka.trace.Trace(os.path.join(out, "first"), force=True):
+        model(x)
+print("summary:", first.summary)
