@@ -6,6 +6,7 @@
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -32,6 +33,74 @@ StringRef verdictName(Diagnosis::Verdict V) {
   return "?";
 }
 
+namespace {
+
+/// \p Path with its numeric segments as `*`, and those numbers in order.
+std::pair<std::string, std::vector<std::string>> starred(StringRef Path) {
+  SmallVector<StringRef, 8> Segments;
+  Path.split(Segments, '.');
+  std::string Out;
+  std::vector<std::string> Numbers;
+  for (size_t I = 0; I < Segments.size(); ++I) {
+    StringRef S = Segments[I];
+    if (I)
+      Out += '.';
+    bool Numeric = !S.empty() && llvm::all_of(S, [](char C) { return C >= '0' && C <= '9'; });
+    if (Numeric)
+      Numbers.push_back(S.str());
+    Out += Numeric ? StringRef("*") : S;
+  }
+  return {Out, Numbers};
+}
+
+} // namespace
+
+std::vector<CalibratedRule> calibratedRules(const Diagnosis &D) {
+  struct Group {
+    CalibratedRule Out;
+    bool Failed = false;
+  };
+  std::vector<Group> Groups;
+  std::map<std::string, size_t> ByKey;
+  for (const ComponentRatio &C : D.Curve) {
+    if (C.MappedBy.empty() || C.ReferencePaths.empty() ||
+        (C.ReferencePaths.size() == 1 && C.ReferencePaths[0] == C.Path))
+      continue;
+    // Generalize when each reference path numbers its layers as the target
+    // does (the same numbers, in order); else keep the literal paths.
+    auto [Pattern, Numbers] = starred(C.Path);
+    std::vector<std::string> Refs;
+    bool Same = !Numbers.empty();
+    for (const std::string &R : C.ReferencePaths) {
+      auto [RP, RN] = starred(R);
+      Same &= RN == Numbers;
+      Refs.push_back(RP);
+    }
+    MappingRule Rule;
+    Rule.Target = Same ? Pattern : C.Path;
+    Rule.Reference = Same ? Refs : C.ReferencePaths;
+    Rule.ConcatDim = C.ConcatDim;
+    Rule.Source = C.MappedBy; // what proposed it: a mapping file, a recipe
+    std::string Key = Rule.Target + "\n" + join(Rule.Reference, ",") + "\n" +
+                      std::to_string(Rule.ConcatDim);
+    auto [It, New] = ByKey.try_emplace(Key, Groups.size());
+    if (New)
+      Groups.push_back({CalibratedRule{Rule, 0, 0}, false});
+    Group &G = Groups[It->second];
+    if (!C.Ratio || *C.Ratio >= D.Threshold) {
+      G.Failed = true; // not compared, or not within noise: nothing validated
+      continue;
+    }
+    ++G.Out.Validated;
+    G.Out.LargestRatio = std::max(G.Out.LargestRatio, *C.Ratio);
+  }
+  std::vector<CalibratedRule> Out;
+  for (Group &G : Groups)
+    if (!G.Failed && G.Out.Validated)
+      Out.push_back(std::move(G.Out));
+  return Out;
+}
+
 Expected<std::vector<MappingRule>> readMappingFile(StringRef Path) {
   auto Buffer = MemoryBuffer::getFile(Path);
   if (!Buffer)
@@ -48,6 +117,8 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
   const json::Array *Rules = O ? O->getArray("components") : nullptr;
   if (!Rules)
     return Bad("expected {\"components\": [...]}");
+  // A knowledge base written by --calibrate says so.
+  bool Calibrated = O->get("calibrated") != nullptr;
   std::vector<MappingRule> Out;
   for (size_t I = 0; I < Rules->size(); ++I) {
     const json::Object *R = (*Rules)[I].getAsObject();
@@ -58,6 +129,8 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
       return Bad("component " + Twine(I) + " has no \"target\" string");
     MappingRule Rule;
     Rule.Target = Target->str();
+    if (Calibrated)
+      Rule.Source = "calibration";
     std::string Where = ("component " + Twine(I) + " (" + *Target + ")").str();
     if (const json::Value *Ref = R->get("reference")) {
       if (auto One = Ref->getAsString()) {
@@ -1036,6 +1109,7 @@ private:
         continue;
       }
       C.MappedBy = Rule.Source;
+      C.ConcatDim = Rule.ConcatDim;
       C.Ratio = ruleRatio(TC, RC, FC, Rule.ConcatDim);
       // Inputs: the first reference component sees what the target does.
       C.InputRatio =

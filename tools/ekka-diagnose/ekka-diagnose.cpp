@@ -55,6 +55,11 @@ cl::opt<bool> NoRecipes(
     "no-recipes", cl::cat(Category),
     cl::desc("Do not use the built-in recipes that map serving engines' naming (vLLM, SGLang: "
              "qkv_proj, gate_up_proj, logits_processor) onto HuggingFace's"));
+cl::opt<std::string> CalibrateFile(
+    "calibrate", cl::value_desc("FILE"), cl::cat(Category),
+    cl::desc("On a known-good pair: save the mappings this run validated (ratio below the "
+             "threshold) as a knowledge base, a mapping file that later runs reuse with "
+             "--mapping FILE. A pair that diverges is refused (exit code 2)"));
 cl::opt<bool> ShowMapping("show-mapping", cl::cat(Category),
                           cl::desc("Print how target components map to reference components"));
 
@@ -373,6 +378,51 @@ void writeHtml(StringRef Path, const Diagnosis &D, std::vector<std::unique_ptr<C
 
 } // namespace
 
+/// --calibrate: the validated mappings of a known-good pair, as a mapping
+/// file with what they were validated on.
+void writeCalibration(const Diagnosis &D) {
+  if (D.Result != Diagnosis::Verdict::NoDivergence) {
+    std::string Why = D.Result == Diagnosis::Verdict::InputsDiffer
+                          ? "its inputs differ (" + D.InputsDifference + ")"
+                          : "it diverges at " + D.Suspects.front().Component.Path + " (R = " +
+                                ratioText(D.Suspects.front().Component.Ratio) + ")";
+    exitWithError(Tool, makeError("--calibrate needs a known-good pair, and " + Why +
+                                  "; nothing written"));
+  }
+  json::Array Components;
+  std::vector<CalibratedRule> Rules = calibratedRules(D);
+  for (const CalibratedRule &C : Rules) {
+    json::Array Refs;
+    for (const std::string &R : C.Rule.Reference)
+      Refs.push_back(R);
+    Components.push_back(json::Object{{"target", C.Rule.Target},
+                                      {"reference", std::move(Refs)},
+                                      {"concat_dim", C.Rule.ConcatDim},
+                                      {"validated_calls", C.Validated},
+                                      {"largest_ratio", C.LargestRatio},
+                                      {"from", C.Rule.Source}});
+  }
+  json::Object Out{{"calibrated", json::Object{{"target", TargetDir.getValue()},
+                                               {"reference", ReferenceDir.getValue()},
+                                               {"reference_fp32", ReferenceFP32Dir.getValue()},
+                                               {"threshold", D.Threshold},
+                                               {"largest_ratio", D.MaxRatio},
+                                               {"tool", "ekka-diagnose " EKKA_VERSION}}},
+                   {"components", std::move(Components)}};
+  std::error_code EC;
+  raw_fd_ostream OS(CalibrateFile, EC);
+  if (EC)
+    exitWithError(Tool, makeError("cannot write '" + CalibrateFile + "': " + EC.message()));
+  OS << formatv("{0:2}", json::Value(std::move(Out))) << "\n";
+  OS.close();
+  if (OS.has_error())
+    exitWithError(Tool, makeError("cannot write '" + CalibrateFile + "'"));
+  outs() << "calibrated: " << Rules.size() << " mapping" << (Rules.size() == 1 ? "" : "s")
+         << " validated (largest R = " << ratioText(D.MaxRatio) << ", threshold "
+         << ratioText(D.Threshold) << ") written to " << CalibrateFile
+         << "; reuse it with --mapping " << CalibrateFile << "\n";
+}
+
 int main(int argc, char **argv) {
   // Tensors are widened to doubles one pair after another, in buffers of
   // the same few sizes: keep freed ones in the heap for the next, rather than
@@ -432,6 +482,11 @@ int main(int argc, char **argv) {
     Options.Mapping = unwrapOrExit(Tool, readMappingFile(MappingFile));
   Options.UseRecipes = !NoRecipes;
   Diagnosis D = unwrapOrExit(Tool, diagnose(Target, *Reference, FP32.get(), Options));
+
+  if (!CalibrateFile.empty()) {
+    writeCalibration(D);
+    return 0;
+  }
 
   if (ShowMapping) {
     for (const ComponentRatio &C : D.Curve) {

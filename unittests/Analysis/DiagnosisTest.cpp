@@ -617,3 +617,41 @@ TEST_F(DiagnosisTest, TensorParallelShardsAreGatheredFromTheRanks) {
 }
 
 } // namespace
+
+namespace {
+
+ComponentRatio mappedCall(std::string Path, std::vector<std::string> Refs,
+                          std::optional<double> Ratio, std::string By = "recipe vllm-hf 1") {
+  ComponentRatio C;
+  C.Path = std::move(Path);
+  C.ReferencePaths = std::move(Refs);
+  C.Ratio = Ratio;
+  C.MappedBy = std::move(By);
+  return C;
+}
+
+TEST(Calibration, ValidatedRuleMappingsAreGeneralizedOverLayers) {
+  Diagnosis D;
+  D.Curve = {
+      mappedCall("m.layers.0.qkv", {"m.layers.0.q", "m.layers.0.k"}, 0.9),
+      mappedCall("m.layers.1.qkv", {"m.layers.1.q", "m.layers.1.k"}, 1.1),
+      // Paired by path: pairing by path finds it again, nothing to record.
+      mappedCall("m.layers.0.norm", {"m.layers.0.norm"}, 0.5, ""),
+      // Numbered differently on the two sides: kept literal.
+      mappedCall("blocks.3.mlp", {"m.layers.2.mlp"}, 0.7, "mapping file"),
+      // One instance uncompared: not validated.
+      mappedCall("m.layers.0.gate_up", {"m.layers.0.gate", "m.layers.0.up"}, 0.8),
+      mappedCall("m.layers.1.gate_up", {"m.layers.1.gate", "m.layers.1.up"}, std::nullopt),
+  };
+  std::vector<CalibratedRule> Rules = calibratedRules(D);
+  ASSERT_EQ(Rules.size(), 2u);
+  EXPECT_EQ(Rules[0].Rule.Target, "m.layers.*.qkv");
+  EXPECT_EQ(Rules[0].Rule.Reference, (std::vector<std::string>{"m.layers.*.q", "m.layers.*.k"}));
+  EXPECT_EQ(Rules[0].Validated, 2u);
+  EXPECT_DOUBLE_EQ(Rules[0].LargestRatio, 1.1);
+  EXPECT_EQ(Rules[0].Rule.Source, "recipe vllm-hf 1");
+  EXPECT_EQ(Rules[1].Rule.Target, "blocks.3.mlp");
+  EXPECT_EQ(Rules[1].Rule.Reference, (std::vector<std::string>{"m.layers.2.mlp"}));
+}
+
+} // namespace

@@ -40,6 +40,17 @@ struct MappingRule {
   std::string Source = "mapping file";
 };
 
+/// The mappings a diagnosis of a known-good pair validated (`--calibrate`):
+/// every component mapped by a rule onto other paths whose ratio stayed
+/// below the threshold, generalized over layer numbers (`*` for a number
+/// that is the same segment on both sides) when every instance validated.
+/// A path mapped onto itself is not recorded: pairing by path finds it.
+struct CalibratedRule {
+  MappingRule Rule;
+  unsigned Validated = 0; ///< Instances (calls) behind it.
+  double LargestRatio = 0;
+};
+
 /// Reads a mapping file: {"components": [rule, ...]}.
 llvm::Expected<std::vector<MappingRule>> readMappingFile(llvm::StringRef Path);
 /// Parses mapping rules from JSON text; \p Name names it in errors.
@@ -80,6 +91,7 @@ struct ComponentRatio {
   /// as their sum with the reference's one output.
   bool ResidualPair = false;
   std::vector<std::string> ReferencePaths; ///< What it was mapped to.
+  int ConcatDim = -1; ///< For several reference paths: their outputs' joining dim.
 };
 
 /// Inside a suspect: the first op whose output departs from the matching
@@ -123,6 +135,8 @@ struct Diagnosis {
 };
 
 llvm::StringRef verdictName(Diagnosis::Verdict V);
+
+std::vector<CalibratedRule> calibratedRules(const Diagnosis &D);
 
 /// Compares \p Target with \p Reference (the same precision), using
 /// \p ReferenceFP32 (optional) as the accurate answer.
