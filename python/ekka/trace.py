@@ -173,7 +173,13 @@ def _pre_hook(module, args):
         stack = local.stack = []
     is_root = not stack
     names = getattr(local, "names", None)
-    if is_root:
+    if is_root and names is not None and getattr(local, "root", None) is not module \
+            and id(module) in names:
+        # A submodule of the last root called on its own, after the root's
+        # forward (vLLM's compute_logits calls the logits processor so): it
+        # keeps its path in the root's tree, and is no new step.
+        is_root = False
+    elif is_root:
         local.forwards = getattr(local, "forwards", 0) + 1
         if names is None or getattr(local, "root", None) is not module:
             # The root's module tree, named once per root (again, once per

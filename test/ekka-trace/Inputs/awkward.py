@@ -1,6 +1,7 @@
 """Programs that tracing must not change: a module that raises (caught),
-torch.jit.trace, torch.compile, meta tensors, and a keyword input written in
-place inside the module."""
+torch.jit.trace, torch.compile, meta tensors, a keyword input written in
+place inside the module, and a submodule called on its own after its
+root's forward (as vLLM computes logits)."""
 import sys
 
 import torch
@@ -57,4 +58,10 @@ elif kind == "inplace":
             return self.layer(hidden_states=self.emb(ids))
 
     Model()(torch.tensor([1, 2]))
+elif kind == "detached":
+    m = Outer()
+    m.bad = torch.nn.Identity()
+    for _ in range(2):
+        h = m(x)
+        m.b(h)  # the model's own head, called after its forward
 print(kind, "ok")
