@@ -161,7 +161,10 @@ def _start(state):
     return True
 
 
-def _pre_hook(module, args):
+def _pre_hook(module, args, kwargs=None):
+    """Before a module's forward. PyTorch passes the keyword arguments too
+    for the modules of a named root's tree (see _names_of); otherwise only
+    the positional ones, and the keyword ones are recorded at the exit."""
     state = _state
     if not state.active or _not_traceable():
         return
@@ -199,12 +202,28 @@ def _pre_hook(module, args):
         path = f"{parent}.<{type(module).__name__}>" if parent else type(module).__name__
     qualname, file, line = _class_source(state, type(module))
     inputs = _tensors(args)
+    if kwargs:
+        inputs += _tensors(kwargs)
     call_id = _enter(path, type(module).__name__, qualname, file, line, is_root, inputs)
-    stack.append((module, call_id, len(inputs)))
+    stack.append((module, call_id, len(inputs), kwargs is not None))
+
+
+_pre_hook_id = None  # the global pre-hook's handle id
 
 
 def _names_of(root):
-    return {id(m): name for name, m in root.named_modules(remove_duplicate=False)}
+    """The paths of a root's modules. Each is also marked to give the global
+    pre-hook its keyword arguments: PyTorch's global pre-hooks get only the
+    positional ones, unless a module lists the hook among its own
+    with-kwargs hooks. So HF's `hidden_states=` is recorded at the call's
+    entry, before the module can change it in place."""
+    names = {}
+    for name, m in root.named_modules(remove_duplicate=False):
+        names[id(m)] = name
+        with_kwargs = getattr(m, "_forward_pre_hooks_with_kwargs", None)
+        if _pre_hook_id is not None and isinstance(with_kwargs, dict):
+            with_kwargs[_pre_hook_id] = True
+    return names
 
 
 def _post_hook(module, args, *rest):
@@ -219,11 +238,11 @@ def _post_hook(module, args, *rest):
         stack.pop()
     if not stack:
         return
-    _, call_id, positional = stack.pop()
-    # Global pre-hooks do not see keyword arguments (HF passes hidden_states
-    # by keyword); the forward hook does, so they are recorded here, as the
-    # inputs after the positional ones.
-    _exit(call_id, _tensors(output), _tensors(kwargs) if kwargs else [], positional)
+    _, call_id, positional, kwargs_seen = stack.pop()
+    # Keyword arguments the pre-hook did not see (a module outside a named
+    # tree) are recorded here, as the inputs after the positional ones.
+    _exit(call_id, _tensors(output), _tensors(kwargs) if kwargs and not kwargs_seen else [],
+          positional)
 
 
 def _stop():
@@ -317,7 +336,8 @@ def install(trace_dir, options="", runtime_library=None):
     # torch.compile must not trace into the hooks: they run eagerly, outside
     # its graphs, where they see real tensors.
     disable = getattr(getattr(torch, "compiler", None), "disable", lambda f: f)
-    register_module_forward_pre_hook(disable(_pre_hook))
+    global _pre_hook_id
+    _pre_hook_id = register_module_forward_pre_hook(disable(_pre_hook)).id
     register_module_forward_hook(disable(_post_hook), with_kwargs=True, always_call=True)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
