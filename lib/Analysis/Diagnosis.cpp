@@ -386,6 +386,18 @@ struct Side {
       if (M.ParentId)
         if (auto It = Replaced.find(*M.ParentId); It != Replaced.end())
           M.ParentId = It->second;
+    // What a dropped call ran directly (ops, kernels) belongs to the kept
+    // call now, for the drill-down; its own tensors do not (they would mix
+    // with the kept call's inputs and outputs).
+    auto Reattach = [&](std::optional<int64_t> &Call) {
+      if (Call)
+        if (auto It = Replaced.find(*Call); It != Replaced.end())
+          Call = It->second;
+    };
+    for (OpRecord &O : Ops)
+      Reattach(O.ModuleCallId);
+    for (KernelRecord &K : Kernels)
+      Reattach(K.ModuleCallId);
     std::stable_sort(Joined.begin(), Joined.end(),
                      [&](const ModuleCallRecord &A, const ModuleCallRecord &B) {
                        return PlaceOf[A.Id] < PlaceOf[B.Id];
@@ -760,6 +772,8 @@ private:
                                                   const std::vector<int64_t> &RefShape) {
     // A tensor-parallel shard: gathered from the ranks first.
     bool Gather = sharded(A, RefShape);
+    if (RefShape.empty() || A->Shape.empty()) // a scalar (a loss, a scale): as it is
+      return T.values(A);
     int64_t Ranks = int64_t(Peers.size() + 1), RefFeatures = tokenMajor(RefShape).back();
     int64_t Local = Gather ? RefFeatures / Ranks : RefFeatures;
     auto Values = [&](const TensorRecord *X) {
@@ -876,7 +890,8 @@ private:
     GatherParts.clear();
     if (!Peers.empty() && (Dim == -1 || Dim == int(RefShape.size()) - 1))
       for (const ModuleCallRecord *C : RC)
-        GatherParts.push_back(tokenMajor(R.tensor(C->Id, "output", 0)->Shape).back());
+        if (const TensorRecord *X = R.tensor(C->Id, "output", 0); X && !X->Shape.empty())
+          GatherParts.push_back(tokenMajor(X->Shape).back());
     auto XT = targetValues(TT, TC.Id, RefShape);
     GatherParts.clear();
     auto Gather = [&](Side &S, const std::vector<const ModuleCallRecord *> &Calls)
@@ -949,8 +964,9 @@ private:
       const TensorRecord *B = producer(*Peers[I], Ps[I]);
       if (!A || !B || !A->Stats || !B->Stats)
         continue;
-      if (A->Stats->Sum != B->Stats->Sum || A->Stats->SumSq != B->Stats->SumSq ||
-          A->Stats->Min != B->Stats->Min || A->Stats->Max != B->Stats->Max)
+      auto Same = [](double X, double Y) { return X == Y || (X != X && Y != Y); };
+      if (!Same(A->Stats->Sum, B->Stats->Sum) || !Same(A->Stats->SumSq, B->Stats->SumSq) ||
+          !Same(A->Stats->Min, B->Stats->Min) || !Same(A->Stats->Max, B->Stats->Max))
         return false;
     }
     return true;
@@ -1559,9 +1575,18 @@ Expected<RankLayout> rankLayout(ArrayRef<TraceReader *> Ranks) {
       P.insert(M.Path);
     Paths.push_back(std::move(P));
   }
-  return llvm::all_of(Paths, [&](const std::set<std::string> &P) { return P == Paths[0]; })
-             ? RankLayout::SameModules
-             : RankLayout::Stages;
+  // Stages: every rank ran modules no other rank did (its layers). Ranks
+  // of which one ran only more than another (a sampler on rank 0 alone)
+  // are tensor-parallel ranks.
+  for (size_t I = 0; I < Paths.size(); ++I) {
+    std::set<std::string> Others;
+    for (size_t J = 0; J < Paths.size(); ++J)
+      if (J != I)
+        Others.insert(Paths[J].begin(), Paths[J].end());
+    if (llvm::all_of(Paths[I], [&](const std::string &P) { return Others.count(P) != 0; }))
+      return RankLayout::SameModules;
+  }
+  return RankLayout::Stages;
 }
 
 Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks, TraceReader &Reference,

@@ -15,6 +15,7 @@ import inspect
 import os
 import sys
 import threading
+import weakref
 
 import torch
 from torch.nn.modules.module import (register_module_forward_hook,
@@ -176,7 +177,9 @@ def _pre_hook(module, args, kwargs=None):
         stack = local.stack = []
     is_root = not stack
     names = getattr(local, "names", None)
-    if is_root and names is not None and getattr(local, "root", None) is not module \
+    root = getattr(local, "root", None)
+    root = root() if root is not None else None  # a weak reference
+    if is_root and names is not None and root is not None and root is not module \
             and id(module) in names:
         # A submodule of the last root called on its own, after the root's
         # forward (vLLM's compute_logits calls the logits processor so): it
@@ -184,15 +187,17 @@ def _pre_hook(module, args, kwargs=None):
         is_root = False
     elif is_root:
         local.forwards = getattr(local, "forwards", 0) + 1
-        if names is None or getattr(local, "root", None) is not module:
+        if names is None or root is not module:
             # The root's module tree, named once per root (again, once per
             # forward, when a module is not found in it: one added since).
+            # The root is held weakly: tracing must not keep a model alive.
             names = local.names = _names_of(module)
-            local.root = module
+            local.root = weakref.ref(module)
             local.named_in = local.forwards
+            root = module
     path = names.get(id(module))
-    if path is None and stack and local.named_in != local.forwards:
-        names = local.names = _names_of(local.root)
+    if path is None and stack and local.named_in != local.forwards and root is not None:
+        names = local.names = _names_of(root)
         local.named_in = local.forwards
         path = names.get(id(module))
     if path is None:
@@ -300,20 +305,41 @@ class Trace:
             if not self.force:
                 raise FileExistsError(f"'{self.trace_dir}' already holds a trace "
                                       "(force=True replaces it)")
-            import shutil
-            shutil.rmtree(self.trace_dir)
+            _remove_trace(self.trace_dir)
         os.makedirs(self.trace_dir, exist_ok=True)
         install(self.trace_dir, self.options, self.runtime_library)
         _state.trace_dir, _state.base_options = self.trace_dir, self.options
         _state.started, _state.active = False, True
-        _state.stack = []
+        _forget_roots()
         return self
 
     def __exit__(self, *exc):
         if _state.started:
             self.summary = _stop()
         _state.started = _state.active = False
+        _forget_roots()
         return False
+
+
+def _forget_roots():
+    """A region starts without what an earlier one saw of module trees."""
+    local = _state.local
+    for name in ("stack", "names", "root", "forwards", "named_in"):
+        if hasattr(local, name):
+            delattr(local, name)
+
+
+def _remove_trace(trace_dir):
+    """What a trace is, and only that (ekka-trace --force does the same):
+    the database, its shards, and rank and process subdirectories."""
+    import glob
+    import shutil
+    for path in glob.glob(os.path.join(trace_dir, "trace.db*")) + \
+            glob.glob(os.path.join(trace_dir, "tensors-*.safetensors")):
+        os.remove(path)
+    for path in glob.glob(os.path.join(trace_dir, "rank-*")) + \
+            glob.glob(os.path.join(trace_dir, "process-*")):
+        shutil.rmtree(path)
 
 
 def _after_fork_in_child():

@@ -29,6 +29,8 @@ with torch.no_grad():
             pass
     except FileExistsError as e:
         print("exists:", e)
+    open(os.path.join(out, "first", "notes.txt"), "w").write("mine")
     with ekka.trace.Trace(os.path.join(out, "first"), force=True):
         model(x)
+print("kept:", open(os.path.join(out, "first", "notes.txt")).read())
 print("summary:", first.summary)
