@@ -40,6 +40,13 @@ template <double (*Convert)(uint16_t)> std::vector<double> widen16(llvm::StringR
   return Out;
 }
 
+template <double (*Convert)(uint8_t)> std::vector<double> widen8(llvm::StringRef Bytes) {
+  std::vector<double> Out(Bytes.size());
+  for (size_t I = 0; I < Bytes.size(); ++I)
+    Out[I] = Convert(uint8_t(Bytes[I]));
+  return Out;
+}
+
 } // namespace
 
 std::optional<std::vector<double>> toDoubles(DType Type, llvm::StringRef Bytes) {
@@ -48,6 +55,8 @@ std::optional<std::vector<double>> toDoubles(DType Type, llvm::StringRef Bytes) 
   case DType::F64: return widen<double>(Bytes);
   case DType::F16: return widen16<halfToDouble>(Bytes);
   case DType::BF16: return widen16<bfloat16ToDouble>(Bytes);
+  case DType::F8E4M3: return widen8<float8e4m3ToDouble>(Bytes);
+  case DType::F8E5M2: return widen8<float8e5m2ToDouble>(Bytes);
   case DType::I64: return widen<int64_t>(Bytes);
   case DType::I32: return widen<int32_t>(Bytes);
   case DType::I16: return widen<int16_t>(Bytes);

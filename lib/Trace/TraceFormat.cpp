@@ -149,6 +149,32 @@ double halfToDouble(uint16_t H) {
   return Sign ? -V : V;
 }
 
+double float8e4m3ToDouble(uint8_t B) {
+  // e4m3fn: bias 7, no infinities, S.1111.111 is NaN.
+  int Sign = B >> 7, Exp = (B >> 3) & 0xf, Mant = B & 0x7;
+  double V;
+  if (Exp == 15 && Mant == 7)
+    V = std::numeric_limits<double>::quiet_NaN();
+  else if (Exp == 0)
+    V = std::ldexp(double(Mant), -9);
+  else
+    V = std::ldexp(double(Mant | 0x8), Exp - 10);
+  return Sign ? -V : V;
+}
+
+double float8e5m2ToDouble(uint8_t B) {
+  // e5m2: bias 15, IEEE-like infinities and NaNs.
+  int Sign = B >> 7, Exp = (B >> 2) & 0x1f, Mant = B & 0x3;
+  double V;
+  if (Exp == 31)
+    V = Mant ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else if (Exp == 0)
+    V = std::ldexp(double(Mant), -16);
+  else
+    V = std::ldexp(double(Mant | 0x4), Exp - 17);
+  return Sign ? -V : V;
+}
+
 double bfloat16ToDouble(uint16_t B) {
   uint32_t Bits = uint32_t(B) << 16;
   float F;
@@ -218,6 +244,11 @@ template <double (*Convert)(uint16_t)> TensorStats statsOf16(StringRef Bytes) {
   });
 }
 
+template <double (*Convert)(uint8_t)> TensorStats statsOf8(StringRef Bytes) {
+  const char *P = Bytes.data();
+  return statsOf(Bytes.size(), [P](size_t I) { return Convert(uint8_t(P[I])); });
+}
+
 } // namespace
 
 std::optional<TensorStats> statsOfBytes(DType Type, StringRef Bytes) {
@@ -226,6 +257,8 @@ std::optional<TensorStats> statsOfBytes(DType Type, StringRef Bytes) {
   case DType::F64: return statsOfType<double>(Bytes);
   case DType::F16: return statsOf16<halfToDouble>(Bytes);
   case DType::BF16: return statsOf16<bfloat16ToDouble>(Bytes);
+  case DType::F8E4M3: return statsOf8<float8e4m3ToDouble>(Bytes);
+  case DType::F8E5M2: return statsOf8<float8e5m2ToDouble>(Bytes);
   case DType::I64: return statsOfType<int64_t>(Bytes);
   case DType::I32: return statsOfType<int32_t>(Bytes);
   case DType::I16: return statsOfType<int16_t>(Bytes);

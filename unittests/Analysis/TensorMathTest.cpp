@@ -9,6 +9,31 @@ using namespace ekka;
 
 namespace {
 
+TEST(TensorMath, WidensFloat8) {
+  // e4m3fn: 1, 448 (its largest), -0.5, the smallest subnormal, NaN.
+  const char E4[] = {0x38, 0x7e, char(0xb0), 0x01, 0x7f};
+  auto A = toDoubles(DType::F8E4M3, llvm::StringRef(E4, 5));
+  ASSERT_TRUE(A.has_value());
+  EXPECT_EQ((*A)[0], 1.0);
+  EXPECT_EQ((*A)[1], 448.0);
+  EXPECT_EQ((*A)[2], -0.5);
+  EXPECT_EQ((*A)[3], std::ldexp(1.0, -9));
+  EXPECT_TRUE(std::isnan((*A)[4]));
+  // e5m2: 1, 57344 (its largest), infinity, NaN.
+  const char E5[] = {0x3c, 0x7b, 0x7c, 0x7d};
+  auto B = toDoubles(DType::F8E5M2, llvm::StringRef(E5, 4));
+  ASSERT_TRUE(B.has_value());
+  EXPECT_EQ((*B)[0], 1.0);
+  EXPECT_EQ((*B)[1], 57344.0);
+  EXPECT_TRUE(std::isinf((*B)[2]));
+  EXPECT_TRUE(std::isnan((*B)[3]));
+  // The writer's statistics of captured FP8 bytes.
+  auto S = statsOfBytes(DType::F8E4M3, llvm::StringRef(E4, 4));
+  ASSERT_TRUE(S.has_value());
+  EXPECT_EQ(S->Max, 448.0);
+  EXPECT_EQ(S->Min, -0.5);
+}
+
 TEST(TensorMath, WidensHalfAndBFloat16) {
   uint16_t Half[3] = {0x3c00, 0xc000, 0x3555}; // 1, -2, ~0.333
   auto H = toDoubles(DType::F16, llvm::StringRef(reinterpret_cast<char *>(Half), 6));

@@ -55,6 +55,8 @@ struct TensorStats {
 /// Half and bfloat16 bits to double.
 double halfToDouble(uint16_t Bits);
 double bfloat16ToDouble(uint16_t Bits);
+double float8e4m3ToDouble(uint8_t Bits); ///< e4m3fn (no infinities)
+double float8e5m2ToDouble(uint8_t Bits);
 
 /// The statistics of a contiguous tensor's bytes, in one pass; none for an
 /// element type without a numeric reading (fp8).
