@@ -993,35 +993,13 @@ private:
 
   /// \p X gathered from every rank: each token's features, rank after rank
   /// (part after part, each part rank after rank, with GatherParts).
-  std::optional<std::vector<double>> gathered(const TensorRecord *X, int64_t Features) const {
-    if (!GatherParts.empty())
-      return gatheredByParts(X, Features);
-    auto Ps = peerTensors(X);
-    std::vector<std::vector<double>> Values;
-    std::vector<std::vector<int64_t>> Shapes;
-    auto V = T.values(X);
-    if (!V || Ps.empty())
-      return std::nullopt;
-    Values.push_back(std::move(*V));
-    Shapes.push_back(rowsOf(X->Shape, Features));
-    for (size_t I = 0; I < Ps.size(); ++I) {
-      auto W = Peers[I]->values(Ps[I]);
-      if (!W)
-        return std::nullopt;
-      Values.push_back(std::move(*W));
-      Shapes.push_back(rowsOf(Ps[I]->Shape, Features));
-    }
-    return concatenate(Values, Shapes, 1);
-  }
-
-  std::optional<std::vector<double>> gatheredByParts(const TensorRecord *X,
-                                                     int64_t Local) const {
+  std::optional<std::vector<double>> gathered(const TensorRecord *X, int64_t Local) const {
     auto Ps = peerTensors(X);
     size_t Ranks = Ps.size() + 1;
-    std::vector<std::vector<double>> Values;
     auto V = T.values(X);
     if (!V || Ps.empty())
       return std::nullopt;
+    std::vector<std::vector<double>> Values;
     Values.push_back(std::move(*V));
     for (size_t I = 0; I < Ps.size(); ++I) {
       auto W = Peers[I]->values(Ps[I]);
@@ -1029,8 +1007,12 @@ private:
         return std::nullopt;
       Values.push_back(std::move(*W));
     }
+    // Without parts, the whole row is one part.
+    std::vector<int64_t> Parts = GatherParts;
+    if (Parts.empty())
+      Parts.push_back(Local * int64_t(Ranks));
     int64_t Total = 0;
-    for (int64_t P : GatherParts) {
+    for (int64_t P : Parts) {
       if (P % int64_t(Ranks))
         return std::nullopt;
       Total += P;
@@ -1042,7 +1024,7 @@ private:
     Out.reserve(Tokens * size_t(Total));
     for (size_t Tok = 0; Tok < Tokens; ++Tok) {
       int64_t Offset = 0; // within a rank's row
-      for (int64_t P : GatherParts) {
+      for (int64_t P : Parts) {
         int64_t Share = P / int64_t(Ranks);
         for (const std::vector<double> &Rank : Values) {
           auto Row = Rank.begin() + Tok * size_t(Local) + Offset;

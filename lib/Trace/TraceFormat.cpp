@@ -137,43 +137,34 @@ std::string shardFileName(unsigned Index) {
   return Name;
 }
 
-double halfToDouble(uint16_t H) {
-  int Sign = H >> 15, Exp = (H >> 10) & 0x1f, Mant = H & 0x3ff;
-  double V;
-  if (Exp == 0)
-    V = std::ldexp(double(Mant), -24);
-  else if (Exp == 31)
-    V = Mant ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else
-    V = std::ldexp(double(Mant | 0x400), Exp - 25);
-  return Sign ? -V : V;
-}
+namespace {
 
-double float8e4m3ToDouble(uint8_t B) {
-  // e4m3fn: bias 7, no infinities, S.1111.111 is NaN.
-  int Sign = B >> 7, Exp = (B >> 3) & 0xf, Mant = B & 0x7;
+/// A small binary float of \p ExpBits exponent and \p MantBits mantissa
+/// bits (sign first, bias 2^(ExpBits-1) - 1). IEEE-like: the top exponent
+/// is infinity or NaN; else ("fn", as e4m3fn) only all ones is NaN and the
+/// top exponent holds finite values.
+template <int ExpBits, int MantBits, bool IEEE> double minifloatToDouble(uint32_t Bits) {
+  constexpr int Bias = (1 << (ExpBits - 1)) - 1, Top = (1 << ExpBits) - 1;
+  constexpr uint32_t MantMask = (1u << MantBits) - 1;
+  int Sign = (Bits >> (ExpBits + MantBits)) & 1, Exp = (Bits >> MantBits) & Top;
+  uint32_t Mant = Bits & MantMask;
   double V;
-  if (Exp == 15 && Mant == 7)
+  if (IEEE && Exp == Top)
+    V = Mant ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else if (!IEEE && Exp == Top && Mant == MantMask)
     V = std::numeric_limits<double>::quiet_NaN();
   else if (Exp == 0)
-    V = std::ldexp(double(Mant), -9);
+    V = std::ldexp(double(Mant), 1 - Bias - MantBits);
   else
-    V = std::ldexp(double(Mant | 0x8), Exp - 10);
+    V = std::ldexp(double(Mant | (MantMask + 1)), Exp - Bias - MantBits);
   return Sign ? -V : V;
 }
 
-double float8e5m2ToDouble(uint8_t B) {
-  // e5m2: bias 15, IEEE-like infinities and NaNs.
-  int Sign = B >> 7, Exp = (B >> 2) & 0x1f, Mant = B & 0x3;
-  double V;
-  if (Exp == 31)
-    V = Mant ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else if (Exp == 0)
-    V = std::ldexp(double(Mant), -16);
-  else
-    V = std::ldexp(double(Mant | 0x4), Exp - 17);
-  return Sign ? -V : V;
-}
+} // namespace
+
+double halfToDouble(uint16_t H) { return minifloatToDouble<5, 10, true>(H); }
+double float8e4m3ToDouble(uint8_t B) { return minifloatToDouble<4, 3, false>(B); }
+double float8e5m2ToDouble(uint8_t B) { return minifloatToDouble<5, 2, true>(B); }
 
 double bfloat16ToDouble(uint16_t B) {
   uint32_t Bits = uint32_t(B) << 16;
