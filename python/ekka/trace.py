@@ -47,16 +47,6 @@ class _State:
     def stack(self, value):
         self.local.stack = value
 
-    @property
-    def names(self):             # id(module) -> path, for this thread's root
-        if not hasattr(self.local, "names"):
-            self.local.names = {}
-        return self.local.names
-
-    @names.setter
-    def names(self, value):
-        self.local.names = value
-
 
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 _tracing_state = torch._C._get_tracing_state
