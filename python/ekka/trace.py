@@ -338,6 +338,9 @@ def _after_fork_in_child():
     if _state is not None:
         _state.started = False
         _state.stack = []
+        # multiprocessing clears a forked child's finalizers: the child's
+        # own trace needs its exit handlers registered again.
+        _state.exit_handlers = False
 
 
 def install(trace_dir, options="", runtime_library=None):
