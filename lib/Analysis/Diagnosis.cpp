@@ -1,5 +1,6 @@
 //===- Diagnosis.cpp - From two traces to the first diverging component ---===//
 #include "ekka/Analysis/Diagnosis.h"
+#include "ekka/Align/Transforms.h"
 #include "ekka/Support/Progress.h"
 #include "ekka/Analysis/TensorMath.h"
 #include "ekka/Support/Error.h"
@@ -32,28 +33,6 @@ StringRef verdictName(Diagnosis::Verdict V) {
   }
   return "?";
 }
-
-namespace {
-
-/// \p Path with its numeric segments as `*`, and those numbers in order.
-std::pair<std::string, std::vector<std::string>> starred(StringRef Path) {
-  SmallVector<StringRef, 8> Segments;
-  Path.split(Segments, '.');
-  std::string Out;
-  std::vector<std::string> Numbers;
-  for (size_t I = 0; I < Segments.size(); ++I) {
-    StringRef S = Segments[I];
-    if (I)
-      Out += '.';
-    bool Numeric = !S.empty() && llvm::all_of(S, [](char C) { return C >= '0' && C <= '9'; });
-    if (Numeric)
-      Numbers.push_back(S.str());
-    Out += Numeric ? StringRef("*") : S;
-  }
-  return {Out, Numbers};
-}
-
-} // namespace
 
 std::vector<CalibratedRule> calibratedRules(const Diagnosis &D) {
   struct Group {
@@ -101,218 +80,7 @@ std::vector<CalibratedRule> calibratedRules(const Diagnosis &D) {
   return Out;
 }
 
-Expected<std::vector<MappingRule>> readMappingFile(StringRef Path) {
-  auto Buffer = MemoryBuffer::getFile(Path);
-  if (!Buffer)
-    return makeError("cannot read mapping file '" + Path + "': " + Buffer.getError().message());
-  return parseMappingRules((*Buffer)->getBuffer(), ("mapping file '" + Path + "'").str());
-}
-
-Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef Name) {
-  auto Bad = [&](const Twine &Why) { return makeError(Name + ": " + Why); };
-  Expected<json::Value> V = json::parse(Text);
-  if (!V)
-    return Bad("not JSON (" + toString(V.takeError()) + ")");
-  const json::Object *O = V->getAsObject();
-  const json::Array *Rules = O ? O->getArray("components") : nullptr;
-  if (!Rules)
-    return Bad("expected {\"components\": [...]}");
-  // A knowledge base written by --calibrate says so.
-  bool Calibrated = O->get("calibrated") != nullptr;
-  std::vector<MappingRule> Out;
-  for (size_t I = 0; I < Rules->size(); ++I) {
-    const json::Object *R = (*Rules)[I].getAsObject();
-    if (!R)
-      return Bad("component " + Twine(I) + " is not an object");
-    auto Target = R->getString("target");
-    if (!Target)
-      return Bad("component " + Twine(I) + " has no \"target\" string");
-    MappingRule Rule;
-    Rule.Target = Target->str();
-    if (Calibrated)
-      Rule.Source = "calibration";
-    std::string Where = ("component " + Twine(I) + " (" + *Target + ")").str();
-    if (const json::Value *Ref = R->get("reference")) {
-      if (auto One = Ref->getAsString()) {
-        Rule.Reference.push_back(One->str());
-      } else if (const json::Array *Many = Ref->getAsArray()) {
-        for (const json::Value &X : *Many) {
-          auto S = X.getAsString();
-          if (!S)
-            return Bad(Where + ": \"reference\" must hold strings");
-          Rule.Reference.push_back(S->str());
-        }
-      }
-    }
-    if (Rule.Reference.empty())
-      return Bad(Where + " has no \"reference\"");
-    if (const json::Value *Dim = R->get("concat_dim")) {
-      auto D = Dim->getAsInteger();
-      if (!D)
-        return Bad(Where + ": \"concat_dim\" must be an integer");
-      Rule.ConcatDim = int(*D);
-    }
-    // Every star of a reference stands for one of the target's.
-    size_t Stars = StringRef(Rule.Target).count('*');
-    for (const std::string &P : Rule.Reference)
-      if (StringRef(P).count('*') > Stars)
-        return Bad(Where + ": reference '" + P + "' has more '*' than the target");
-    Out.push_back(std::move(Rule));
-  }
-  return Out;
-}
-
-// The knowledge base, version 1: serving engines' names (vLLM's and
-// SGLang's model code share them) against HuggingFace Transformers'.
-static const char *RecipesV1 = R"json({"components": [
-  {"target": "model.layers.*.self_attn.qkv_proj",
-   "reference": ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.k_proj",
-                 "model.layers.*.self_attn.v_proj"], "concat_dim": -1},
-  {"target": "model.layers.*.mlp.gate_up_proj",
-   "reference": ["model.layers.*.mlp.gate_proj", "model.layers.*.mlp.up_proj"],
-   "concat_dim": -1},
-  {"target": "model.layers.*.mlp.shared_expert.gate_up_proj",
-   "reference": ["model.layers.*.mlp.shared_expert.gate_proj",
-                 "model.layers.*.mlp.shared_expert.up_proj"], "concat_dim": -1},
-  {"target": "logits_processor", "reference": "lm_head"}
-]})json";
-
-const std::vector<MappingRule> &builtinRecipes() {
-  static const std::vector<MappingRule> Rules = [] {
-    auto R = parseMappingRules(RecipesV1, "built-in recipes");
-    if (!R) {
-      consumeError(R.takeError()); // a test guards the text
-      return std::vector<MappingRule>();
-    }
-    for (MappingRule &Rule : *R)
-      Rule.Source = "recipe vllm-hf 1";
-    return std::move(*R);
-  }();
-  return Rules;
-}
-
 namespace {
-
-/// Matches \p Path against \p Pattern (`*` = one dot-free segment); the
-/// segments the stars took, or none.
-std::optional<std::vector<std::string>> matchPath(StringRef Pattern, StringRef Path) {
-  SmallVector<StringRef, 8> P, X;
-  Pattern.split(P, '.');
-  Path.split(X, '.');
-  if (P.size() != X.size())
-    return std::nullopt;
-  std::vector<std::string> Stars;
-  for (size_t I = 0; I < P.size(); ++I) {
-    if (P[I] == "*")
-      Stars.push_back(X[I].str());
-    else if (P[I] != X[I])
-      return std::nullopt;
-  }
-  return Stars;
-}
-
-std::string substitute(StringRef Pattern, const std::vector<std::string> &Stars) {
-  SmallVector<StringRef, 8> P;
-  Pattern.split(P, '.');
-  std::string Out;
-  size_t Star = 0;
-  for (size_t I = 0; I < P.size(); ++I) {
-    if (I)
-      Out += '.';
-    Out += P[I] == "*" && Star < Stars.size() ? Stars[Star++] : P[I].str();
-  }
-  return Out;
-}
-
-/// Concatenates row-major tensors along \p Dim (negative counts from the
-/// end); none if their shapes do not allow it.
-std::optional<std::vector<double>> concatenate(const std::vector<std::vector<double>> &Parts,
-                                               const std::vector<std::vector<int64_t>> &Shapes,
-                                               int Dim) {
-  if (Parts.empty())
-    return std::nullopt;
-  size_t Rank = Shapes[0].size();
-  if (Rank == 0)
-    return std::nullopt;
-  size_t D = Dim < 0 ? size_t(int(Rank) + Dim) : size_t(Dim);
-  if (D >= Rank)
-    return std::nullopt;
-  int64_t Outer = 1;
-  for (size_t I = 0; I < D; ++I)
-    Outer *= Shapes[0][I];
-  std::vector<int64_t> Inner(Parts.size());
-  for (size_t K = 0; K < Parts.size(); ++K) {
-    if (Shapes[K].size() != Rank)
-      return std::nullopt;
-    int64_t N = 1;
-    for (size_t I = D; I < Rank; ++I)
-      N *= Shapes[K][I];
-    Inner[K] = N;
-    if (int64_t(Parts[K].size()) != Outer * N)
-      return std::nullopt;
-  }
-  std::vector<double> Out;
-  for (int64_t O = 0; O < Outer; ++O)
-    for (size_t K = 0; K < Parts.size(); ++K)
-      Out.insert(Out.end(), Parts[K].begin() + O * Inner[K], Parts[K].begin() + (O + 1) * Inner[K]);
-  return Out;
-}
-
-/// A tensor's shape as [tokens, features]: without the leading dimensions
-/// of one (a batch of one sequence), the first dimension the tokens, the
-/// rest, multiplied, the features. A serving engine's [tokens, heads *
-/// head_dim] is HuggingFace's [1, tokens, heads, head_dim] so (a head
-/// reshape: the same elements in the same order).
-std::vector<int64_t> tokenMajor(std::vector<int64_t> Shape) {
-  while (Shape.size() > 1 && Shape.front() == 1)
-    Shape.erase(Shape.begin());
-  if (Shape.size() <= 2)
-    return Shape;
-  int64_t Features = 1;
-  for (size_t I = 1; I < Shape.size(); ++I)
-    Features *= Shape[I];
-  return {Shape[0], Features};
-}
-
-/// A target tensor as [rows, Features], its trailing dimensions multiplied
-/// up to \p Features (a decode step's single token stays a row); empty
-/// when they do not make exactly that.
-std::vector<int64_t> rowsOf(const std::vector<int64_t> &Shape, int64_t Features) {
-  int64_t Trailing = 1, Rows = 1;
-  size_t I = Shape.size();
-  do {
-    if (I == 0)
-      return {};
-    Trailing *= Shape[--I];
-  } while (Trailing < Features);
-  if (Trailing != Features || Features <= 0)
-    return {};
-  for (size_t J = 0; J < I; ++J)
-    Rows *= Shape[J];
-  return {Rows, Features};
-}
-
-/// Whether two shapes have the same features per token: the same last
-/// dimension ([tokens, hidden] and [batch, seq, hidden]), or one's last
-/// dimension the product of the other's trailing ones, never its first (a
-/// head reshape: [tokens, heads * dim] and [1, tokens, heads, dim]).
-bool sameFeatures(std::vector<int64_t> A, std::vector<int64_t> B) {
-  auto Strip = [](std::vector<int64_t> &S) {
-    while (S.size() > 1 && S.front() == 1)
-      S.erase(S.begin());
-  };
-  Strip(A);
-  Strip(B);
-  if (A.empty() || B.empty() || A.back() == B.back())
-    return true;
-  auto Trailing = [](const std::vector<int64_t> &S, int64_t Features) {
-    int64_t P = 1;
-    for (size_t I = S.size(); I > 1 && P < Features;)
-      P *= S[--I];
-    return P == Features;
-  };
-  return Trailing(B, A.back()) || Trailing(A, B.back());
-}
 
 /// One side's trace, indexed for the comparison. A pipeline-parallel run's
 /// stages (ranks that ran different modules) are joined into one: their
@@ -995,45 +763,18 @@ private:
   /// (part after part, each part rank after rank, with GatherParts).
   std::optional<std::vector<double>> gathered(const TensorRecord *X, int64_t Local) const {
     auto Ps = peerTensors(X);
-    size_t Ranks = Ps.size() + 1;
     auto V = T.values(X);
     if (!V || Ps.empty())
       return std::nullopt;
-    std::vector<std::vector<double>> Values;
+    std::vector<Elements> Values;
     Values.push_back(std::move(*V));
     for (size_t I = 0; I < Ps.size(); ++I) {
       auto W = Peers[I]->values(Ps[I]);
-      if (!W || W->size() != Values[0].size())
+      if (!W)
         return std::nullopt;
       Values.push_back(std::move(*W));
     }
-    // Without parts, the whole row is one part.
-    std::vector<int64_t> Parts = GatherParts;
-    if (Parts.empty())
-      Parts.push_back(Local * int64_t(Ranks));
-    int64_t Total = 0;
-    for (int64_t P : Parts) {
-      if (P % int64_t(Ranks))
-        return std::nullopt;
-      Total += P;
-    }
-    if (Local <= 0 || Total != Local * int64_t(Ranks) || Values[0].size() % size_t(Local))
-      return std::nullopt;
-    size_t Tokens = Values[0].size() / size_t(Local);
-    std::vector<double> Out;
-    Out.reserve(Tokens * size_t(Total));
-    for (size_t Tok = 0; Tok < Tokens; ++Tok) {
-      int64_t Offset = 0; // within a rank's row
-      for (int64_t P : Parts) {
-        int64_t Share = P / int64_t(Ranks);
-        for (const std::vector<double> &Rank : Values) {
-          auto Row = Rank.begin() + Tok * size_t(Local) + Offset;
-          Out.insert(Out.end(), Row, Row + Share);
-        }
-        Offset += Share;
-      }
-    }
-    return Out;
+    return gatherShards(Values, Local, GatherParts);
   }
 
   /// Structural evidence against a pairing by path: the same name for a

@@ -2,15 +2,15 @@
 //
 // The paper's error ratio along the target's module calls, plus the dataflow
 // test the paper lacks: a root cause's output diverges while its own inputs
-// do not. This first version maps components by module path (same model
-// code on both sides, or code that names its modules alike); the recipes for
-// vLLM/SGLang naming and the alignment transforms come with the Align
-// library.
+// do not. Components are mapped by the Align library's rules (a user's
+// mapping file, the built-in recipes) or by module path, and made
+// comparable by its closed set of transforms (ekka/Align/Transforms.h).
 //
 //===----------------------------------------------------------------------===//
 #ifndef EKKA_ANALYSIS_DIAGNOSIS_H
 #define EKKA_ANALYSIS_DIAGNOSIS_H
 
+#include "ekka/Align/Mapping.h"
 #include "ekka/Trace/TraceReader.h"
 
 #include "llvm/ADT/ArrayRef.h"
@@ -22,24 +22,6 @@
 
 namespace ekka {
 
-/// A user's mapping of one target component onto reference components, for
-/// code that names or fuses modules differently (docs/Diagnose.md):
-///   {"target": "model.layers.*.self_attn.qkv_proj",
-///    "reference": ["model.layers.*.self_attn.q_proj", "...k_proj", "...v_proj"],
-///    "concat_dim": -1}
-/// `*` stands for one path segment and takes the same value on both sides.
-/// Several reference components are concatenated along `concat_dim`.
-struct MappingRule {
-  std::string Target;
-  std::vector<std::string> Reference;
-  int ConcatDim = -1;
-  /// Where the rule comes from: the user's file, or a built-in recipe
-  /// ("recipe vllm-hf 1"). A recipe whose reference components did not run
-  /// does not apply (the call is mapped by path); a user's rule then leaves
-  /// the call unmapped.
-  std::string Source = "mapping file";
-};
-
 /// The mappings a diagnosis of a known-good pair validated (`--calibrate`):
 /// every component mapped by a rule onto other paths whose ratio stayed
 /// below the threshold, generalized over layer numbers (`*` for a number
@@ -50,17 +32,6 @@ struct CalibratedRule {
   unsigned Validated = 0; ///< Instances (calls) behind it.
   double LargestRatio = 0;
 };
-
-/// Reads a mapping file: {"components": [rule, ...]}.
-llvm::Expected<std::vector<MappingRule>> readMappingFile(llvm::StringRef Path);
-/// Parses mapping rules from JSON text; \p Name names it in errors.
-llvm::Expected<std::vector<MappingRule>> parseMappingRules(llvm::StringRef Text,
-                                                           llvm::StringRef Name);
-
-/// The built-in knowledge base: recipes that map serving engines' module
-/// naming (vLLM, SGLang: fused QKV, merged gate/up, the logits processor)
-/// onto HuggingFace Transformers'. Versioned; tried after the user's rules.
-const std::vector<MappingRule> &builtinRecipes();
 
 struct DiagnoseOptions {
   std::vector<MappingRule> Mapping; ///< Tried before matching paths.

@@ -1,0 +1,62 @@
+//===- Mapping.h - Which target component means which reference one -*- C++ -*-===//
+//
+// The sources of a component mapping, before pairing by module path: a
+// user's mapping file and the built-in, versioned knowledge base of recipes
+// for serving engines' naming (docs/Diagnose.md, "Mapping").
+//
+//===----------------------------------------------------------------------===//
+#ifndef EKKA_ALIGN_MAPPING_H
+#define EKKA_ALIGN_MAPPING_H
+
+#include "llvm/Support/Error.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ekka {
+
+/// A user's mapping of one target component onto reference components, for
+/// code that names or fuses modules differently (docs/Diagnose.md):
+///   {"target": "model.layers.*.self_attn.qkv_proj",
+///    "reference": ["model.layers.*.self_attn.q_proj", "...k_proj", "...v_proj"],
+///    "concat_dim": -1}
+/// `*` stands for one path segment and takes the same value on both sides.
+/// Several reference components are concatenated along `concat_dim`.
+struct MappingRule {
+  std::string Target;
+  std::vector<std::string> Reference;
+  int ConcatDim = -1;
+  /// Where the rule comes from: the user's file, or a built-in recipe
+  /// ("recipe vllm-hf 1"). A recipe whose reference components did not run
+  /// does not apply (the call is mapped by path); a user's rule then leaves
+  /// the call unmapped.
+  std::string Source = "mapping file";
+};
+
+/// Reads a mapping file: {"components": [rule, ...]}.
+llvm::Expected<std::vector<MappingRule>> readMappingFile(llvm::StringRef Path);
+/// Parses mapping rules from JSON text; \p Name names it in errors.
+llvm::Expected<std::vector<MappingRule>> parseMappingRules(llvm::StringRef Text,
+                                                           llvm::StringRef Name);
+
+/// The built-in knowledge base: recipes that map serving engines' module
+/// naming (vLLM, SGLang: fused QKV, merged gate/up, the logits processor)
+/// onto HuggingFace Transformers'. Versioned; tried after the user's rules.
+const std::vector<MappingRule> &builtinRecipes();
+
+/// Matches \p Path against \p Pattern (`*` = one dot-free segment); the
+/// segments the stars took, or none.
+std::optional<std::vector<std::string>> matchPath(llvm::StringRef Pattern, llvm::StringRef Path);
+
+/// \p Pattern with its stars replaced by \p Stars, in order.
+std::string substitute(llvm::StringRef Pattern, const std::vector<std::string> &Stars);
+
+/// \p Path with its numeric segments (layer numbers) as `*`, and those
+/// numbers in order.
+std::pair<std::string, std::vector<std::string>> starred(llvm::StringRef Path);
+
+} // namespace ekka
+
+#endif

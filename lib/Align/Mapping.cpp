@@ -1,0 +1,154 @@
+//===- Mapping.cpp - Mapping files and the built-in recipes ---------------===//
+#include "ekka/Align/Mapping.h"
+#include "ekka/Support/Error.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+using namespace llvm;
+
+namespace ekka {
+
+/// \p Path with its numeric segments as `*`, and those numbers in order.
+std::pair<std::string, std::vector<std::string>> starred(StringRef Path) {
+  SmallVector<StringRef, 8> Segments;
+  Path.split(Segments, '.');
+  std::string Out;
+  std::vector<std::string> Numbers;
+  for (size_t I = 0; I < Segments.size(); ++I) {
+    StringRef S = Segments[I];
+    if (I)
+      Out += '.';
+    bool Numeric = !S.empty() && llvm::all_of(S, [](char C) { return C >= '0' && C <= '9'; });
+    if (Numeric)
+      Numbers.push_back(S.str());
+    Out += Numeric ? StringRef("*") : S;
+  }
+  return {Out, Numbers};
+}
+
+Expected<std::vector<MappingRule>> readMappingFile(StringRef Path) {
+  auto Buffer = MemoryBuffer::getFile(Path);
+  if (!Buffer)
+    return makeError("cannot read mapping file '" + Path + "': " + Buffer.getError().message());
+  return parseMappingRules((*Buffer)->getBuffer(), ("mapping file '" + Path + "'").str());
+}
+
+Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef Name) {
+  auto Bad = [&](const Twine &Why) { return makeError(Name + ": " + Why); };
+  Expected<json::Value> V = json::parse(Text);
+  if (!V)
+    return Bad("not JSON (" + toString(V.takeError()) + ")");
+  const json::Object *O = V->getAsObject();
+  const json::Array *Rules = O ? O->getArray("components") : nullptr;
+  if (!Rules)
+    return Bad("expected {\"components\": [...]}");
+  // A knowledge base written by --calibrate says so.
+  bool Calibrated = O->get("calibrated") != nullptr;
+  std::vector<MappingRule> Out;
+  for (size_t I = 0; I < Rules->size(); ++I) {
+    const json::Object *R = (*Rules)[I].getAsObject();
+    if (!R)
+      return Bad("component " + Twine(I) + " is not an object");
+    auto Target = R->getString("target");
+    if (!Target)
+      return Bad("component " + Twine(I) + " has no \"target\" string");
+    MappingRule Rule;
+    Rule.Target = Target->str();
+    if (Calibrated)
+      Rule.Source = "calibration";
+    std::string Where = ("component " + Twine(I) + " (" + *Target + ")").str();
+    if (const json::Value *Ref = R->get("reference")) {
+      if (auto One = Ref->getAsString()) {
+        Rule.Reference.push_back(One->str());
+      } else if (const json::Array *Many = Ref->getAsArray()) {
+        for (const json::Value &X : *Many) {
+          auto S = X.getAsString();
+          if (!S)
+            return Bad(Where + ": \"reference\" must hold strings");
+          Rule.Reference.push_back(S->str());
+        }
+      }
+    }
+    if (Rule.Reference.empty())
+      return Bad(Where + " has no \"reference\"");
+    if (const json::Value *Dim = R->get("concat_dim")) {
+      auto D = Dim->getAsInteger();
+      if (!D)
+        return Bad(Where + ": \"concat_dim\" must be an integer");
+      Rule.ConcatDim = int(*D);
+    }
+    // Every star of a reference stands for one of the target's.
+    size_t Stars = StringRef(Rule.Target).count('*');
+    for (const std::string &P : Rule.Reference)
+      if (StringRef(P).count('*') > Stars)
+        return Bad(Where + ": reference '" + P + "' has more '*' than the target");
+    Out.push_back(std::move(Rule));
+  }
+  return Out;
+}
+
+// The knowledge base, version 1: serving engines' names (vLLM's and
+// SGLang's model code share them) against HuggingFace Transformers'.
+static const char *RecipesV1 = R"json({"components": [
+  {"target": "model.layers.*.self_attn.qkv_proj",
+   "reference": ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.k_proj",
+                 "model.layers.*.self_attn.v_proj"], "concat_dim": -1},
+  {"target": "model.layers.*.mlp.gate_up_proj",
+   "reference": ["model.layers.*.mlp.gate_proj", "model.layers.*.mlp.up_proj"],
+   "concat_dim": -1},
+  {"target": "model.layers.*.mlp.shared_expert.gate_up_proj",
+   "reference": ["model.layers.*.mlp.shared_expert.gate_proj",
+                 "model.layers.*.mlp.shared_expert.up_proj"], "concat_dim": -1},
+  {"target": "logits_processor", "reference": "lm_head"}
+]})json";
+
+const std::vector<MappingRule> &builtinRecipes() {
+  static const std::vector<MappingRule> Rules = [] {
+    auto R = parseMappingRules(RecipesV1, "built-in recipes");
+    if (!R) {
+      consumeError(R.takeError()); // a test guards the text
+      return std::vector<MappingRule>();
+    }
+    for (MappingRule &Rule : *R)
+      Rule.Source = "recipe vllm-hf 1";
+    return std::move(*R);
+  }();
+  return Rules;
+}
+
+/// Matches \p Path against \p Pattern (`*` = one dot-free segment); the
+/// segments the stars took, or none.
+std::optional<std::vector<std::string>> matchPath(StringRef Pattern, StringRef Path) {
+  SmallVector<StringRef, 8> P, X;
+  Pattern.split(P, '.');
+  Path.split(X, '.');
+  if (P.size() != X.size())
+    return std::nullopt;
+  std::vector<std::string> Stars;
+  for (size_t I = 0; I < P.size(); ++I) {
+    if (P[I] == "*")
+      Stars.push_back(X[I].str());
+    else if (P[I] != X[I])
+      return std::nullopt;
+  }
+  return Stars;
+}
+
+std::string substitute(StringRef Pattern, const std::vector<std::string> &Stars) {
+  SmallVector<StringRef, 8> P;
+  Pattern.split(P, '.');
+  std::string Out;
+  size_t Star = 0;
+  for (size_t I = 0; I < P.size(); ++I) {
+    if (I)
+      Out += '.';
+    Out += P[I] == "*" && Star < Stars.size() ? Stars[Star++] : P[I].str();
+  }
+  return Out;
+}
+
+} // namespace ekka

@@ -1,0 +1,149 @@
+//===- TransformsTest.cpp - Each alignment transform, on small tensors -----===//
+#include "ekka/Align/Mapping.h"
+#include "ekka/Align/Transforms.h"
+
+#include <gtest/gtest.h>
+#include <numeric>
+
+using namespace ekka;
+
+namespace {
+
+/// 0, 1, 2, ... as a tensor of \p S.
+Elements iota(const Dims &S) {
+  Elements V(size_t(numElements(S)));
+  std::iota(V.begin(), V.end(), 0.0);
+  return V;
+}
+
+TEST(Transforms, SqueezeAndHeadReshapeRelabelShapes) {
+  EXPECT_EQ(squeezeLeading({1, 1, 5, 8}), (Dims{5, 8}));
+  EXPECT_EQ(squeezeLeading({1, 1}), (Dims{1}));
+  EXPECT_EQ(squeezeLeading({2, 5}), (Dims{2, 5}));
+  // HF's [1, tokens, heads, dim] is an engine's [tokens, heads * dim].
+  EXPECT_EQ(tokenMajor({1, 7, 4, 16}), (Dims{7, 64}));
+  EXPECT_EQ(tokenMajor({7, 64}), (Dims{7, 64}));
+  // A decode step's one token stays a row; features that the trailing
+  // dimensions cannot make exactly give nothing.
+  EXPECT_EQ(rowsOf({1, 4, 16}, 64), (Dims{1, 64}));
+  EXPECT_EQ(rowsOf({3, 4, 16}, 16), (Dims{12, 16}));
+  EXPECT_TRUE(rowsOf({3, 4, 16}, 24).empty());
+  EXPECT_TRUE(rowsOf({3, 4, 16}, 0).empty());
+  EXPECT_TRUE(sameFeatures({7, 64}, {1, 7, 4, 16}));
+  EXPECT_TRUE(sameFeatures({7, 64}, {2, 9, 64}));
+  // SiluAndMul's [tokens, 2 * inter] is not HF's act_fn's [1, tokens, inter];
+  // and the token dimension never makes the features.
+  EXPECT_FALSE(sameFeatures({7, 256}, {1, 7, 128}));
+  EXPECT_FALSE(sameFeatures({7, 448}, {1, 7, 64}));
+}
+
+TEST(Transforms, ConcatenateAndSplitAreInverses) {
+  // q [2, 4] and kv [2, 2] along the features: each row q then kv.
+  Elements Q = iota({2, 4}), KV = {100, 101, 102, 103};
+  auto Fused = concatenate({Q, KV}, {{2, 4}, {2, 2}}, -1);
+  ASSERT_TRUE(Fused);
+  EXPECT_EQ(*Fused, (Elements{0, 1, 2, 3, 100, 101, 4, 5, 6, 7, 102, 103}));
+  auto Parts = split(*Fused, {2, 6}, 1, {4, 2});
+  ASSERT_TRUE(Parts);
+  ASSERT_EQ(Parts->size(), 2u);
+  EXPECT_EQ((*Parts)[0], Q);
+  EXPECT_EQ((*Parts)[1], KV);
+  // Along the first dimension: one after the other.
+  auto Rows = concatenate({Q, KV}, {{2, 4}, {1, 4}}, 0);
+  ASSERT_TRUE(Rows);
+  EXPECT_EQ(Rows->size(), 12u);
+  EXPECT_EQ((*Rows)[8], 100);
+  // Shapes that do not allow it.
+  EXPECT_FALSE(concatenate({Q, KV}, {{2, 4}, {1, 2}}, -1));
+  EXPECT_FALSE(concatenate({Q}, {{2, 4}}, 2));
+  EXPECT_FALSE(split(*Fused, {2, 6}, 1, {4, 3}));
+  EXPECT_FALSE(split(*Fused, {2, 6}, 2, {6}));
+}
+
+TEST(Transforms, TransposeSwapsTwoDimensions) {
+  // [2, 3] -> [3, 2]
+  Dims S;
+  auto T = transpose(iota({2, 3}), {2, 3}, 0, 1, &S);
+  ASSERT_TRUE(T);
+  EXPECT_EQ(S, (Dims{3, 2}));
+  EXPECT_EQ(*T, (Elements{0, 3, 1, 4, 2, 5}));
+  // HF's attention internals, [batch, heads, seq, dim] -> [batch, seq,
+  // heads, dim]: element (b, h, s, d) lands at (b, s, h, d).
+  Dims From = {1, 2, 3, 4};
+  Elements V = iota(From);
+  auto U = transpose(V, From, 1, 2, &S);
+  ASSERT_TRUE(U);
+  EXPECT_EQ(S, (Dims{1, 3, 2, 4}));
+  for (int64_t H = 0; H < 2; ++H)
+    for (int64_t Sq = 0; Sq < 3; ++Sq)
+      for (int64_t D = 0; D < 4; ++D)
+        EXPECT_EQ((*U)[size_t((Sq * 2 + H) * 4 + D)], V[size_t((H * 3 + Sq) * 4 + D)]);
+  // Swapping back is the identity; dims that are not adjacent work too.
+  EXPECT_EQ(*transpose(*U, S, 2, 1), V);
+  auto W = transpose(V, From, -1, 1, &S);
+  ASSERT_TRUE(W);
+  EXPECT_EQ(S, (Dims{1, 4, 3, 2}));
+  EXPECT_EQ(*transpose(*W, S, 1, 3), V);
+  EXPECT_FALSE(transpose(V, From, 0, 4));
+  EXPECT_FALSE(transpose(Elements{1, 2}, From, 0, 1));
+}
+
+TEST(Transforms, GatherShardsPutsEachTokensFeaturesRankAfterRank) {
+  // Two tokens, two ranks with two features each.
+  Elements R0 = {0, 1, 10, 11}, R1 = {2, 3, 12, 13};
+  auto G = gatherShards({R0, R1}, 2);
+  ASSERT_TRUE(G);
+  EXPECT_EQ(*G, (Elements{0, 1, 2, 3, 10, 11, 12, 13}));
+  // A fused QKV of parts q (4 features) and k (2 features): each rank holds
+  // half of q and half of k.
+  Elements S0 = {0, 1, 4}, S1 = {2, 3, 5};
+  auto P = gatherShards({S0, S1}, 3, {4, 2});
+  ASSERT_TRUE(P);
+  EXPECT_EQ(*P, (Elements{0, 1, 2, 3, 4, 5}));
+  EXPECT_FALSE(gatherShards({S0, S1}, 3, {3, 3}));  // a part not divisible by the ranks
+  EXPECT_FALSE(gatherShards({R0, S1}, 2));          // shards of different sizes
+  EXPECT_FALSE(gatherShards({R0, R1}, 3));          // not whole rows
+}
+
+TEST(Transforms, UnpadKeepsTheRealTokensSequenceAfterSequence) {
+  // Two sequences of lengths 3 and 1, padded to 3 on the right (and a
+  // left-padded third of length 2), two features each.
+  Dims S = {3, 3, 2};
+  Elements V = iota(S);
+  Elements Mask = {1, 1, 1, 1, 0, 0, 0, 1, 1};
+  auto U = unpad(V, S, Mask, {3, 3});
+  ASSERT_TRUE(U);
+  EXPECT_EQ(*U, (Elements{0, 1, 2, 3, 4, 5, 6, 7, 14, 15, 16, 17}));
+  // A batch of one with no padding is the tensor itself.
+  auto One = unpad(iota({1, 4, 2}), {1, 4, 2}, Elements(4, 1), {1, 4});
+  ASSERT_TRUE(One);
+  EXPECT_EQ(*One, iota({1, 4, 2}));
+  EXPECT_FALSE(unpad(V, S, Mask, {3, 2}));
+  EXPECT_FALSE(unpad(V, {9, 2}, Mask, {3, 3}));
+}
+
+TEST(Transforms, UnpageReadsTheTokensSlotsInOrder) {
+  // A cache of 3 blocks of 2 slots, one feature each: slot i holds 10 * i.
+  Dims S = {3, 2, 1};
+  Elements Cache = {0, 10, 20, 30, 40, 50};
+  // A sequence whose block table is [2, 0]: positions 0..2 at slots 4, 5, 0.
+  auto U = unpage(Cache, S, {4, 5, 0});
+  ASSERT_TRUE(U);
+  EXPECT_EQ(*U, (Elements{40, 50, 0}));
+  EXPECT_FALSE(unpage(Cache, S, {6}));
+  EXPECT_FALSE(unpage(Cache, S, {-1}));
+  EXPECT_FALSE(unpage(Elements{1}, S, {0}));
+}
+
+TEST(Mapping, PathsMatchWithStarsForOneSegment) {
+  auto Stars = matchPath("model.layers.*.self_attn.qkv_proj", "model.layers.12.self_attn.qkv_proj");
+  ASSERT_TRUE(Stars);
+  EXPECT_EQ(*Stars, (std::vector<std::string>{"12"}));
+  EXPECT_FALSE(matchPath("model.layers.*.mlp", "model.layers.1.2.mlp"));
+  EXPECT_EQ(substitute("model.layers.*.self_attn.q_proj", *Stars), "model.layers.12.self_attn.q_proj");
+  auto [Pattern, Numbers] = starred("model.layers.3.mlp.experts.7");
+  EXPECT_EQ(Pattern, "model.layers.*.mlp.experts.*");
+  EXPECT_EQ(Numbers, (std::vector<std::string>{"3", "7"}));
+}
+
+} // namespace
