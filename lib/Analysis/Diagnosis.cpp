@@ -262,6 +262,13 @@ struct Side {
       T = TensorById.lookup(*T->SourceId);
     if (!T || T->Shard.empty())
       return std::nullopt;
+    // Its bytes are read as recorded, with the padding's shape.
+    TensorRecord Recorded;
+    if (auto P = Padded.find(T->Id); P != Padded.end()) {
+      Recorded = *T;
+      Recorded.Shape = P->second;
+      T = &Recorded;
+    }
     auto Bytes = Stages[size_t(T->Id >> StageShift)]->tensorBytes(*T);
     if (!Bytes) {
       // A missing or corrupt shard must not turn into a quietly partial
@@ -272,8 +279,66 @@ struct Side {
         consumeError(Bytes.takeError());
       return std::nullopt;
     }
-    return toDoubles(T->Type, *Bytes);
+    auto V = toDoubles(T->Type, *Bytes);
+    if (V && T == &Recorded)
+      return unpad(*V, Recorded.Shape, Mask, MaskShape);
+    return V;
   }
+
+  /// A batch padded to one length: the root was given token ids [batch,
+  /// seq] and an attention mask of that shape, zeros marking the padding.
+  /// Then every tensor that starts with [batch, seq] is seen as a serving
+  /// engine lays a batch out, its real tokens sequence after sequence
+  /// ([tokens, ...]): its Shape says so, values() drops the padding. Only
+  /// the root's inputs of the first step tell; none found, nothing changes.
+  void dropPadding() {
+    const ModuleCallRecord *Root = nullptr;
+    for (const ModuleCallRecord &M : Calls)
+      if (!M.ParentId && (!Root || M.Step < Root->Step))
+        Root = &M;
+    if (!Root)
+      return;
+    const TensorRecord *Ids = nullptr, *MaskRecord = nullptr;
+    for (int64_t I = 0; const TensorRecord *X = tensor(Root->Id, "input", I); ++I) {
+      if (unitRoundoff(X->Type) != 0 || X->Shape.size() != 2)
+        continue;
+      if (!Ids) {
+        Ids = X;
+        continue;
+      }
+      if (X->Shape != Ids->Shape)
+        continue;
+      // The mask: zeros and ones only, some zeros, no empty sequence.
+      auto V = values(X);
+      if (!V || llvm::any_of(*V, [](double E) { return E != 0 && E != 1; }))
+        continue;
+      int64_t Seq = X->Shape[1];
+      bool Empty = false;
+      for (int64_t B = 0; B < X->Shape[0]; ++B)
+        Empty |= std::all_of(V->begin() + B * Seq, V->begin() + (B + 1) * Seq,
+                             [](double E) { return E == 0; });
+      if (!Empty && llvm::is_contained(*V, 0.0)) {
+        MaskRecord = X;
+        Mask = std::move(*V);
+        break;
+      }
+    }
+    if (!MaskRecord)
+      return;
+    MaskShape = MaskRecord->Shape;
+    int64_t Tokens = int64_t(llvm::count(Mask, 1.0));
+    for (TensorRecord &X : Tensors)
+      if (X.Shape.size() >= 2 && X.Shape[0] == MaskShape[0] && X.Shape[1] == MaskShape[1]) {
+        Padded[X.Id] = X.Shape;
+        X.Shape.erase(X.Shape.begin());
+        X.Shape[0] = Tokens;
+      }
+  }
+
+  /// Tensors of a padded batch: their shapes as recorded.
+  DenseMap<int64_t, Dims> Padded;
+  Elements Mask;
+  Dims MaskShape;
 
   mutable std::string Problem;
 };
@@ -296,6 +361,12 @@ public:
     if (MergeSteps)
       D.NoiseModel += "; the target's prefill and decode steps concatenated along the token "
                       "dimension to meet the reference's single forward";
+    for (auto [S, Name] : {std::pair<Side *, const char *>{&T, "target"}, {&R, "reference"}})
+      if (!S->Padded.empty())
+        D.NoiseModel += formatv("; the {0}'s batch of {1} sequences padded to {2} tokens "
+                                "compared on its {3} real tokens (its attention mask)",
+                                Name, S->MaskShape[0], S->MaskShape[1], llvm::count(S->Mask, 1.0))
+                            .str();
     if (checkInputs(D))
       return D;
     computeRatios(D);
@@ -1334,6 +1405,10 @@ Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks, TraceReader &R
   if (ReferenceFP32)
     if (Error E = F.load(*ReferenceFP32))
       return E;
+  for (Side *S : {&T, &R, &F})
+    S->dropPadding();
+  for (auto &P : Peers)
+    P->dropPadding();
   if (T.Calls.empty())
     return makeError("the target trace '" + Target.directory() + "' has no module calls");
   if (R.Calls.empty())

@@ -72,8 +72,8 @@ public:
     }
   }
 
-  /// A tensor of a call: floats stored as \p Type (F32, or BF16 by
-  /// truncation), or the output of call \p From when it is set.
+  /// A tensor of a call: floats stored as \p Type (F32, BF16 by
+  /// truncation, or I64), or the output of call \p From when it is set.
   struct Spec {
     std::vector<float> Values;
     std::vector<int64_t> Shape;
@@ -97,7 +97,10 @@ public:
       for (float V : X.Values) {
         uint32_t U;
         std::memcpy(&U, &V, 4);
-        if (X.Type == DType::BF16) {
+        if (X.Type == DType::I64) {
+          int64_t I = int64_t(V);
+          Bytes.append(reinterpret_cast<char *>(&I), 8);
+        } else if (X.Type == DType::BF16) {
           uint16_t H = uint16_t(U >> 16);
           Bytes.append(reinterpret_cast<char *>(&H), 2);
         } else {
@@ -614,6 +617,53 @@ TEST_F(DiagnosisTest, TensorParallelShardsAreGatheredFromTheRanks) {
   ASSERT_TRUE(bool(E)) << toString(E.takeError());
   ASSERT_EQ(E->Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(E->Suspects.front().Component.Path, "col");
+}
+
+TEST_F(DiagnosisTest, APaddedReferenceBatchIsComparedOnItsRealTokens) {
+  using Spec = TraceBuilder::Spec;
+  // The reference: two sequences of 3 and 1 tokens, padded on the right to
+  // 3 ([2, 3] ids and mask); its padding rows hold what padding computes.
+  // The target: the 4 real tokens, one after the other, as an engine packs
+  // them.
+  std::vector<float> Real = {1, 2, 3, 4, 5, 6, 7, 8}; // [4 tokens, 2 features]
+  {
+    std::vector<float> Padded = {1, 2, 3, 4, 5, 6, 7, 8, 900, 901, 902, 903};
+    TraceBuilder R(dir("ref"));
+    R.callSpecs("", "", {Spec{{5, 6, 7, 8, 0, 0}, {2, 3}, DType::I64},
+                         Spec{{1, 1, 1, 1, 0, 0}, {2, 3}, DType::I64}},
+                {Spec{Padded, {2, 3, 2}}});
+    R.callSpecs("a", "", {}, {Spec{Padded, {2, 3, 2}}});
+    R.close();
+  }
+  auto Target = [&](StringRef Name, std::vector<float> Ids, std::vector<float> A) {
+    TraceBuilder T(dir(Name));
+    T.callSpecs("", "", {Spec{Ids, {4}, DType::I64}}, {Spec{Real, {4, 2}}});
+    T.callSpecs("a", "", {}, {Spec{A, {4, 2}}});
+    T.close();
+  };
+  Target("tgt", {5, 6, 7, 8}, Real);
+  std::vector<float> Bad = Real;
+  Bad[6] += 1; // the second sequence's token
+  Target("bad", {5, 6, 7, 8}, Bad);
+  Target("dropped", {6, 7, 8, 8}, Real);
+
+  Diagnosis D = run("tgt", "ref");
+  EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence) << D.InputsDifference;
+  EXPECT_EQ(D.MaxRatio, 0);
+  EXPECT_EQ(D.Uncompared, 0u);
+  EXPECT_NE(D.NoiseModel.find("padded to 3 tokens compared on its 4 real tokens"),
+            std::string::npos)
+      << D.NoiseModel;
+
+  Diagnosis E = run("bad", "ref");
+  ASSERT_EQ(E.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(E.Suspects.front().Component.Path, "a");
+
+  // The ids are compared without the padding too.
+  Diagnosis F = run("dropped", "ref");
+  EXPECT_EQ(F.Result, Diagnosis::Verdict::InputsDiffer);
+  EXPECT_NE(F.InputsDifference.find("first difference at flat position 0"), std::string::npos)
+      << F.InputsDifference;
 }
 
 } // namespace

@@ -77,6 +77,10 @@ PROMPT = [2] + [(7 * i + 3) % 250 + 3 for i in range(33)]
 PROMPTS = [[2] + [(7 * i + 13 * j + 3) % 250 + 3 for i in range(11)] for j in range(32)]
 # Two requests of one length, prefilled together (no padding on either side).
 TWO_PROMPTS = [[2] + [(11 * i + 29 * j + 5) % 250 + 3 for i in range(15)] for j in range(2)]
+# Two requests of different lengths: the reference runs them as a batch
+# padded on the right with an attention mask, the engine packs their tokens.
+UNEVEN_PROMPTS = [[2] + [(13 * i + 31 * j + 7) % 250 + 3 for i in range(n - 1)]
+                  for j, n in enumerate((16, 11))]
 
 
 class MeanPooler(torch.nn.Module):
@@ -169,9 +173,11 @@ CASES = [
          symptom="attention reads the unfilled tail of the last KV page"),
     Case("clean-llama-batch", "clean pair", "LlamaForCausalLM", llama_config, [], [],
          prompt=TWO_PROMPTS, task="batch"),
+    Case("clean-llama-padded", "clean pair", "LlamaForCausalLM", llama_config, [], [],
+         prompt=UNEVEN_PROMPTS, task="batch"),
     Case("causal-mask-stale", "SGLang-18358", "LlamaForCausalLM", llama_config,
          ["causal-mask-stale"], ["model.layers.0.self_attn", "model.layers.0.self_attn.attn"],
-         prompt=TWO_PROMPTS, task="batch",
+         prompt=UNEVEN_PROMPTS, task="batch",
          symptom="a batch of two prompts: the second attends through the first's mask"),
     Case("clean-llama-fp8", "clean pair", "LlamaForCausalLM", llama_config, [], [],
          quant="fp8"),

@@ -161,8 +161,17 @@ def run_reference(case, dtype, device):
     model = reference_model(case, dtype, device)
     # A batch of prompts (an embedding case) is already a list of lists.
     batch = tokens if tokens and isinstance(tokens[0], list) else [tokens]
+    width = max(len(p) for p in batch)
     with torch.no_grad():
-        model(torch.tensor(batch, device=device))
+        if all(len(p) == width for p in batch):
+            model(torch.tensor(batch, device=device))
+        else:
+            # Prompts of different lengths: padded on the right, with the
+            # attention mask, as HF batches them.
+            ids = torch.tensor([p + [0] * (width - len(p)) for p in batch], device=device)
+            mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in batch],
+                                device=device)
+            model(ids, attention_mask=mask)
 
 
 if __name__ == "__main__":

@@ -214,9 +214,9 @@ class Engine:
                 seq_ids += [i] * n
                 if "causal-mask-stale" in self.bugs and masks:
                     # The planted bug: the mask built for the first request
-                    # is reused for the next (it points at the first
-                    # request's tokens).
-                    masks.append((start, start + n, masks[0][2]))
+                    # is reused for the next, cut to its rows (it points at
+                    # the first request's tokens).
+                    masks.append((start, start + n, masks[0][2][:n]))
                 else:
                     mask = torch.zeros(n, total, dtype=torch.bool)
                     mask[:, start:start + n] = torch.ones(n, n, dtype=torch.bool).tril()
