@@ -6,6 +6,7 @@
 #include "ekka/Support/Error.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
@@ -369,6 +370,7 @@ public:
                             .str();
     if (checkInputs(D))
       return D;
+    reservePaths();
     computeRatios(D);
     CurveSoFar = D.Curve;
     localize(D);
@@ -501,14 +503,26 @@ private:
     return Worst;
   }
 
+  /// The reference call target call \p Call was mapped to (the first, for
+  /// a rule's several); null when unmapped.
+  const ModuleCallRecord *refCall(int64_t Call) const { return RefOf.lookup(Call); }
+
+  /// The FP32 reference's call where reference call \p RC stands.
+  const ModuleCallRecord *fp32Call(const ModuleCallRecord *RC) const {
+    if (!F || !RC)
+      return nullptr;
+    auto It = F->ByKey.find(R.KeyOf.lookup(RC->Id));
+    return It == F->ByKey.end() ? nullptr : It->second;
+  }
+
   /// The floating inputs of \p TC that could not be compared with the
   /// reference's (paired in order, as callRatio pairs them).
   std::vector<const TensorRecord *> uncomparedInputs(const ComponentRatio &C) {
     std::vector<const TensorRecord *> Out;
-    auto RIt = R.ByKey.find(T.KeyOf.lookup(C.CallId));
-    if (RIt == R.ByKey.end())
+    const ModuleCallRecord *RC = refCall(C.CallId);
+    if (!RC)
       return Out;
-    RoleTensors TT = roleTensors(T, C.CallId, "input"), RT = roleTensors(R, RIt->second->Id, "input");
+    RoleTensors TT = roleTensors(T, C.CallId, "input"), RT = roleTensors(R, RC->Id, "input");
     for (const auto &[Index, X] : TT)
       if (!ratio(X, at(RT, Index), nullptr, C.CallId))
         Out.push_back(X);
@@ -518,14 +532,13 @@ private:
   /// The first floating input of \p C that departs from the reference's (or
   /// its first floating input, when none could be told apart).
   const TensorRecord *departingInput(const ComponentRatio &C) {
-    auto RIt = R.ByKey.find(T.KeyOf.lookup(C.CallId));
+    const ModuleCallRecord *RC = refCall(C.CallId);
     RoleTensors TT = roleTensors(T, C.CallId, "input");
-    if (RIt != R.ByKey.end()) {
-      RoleTensors RT = roleTensors(R, RIt->second->Id, "input");
+    if (RC) {
+      RoleTensors RT = roleTensors(R, RC->Id, "input");
       RoleTensors FT;
-      if (F)
-        if (auto FIt = F->ByKey.find(T.KeyOf.lookup(C.CallId)); FIt != F->ByKey.end())
-          FT = roleTensors(*F, FIt->second->Id, "input");
+      if (const ModuleCallRecord *FC = fp32Call(RC))
+        FT = roleTensors(*F, FC->Id, "input");
       for (const auto &[Index, X] : TT)
         if (elevated(ratio(X, at(RT, Index), at(FT, Index), C.CallId)))
           return X;
@@ -920,6 +933,9 @@ private:
       }
       C.MappedBy = Rule.Source;
       C.ConcatDim = Rule.ConcatDim;
+      RefOf[TC.Id] = RC[0];
+      for (const ModuleCallRecord *X : RC)
+        UsedRef.insert(X->Id);
       C.Ratio = ruleRatio(TC, RC, FC, Rule.ConcatDim);
       // Inputs: the first reference component sees what the target does.
       C.InputRatio =
@@ -954,20 +970,16 @@ private:
       if (applyRule(TC, C)) {
         // mapped (or not) by the user's mapping
       } else if (RIt == R.ByKey.end()) {
-        C.Mapped = false;
-        C.UnmappedReason = "no reference call with this path at this step";
+        if (!mapByEvidence(TC, C)) {
+          C.Mapped = false;
+          C.UnmappedReason = "no reference call with this path at this step, and none inside "
+                             "its mapped parent's counterpart agrees by structure or values";
+        }
       } else if (std::string Why = structureDiffers(TC, *RIt->second); !Why.empty()) {
         C.Mapped = false;
         C.UnmappedReason = Why;
       } else {
-        const ModuleCallRecord *FC = nullptr;
-        if (F) {
-          auto FIt = F->ByKey.find(Key);
-          FC = FIt == F->ByKey.end() ? nullptr : FIt->second;
-        }
-        C.ReferencePaths.push_back(RIt->second->Path);
-        C.Ratio = callRatio(TC, *RIt->second, FC, "output", nullptr, &C.ResidualPair);
-        C.InputRatio = callRatio(TC, *RIt->second, FC, "input", &C.InputsCompared);
+        pair(TC, *RIt->second, C);
       }
       if (C.Ratio)
         D.MaxRatio = std::max(D.MaxRatio, *C.Ratio);
@@ -976,6 +988,140 @@ private:
       D.Curve.push_back(std::move(C));
     }
   }
+
+  /// Pairs target call \p TC with reference call \p RC and compares them.
+  void pair(const ModuleCallRecord &TC, const ModuleCallRecord &RC, ComponentRatio &C) {
+    const ModuleCallRecord *FC = fp32Call(&RC);
+    C.ReferencePaths = {RC.Path};
+    C.Ratio = callRatio(TC, RC, FC, "output", nullptr, &C.ResidualPair);
+    C.InputRatio = callRatio(TC, RC, FC, "input", &C.InputsCompared);
+    RefOf[TC.Id] = &RC;
+    UsedRef.insert(RC.Id);
+    Cursor = std::max(Cursor, RC.Seq);
+  }
+
+  /// The reference calls that target calls pair with by path: not free for
+  /// the evidence below.
+  void reservePaths() {
+    for (const ModuleCallRecord &TC : T.Calls)
+      if (auto It = R.ByKey.find(T.KeyOf.lookup(TC.Id)); It != R.ByKey.end())
+        UsedRef.insert(It->second->Id);
+    for (const ModuleCallRecord &M : T.Calls)
+      if (M.ParentId)
+        TargetParents.insert(*M.ParentId);
+    for (const ModuleCallRecord &M : R.Calls)
+      if (M.ParentId)
+        ReferenceParents.insert(*M.ParentId);
+  }
+
+  /// Code that names its modules its own way (a custom engine; Meta's
+  /// `layers.0.feed_forward.w1` against HF's `model.layers.0.mlp.gate_proj`):
+  /// a target call that no rule and no path pairs is looked for among the
+  /// free reference calls inside the reference call of its nearest mapped
+  /// ancestor, of the same step, whose tensors have comparable shapes.
+  ///  - **Tensor evidence** (the paper's infer_tensor_match): the one whose
+  ///    output agrees within noise (the smallest R at or below the
+  ///    threshold), norms first, from the recorded statistics.
+  ///  - **Structure**, when none agrees (a diverging component, or one
+  ///    downstream of it): the first free call after the reference call
+  ///    mapped last, both leaves or both not, with comparable input and
+  ///    output shapes. Its ratio then says how far it departs.
+  /// A call the rules or paths left unmapped for a reason (the same name
+  /// for another computation) is not looked for.
+  bool mapByEvidence(const ModuleCallRecord &TC, ComponentRatio &C) {
+    const ModuleCallRecord *Scope = nullptr;
+    for (const ModuleCallRecord *M = parentOf(T, TC); M && !Scope; M = parentOf(T, *M))
+      Scope = refCall(M->Id);
+    const TensorRecord *TO = T.tensor(TC.Id, "output", 0);
+    if (!Scope || !TO || unitRoundoff(TO->Type) == 0)
+      return false;
+    RoleTensors TIn = roleTensors(T, TC.Id, "input");
+    const TensorRecord *TI = TIn.empty() ? nullptr : TIn.begin()->second;
+    bool Leaf = !TargetParents.count(TC.Id);
+    const ModuleCallRecord *ByValue = nullptr, *ByStructure = nullptr;
+    std::pair<bool, double> Best;
+    for (const ModuleCallRecord &RC : R.Calls) {
+      if (RC.Step != TC.Step || UsedRef.count(RC.Id) || RC.Id == Scope->Id ||
+          !within(R, RC.Id, Scope->Id))
+        continue;
+      const TensorRecord *RO = R.tensor(RC.Id, "output", 0);
+      if (!RO || unitRoundoff(RO->Type) == 0 || !comparableShapes(TO, RO, TC.Id))
+        continue;
+      RoleTensors RI = roleTensors(R, RC.Id, "input");
+      const TensorRecord *RIn = RI.empty() ? nullptr : RI.begin()->second;
+      bool Inputs = (!TI && !RIn) || (TI && RIn && comparableShapes(TI, RIn, TC.Id));
+      bool SameKind = Leaf == !ReferenceParents.count(RC.Id);
+      if (!ByStructure && RC.Seq > Cursor && Inputs && SameKind)
+        ByStructure = &RC;
+      if (!plausibleNorms(TO, RO))
+        continue;
+      const ModuleCallRecord *FC = fp32Call(&RC);
+      const TensorRecord *FO = FC ? F->tensor(FC->Id, "output", 0) : nullptr;
+      // Equal values (a model's output is its last norm's): a leaf for a
+      // leaf, a container for a container.
+      if (auto X = ratio(TO, RO, FO, TC.Id); X && *X <= O.Threshold) {
+        std::pair<bool, double> Rank{!SameKind, *X};
+        if (!ByValue || Rank < Best) {
+          Best = Rank;
+          ByValue = &RC;
+        }
+      }
+    }
+    const ModuleCallRecord *RC = ByValue ? ByValue : ByStructure;
+    if (!RC)
+      return false;
+    C.MappedBy = ByValue ? "tensor evidence" : "structure";
+    pair(TC, *RC, C);
+    return true;
+  }
+
+  static const ModuleCallRecord *parentOf(const Side &S, const ModuleCallRecord &M) {
+    return M.ParentId ? S.CallById.lookup(*M.ParentId) : nullptr;
+  }
+
+  /// Whether target tensor \p A (of call \p Call, its decode steps merged
+  /// and shards gathered as the comparison does) holds as many elements as
+  /// reference tensor \p B, with the same features per token.
+  bool comparableShapes(const TensorRecord *A, const TensorRecord *B, int64_t Call) const {
+    if (A->Shape.empty() || B->Shape.empty())
+      return A->Shape.empty() && B->Shape.empty();
+    int64_t N = numElements(A->Shape);
+    if (MergeSteps)
+      if (auto Steps = LaterSteps.find(Call); Steps != LaterSteps.end())
+        for (const ModuleCallRecord *Later : Steps->second)
+          if (const TensorRecord *X = T.tensor(Later->Id, A->Role, A->Index))
+            N += numElements(X->Shape);
+    if (sharded(A, B->Shape))
+      N *= int64_t(Peers.size() + 1);
+    else if (!sameFeatures(A->Shape, B->Shape))
+      return false;
+    return N == numElements(B->Shape);
+  }
+
+  /// Whether two tensors' norms, from their recorded statistics, are close
+  /// enough for their values to agree within noise (R at most the threshold
+  /// puts them within a few units of noise, far below 10 %). Unknown (no
+  /// statistics, or the values are not the recorded tensor's: padding
+  /// dropped, steps merged, shards gathered) counts as close.
+  bool plausibleNorms(const TensorRecord *A, const TensorRecord *B) const {
+    const TensorRecord *PA = producer(T, A), *PB = producer(R, B);
+    if (!PA || !PB || !PA->Stats || !PB->Stats || MergeSteps || !Peers.empty() ||
+        !T.Padded.empty() || !R.Padded.empty())
+      return true;
+    double NA = std::sqrt(PA->Stats->SumSq), NB = std::sqrt(PB->Stats->SumSq);
+    if (!std::isfinite(NA) || !std::isfinite(NB))
+      return true;
+    return std::abs(NA - NB) <= 0.1 * std::max(NA, NB);
+  }
+
+  /// Target call -> the reference call it was mapped to.
+  DenseMap<int64_t, const ModuleCallRecord *> RefOf;
+  /// Reference calls taken by a path, a rule or evidence.
+  DenseSet<int64_t> UsedRef;
+  /// Calls that have children, on each side.
+  DenseSet<int64_t> TargetParents, ReferenceParents;
+  /// The sequence number of the reference call mapped last.
+  int64_t Cursor = -1;
 
   bool elevated(const std::optional<double> &X) const { return X && *X > O.Threshold; }
 
@@ -1028,10 +1174,17 @@ private:
     for (size_t A : Candidates)
       if (llvm::none_of(Candidates, [&](size_t B) { return B != A && Contains(A, B); }))
         Innermost.push_back(A);
-    // Then the candidates that contain them, as weaker suspects.
+    // Then the candidates that contain them, as weaker suspects: the
+    // innermost of those first (the layer around a broken projection
+    // before the whole model).
+    std::vector<size_t> Containers;
     for (size_t A : Candidates)
       if (llvm::find(Innermost, A) == Innermost.end())
-        Innermost.push_back(A);
+        Containers.push_back(A);
+    std::stable_sort(Containers.begin(), Containers.end(), [&](size_t A, size_t B) {
+      return D.Curve[A].Depth > D.Curve[B].Depth;
+    });
+    Innermost.insert(Innermost.end(), Containers.begin(), Containers.end());
     for (size_t I : Innermost) {
       if (D.Suspects.size() == 3)
         break;
@@ -1111,10 +1264,10 @@ private:
       const TensorRecord *Source = T.TensorById.lookup(*X->SourceId);
       if (!Source || Source->Owner != TensorOwner::ModuleCall)
         continue;
-      auto RIt = R.ByKey.find(T.KeyOf.lookup(Source->OwnerId));
-      if (RIt == R.ByKey.end())
+      const ModuleCallRecord *RC = refCall(Source->OwnerId);
+      if (!RC)
         continue;
-      const TensorRecord *Ref = R.tensor(RIt->second->Id, "output", Source->Index);
+      const TensorRecord *Ref = R.tensor(RC->Id, "output", Source->Index);
       if (!Ref || unitRoundoff(Source->Type) == 0 || unitRoundoff(Ref->Type) == 0 ||
           unitRoundoff(Source->Type) <= unitRoundoff(Ref->Type))
         continue;
@@ -1132,9 +1285,9 @@ private:
   }
 
   /// Whether target call \p Call is \p Ancestor or runs inside it.
-  bool within(int64_t Call, int64_t Ancestor) const {
-    for (const ModuleCallRecord *M = T.CallById.lookup(Call); M;
-         M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
+  bool within(int64_t Call, int64_t Ancestor) const { return within(T, Call, Ancestor); }
+  static bool within(const Side &S, int64_t Call, int64_t Ancestor) {
+    for (const ModuleCallRecord *M = S.CallById.lookup(Call); M; M = parentOf(S, *M))
       if (M->Id == Ancestor)
         return true;
     return false;
@@ -1198,10 +1351,10 @@ private:
   }
 
   std::optional<OpFinding> pairedDrillDown(const ComponentRatio &C) {
-    auto RIt = R.ByKey.find(T.KeyOf.lookup(C.CallId));
-    if (RIt == R.ByKey.end())
+    const ModuleCallRecord *RC = refCall(C.CallId);
+    if (!RC)
       return std::nullopt;
-    std::vector<const OpRecord *> TO = capturedOps(T, C.CallId), RO = capturedOps(R, RIt->second->Id);
+    std::vector<const OpRecord *> TO = capturedOps(T, C.CallId), RO = capturedOps(R, RC->Id);
     if (TO.empty())
       return std::nullopt;
     std::map<std::string, std::vector<const OpRecord *>> RByName;

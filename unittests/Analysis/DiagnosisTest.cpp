@@ -619,6 +619,89 @@ TEST_F(DiagnosisTest, TensorParallelShardsAreGatheredFromTheRanks) {
   EXPECT_EQ(E->Suspects.front().Component.Path, "col");
 }
 
+TEST_F(DiagnosisTest, CodeThatNamesItsModulesItsOwnWayIsMappedByValuesAndStructure) {
+  // HF's names on the reference side; the target's are its own (no rule
+  // and no path pairs them): tok ~ model.embed, blocks.0 ~ model.layers.0,
+  // ffn ~ mlp, w1/w3/w2 ~ gate/up/down, out ~ lm_head.
+  std::vector<float> E = {1, 2}, L = {3, 4}, P = {5, 6}, G = {7, 8}, U = {9, 10},
+                     M = {11, 12}, H = {13, 14};
+  {
+    TraceBuilder R(dir("ref"));
+    R.call("", "", {0}, {}, {1, 2});
+    R.call("model", "", M, {});
+    R.call("model.embed", "model", E, {});
+    R.call("model.layers.0", "model", L, {"model.embed"});
+    R.call("model.layers.0.mlp", "model.layers.0", P, {"model.embed"});
+    R.call("model.layers.0.mlp.gate", "model.layers.0.mlp", G, {"model.embed"});
+    R.call("model.layers.0.mlp.up", "model.layers.0.mlp", U, {"model.embed"});
+    R.call("model.layers.0.mlp.down", "model.layers.0.mlp", P, {"model.layers.0.mlp.up"});
+    R.call("lm_head", "", H, {"model"});
+    R.close();
+  }
+  auto Target = [&](StringRef Name, bool Bug) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.call("tok", "", E, {});
+    T.call("blocks.0", "", Bug ? std::vector<float>{3, 70} : L, {"tok"});
+    T.call("blocks.0.ffn", "blocks.0", Bug ? std::vector<float>{5, 60} : P, {"tok"});
+    T.call("blocks.0.ffn.w1", "blocks.0.ffn", G, {"tok"});
+    T.call("blocks.0.ffn.w3", "blocks.0.ffn", Bug ? std::vector<float>{9, 50} : U, {"tok"});
+    T.call("blocks.0.ffn.w2", "blocks.0.ffn", Bug ? std::vector<float>{5, 60} : P,
+           {"blocks.0.ffn.w3"});
+    T.call("out", "", Bug ? std::vector<float>{13, 80} : H, {"blocks.0"});
+    T.close();
+  };
+  Target("tgt", false);
+  Target("bad", true);
+  auto Mapped = [](const Diagnosis &D, StringRef Path) -> const ComponentRatio * {
+    auto It = llvm::find_if(D.Curve, [&](const ComponentRatio &C) { return C.Path == Path; });
+    return It == D.Curve.end() ? nullptr : &*It;
+  };
+
+  Diagnosis D = run("tgt", "ref");
+  EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence);
+  EXPECT_EQ(D.Uncompared, 0u);
+  std::map<std::string, std::string> Expected = {
+      {"tok", "model.embed"}, {"blocks.0", "model.layers.0"},
+      {"blocks.0.ffn", "model.layers.0.mlp"}, {"blocks.0.ffn.w1", "model.layers.0.mlp.gate"},
+      {"blocks.0.ffn.w3", "model.layers.0.mlp.up"}, {"blocks.0.ffn.w2", "model.layers.0.mlp.down"},
+      {"out", "lm_head"}};
+  for (const auto &[Path, Ref] : Expected) {
+    const ComponentRatio *C = Mapped(D, Path);
+    ASSERT_TRUE(C) << Path;
+    EXPECT_EQ(C->ReferencePaths, std::vector<std::string>{Ref}) << Path;
+    EXPECT_EQ(C->MappedBy, "tensor evidence") << Path;
+  }
+
+  // With w3 broken, w3 and everything around and after it departs: those
+  // are paired by structure, and w3 is blamed.
+  Diagnosis B = run("bad", "ref");
+  ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(B.Suspects.front().Component.Path, "blocks.0.ffn.w3");
+  const ComponentRatio *W3 = Mapped(B, "blocks.0.ffn.w3");
+  ASSERT_TRUE(W3);
+  EXPECT_EQ(W3->MappedBy, "structure");
+  EXPECT_EQ(W3->ReferencePaths, std::vector<std::string>{"model.layers.0.mlp.up"});
+  EXPECT_EQ(Mapped(B, "blocks.0.ffn.w1")->MappedBy, "tensor evidence");
+  EXPECT_EQ(Mapped(B, "blocks.0")->ReferencePaths, std::vector<std::string>{"model.layers.0"});
+  EXPECT_EQ(Mapped(B, "out")->ReferencePaths, std::vector<std::string>{"lm_head"});
+
+  // Without tensor evidence or structure to go by, nothing is paired: an
+  // extra target module after the others stays unmapped.
+  {
+    TraceBuilder T(dir("extra"));
+    T.call("", "", {0}, {}, {1, 2});
+    T.call("tok", "", E, {});
+    T.call("sampler", "", {1, 2, 3}, {"tok"});
+    T.close();
+  }
+  Diagnosis X = run("extra", "ref");
+  const ComponentRatio *S = Mapped(X, "sampler");
+  ASSERT_TRUE(S);
+  EXPECT_FALSE(S->Mapped);
+  EXPECT_NE(S->UnmappedReason.find("structure or values"), std::string::npos);
+}
+
 TEST_F(DiagnosisTest, APaddedReferenceBatchIsComparedOnItsRealTokens) {
   using Spec = TraceBuilder::Spec;
   // The reference: two sequences of 3 and 1 tokens, padded on the right to
