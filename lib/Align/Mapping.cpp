@@ -53,14 +53,26 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
     const json::Object *R = (*Rules)[I].getAsObject();
     if (!R)
       return Bad("component " + Twine(I) + " is not an object");
-    auto Target = R->getString("target");
-    if (!Target)
+    // "target": one component, or several that together make the one
+    // reference component (many-to-one).
+    std::vector<std::string> Targets;
+    if (auto One = R->getString("target")) {
+      Targets.push_back(One->str());
+    } else if (const json::Array *Many = R->getArray("target")) {
+      for (const json::Value &X : *Many) {
+        auto S = X.getAsString();
+        if (!S)
+          return Bad("component " + Twine(I) + ": \"target\" must hold strings");
+        Targets.push_back(S->str());
+      }
+    }
+    if (Targets.empty())
       return Bad("component " + Twine(I) + " has no \"target\" string");
     MappingRule Rule;
-    Rule.Target = Target->str();
+    Rule.Target = Targets.front();
     if (Calibrated)
       Rule.Source = "calibration";
-    std::string Where = ("component " + Twine(I) + " (" + *Target + ")").str();
+    std::string Where = ("component " + Twine(I) + " (" + join(Targets, ", ") + ")").str();
     if (const json::Value *Ref = R->get("reference")) {
       if (auto One = Ref->getAsString()) {
         Rule.Reference.push_back(One->str());
@@ -81,12 +93,27 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
         return Bad(Where + ": \"concat_dim\" must be an integer");
       Rule.ConcatDim = int(*D);
     }
-    // Every star of a reference stands for one of the target's.
-    size_t Stars = StringRef(Rule.Target).count('*');
-    for (const std::string &P : Rule.Reference)
-      if (StringRef(P).count('*') > Stars)
-        return Bad(Where + ": reference '" + P + "' has more '*' than the target");
-    Out.push_back(std::move(Rule));
+    // Every star of a reference stands for one of each target's.
+    for (const std::string &T : Targets) {
+      size_t Stars = StringRef(T).count('*');
+      for (const std::string &P : Rule.Reference)
+        if (StringRef(P).count('*') > Stars)
+          return Bad(Where + ": reference '" + P + "' has more '*' than the target '" + T + "'");
+    }
+    if (Targets.size() == 1) {
+      Out.push_back(std::move(Rule));
+      continue;
+    }
+    if (Rule.Reference.size() != 1)
+      return Bad(Where + ": several targets need one reference (many-to-one); map them one by "
+                         "one otherwise");
+    for (size_t K = 0; K < Targets.size(); ++K) {
+      MappingRule Part = Rule;
+      Part.Target = Targets[K];
+      Part.Parts = Targets;
+      Part.Part = int(K);
+      Out.push_back(std::move(Part));
+    }
   }
   return Out;
 }

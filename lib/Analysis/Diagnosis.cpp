@@ -56,13 +56,21 @@ std::vector<CalibratedRule> calibratedRules(const Diagnosis &D) {
       Same &= RN == Numbers;
       Refs.push_back(RP);
     }
+    // Many-to-one: the parts are one rule, whichever part's call this is.
+    std::vector<std::string> Parts;
+    for (const std::string &P : C.Parts) {
+      auto [PP, PN] = starred(P);
+      Same &= PN == Numbers;
+      Parts.push_back(PP);
+    }
     MappingRule Rule;
     Rule.Target = Same ? Pattern : C.Path;
     Rule.Reference = Same ? Refs : C.ReferencePaths;
+    Rule.Parts = Same ? Parts : C.Parts;
     Rule.ConcatDim = C.ConcatDim;
     Rule.Source = C.MappedBy; // what proposed it: a mapping file, a recipe
-    std::string Key = Rule.Target + "\n" + join(Rule.Reference, ",") + "\n" +
-                      std::to_string(Rule.ConcatDim);
+    std::string Key = (Rule.Parts.empty() ? Rule.Target : join(Rule.Parts, ",")) + "\n" +
+                      join(Rule.Reference, ",") + "\n" + std::to_string(Rule.ConcatDim);
     auto [It, New] = ByKey.try_emplace(Key, Groups.size());
     if (New)
       Groups.push_back({CalibratedRule{Rule, 0, 0}, false});
@@ -446,23 +454,34 @@ private:
   std::optional<double> ratioOf(std::optional<std::vector<double>> XT, DType TargetType,
                                 const TensorRecord *B, const TensorRecord *C) {
     auto XR = R.values(B);
-    if (!XT || !XR || XT->size() != XR->size() || XT->empty())
+    if (!XT || !XR)
+      return std::nullopt;
+    std::optional<Elements> YR;
+    if (F && C)
+      YR = F->values(C);
+    return ratioValues(*XT, TargetType, *XR, B->Type, YR ? &*YR : nullptr);
+  }
+
+  /// The error ratio of target values \p XT against reference values \p XR
+  /// (of dtype \p RefType) and, if given and as large, FP32 reference values
+  /// \p YR; none when the sizes differ.
+  std::optional<double> ratioValues(const Elements &XT, DType TargetType, const Elements &XR,
+                                    DType RefType, const Elements *YR) const {
+    if (XT.size() != XR.size() || XT.empty())
       return std::nullopt;
     // A NaN or infinity where the reference has none (or the reverse) is a
     // divergence whatever the scale: R = infinity.
-    if (std::isinf(distance(*XT, *XR)))
+    if (std::isinf(distance(XT, XR)))
       return std::numeric_limits<double>::infinity();
-    if (F && C) {
-      if (auto YR = F->values(C); YR && YR->size() == XT->size()) {
-        double Floor = unitRoundoff(B->Type) * norm(*YR);
-        double Den = std::max(distance(*XR, *YR), Floor);
-        if (std::isinf(Den))
-          Den = Floor; // the reference's own NaNs: measure against roundoff
-        return distance(*XT, *YR) / (Den + 1e-30);
-      }
+    if (YR && YR->size() == XT.size()) {
+      double Floor = unitRoundoff(RefType) * norm(*YR);
+      double Den = std::max(distance(XR, *YR), Floor);
+      if (std::isinf(Den))
+        Den = Floor; // the reference's own NaNs: measure against roundoff
+      return distance(XT, *YR) / (Den + 1e-30);
     }
-    double Den = O.NoiseUnits * std::max(unitRoundoff(B->Type), unitRoundoff(TargetType)) * norm(*XR);
-    double Num = distance(*XT, *XR);
+    double Den = O.NoiseUnits * std::max(unitRoundoff(RefType), unitRoundoff(TargetType)) * norm(XR);
+    double Num = distance(XT, XR);
     if (Num == 0)
       return 0.0;
     return Num / (Den + 1e-30);
@@ -763,21 +782,13 @@ private:
       return concatenate(Parts, Shapes, Dim);
     };
     auto XR = Gather(R, RC);
-    if (!XT || !XR || XT->size() != XR->size() || XT->empty())
+    if (!XT || !XR)
       return std::nullopt;
-    DType Type = R.tensor(RC[0]->Id, "output", 0)->Type;
-    if (F && FC.size() == RC.size()) {
-      if (auto YR = Gather(*F, FC); YR && YR->size() == XT->size()) {
-        double Den = std::max(distance(*XR, *YR), unitRoundoff(Type) * norm(*YR));
-        return distance(*XT, *YR) / (Den + 1e-30);
-      }
-    }
-    double Num = distance(*XT, *XR);
-    if (Num == 0)
-      return 0.0;
-    return Num / (O.NoiseUnits * std::max(unitRoundoff(Type), unitRoundoff(TT->Type)) *
-                      norm(*XR) +
-                  1e-30);
+    std::optional<Elements> YR;
+    if (F && FC.size() == RC.size())
+      YR = Gather(*F, FC);
+    return ratioValues(*XT, TT->Type, *XR, R.tensor(RC[0]->Id, "output", 0)->Type,
+                       YR ? &*YR : nullptr);
   }
 
   /// The tensors of the other tensor-parallel ranks that stand where \p X
@@ -906,6 +917,8 @@ private:
       auto Stars = matchPath(Rule.Target, TC.Path);
       if (!Stars)
         continue;
+      if (!Rule.Parts.empty())
+        return applyPartRule(TC, Rule, *Stars, C);
       bool Recipe = Rule.Source != "mapping file";
       auto Key = T.KeyOf.lookup(TC.Id);
       std::vector<const ModuleCallRecord *> RC, FC;
@@ -943,6 +956,70 @@ private:
       return true;
     }
     return false;
+  }
+
+  /// A many-to-one rule: target call \p TC is one of several parts whose
+  /// outputs together make one reference call's. The reference output (and
+  /// the FP32 one) is split along the rule's dimension by the parts' sizes
+  /// there, and \p TC's own part compared.
+  bool applyPartRule(const ModuleCallRecord &TC, const MappingRule &Rule,
+                     const std::vector<std::string> &Stars, ComponentRatio &C) {
+    auto [Step, Path, Occurrence] = T.KeyOf.lookup(TC.Id);
+    std::string Ref = substitute(Rule.Reference[0], Stars);
+    C.ReferencePaths = {Ref};
+    C.ConcatDim = Rule.ConcatDim;
+    C.Part = Rule.Part;
+    C.Parts.clear();
+    for (const std::string &P : Rule.Parts)
+      C.Parts.push_back(substitute(P, Stars));
+    auto RIt = R.ByKey.find(std::make_tuple(Step, Ref, Occurrence));
+    if (RIt == R.ByKey.end()) {
+      C.Mapped = false;
+      C.UnmappedReason = "the mapping names reference '" + Ref + "', which did not run";
+      return true;
+    }
+    const ModuleCallRecord &RC = *RIt->second;
+    C.MappedBy = Rule.Source;
+    RefOf[TC.Id] = &RC;
+    UsedRef.insert(RC.Id);
+    const TensorRecord *RO = R.tensor(RC.Id, "output", 0), *TO = T.tensor(TC.Id, "output", 0);
+    if (!RO || !TO || RO->Shape.empty())
+      return true; // mapped, not comparable
+    // The parts' sizes along the dimension, from their outputs' shapes.
+    std::vector<int64_t> Sizes;
+    size_t Rank = RO->Shape.size();
+    size_t Dim = Rule.ConcatDim < 0 ? Rank + Rule.ConcatDim : size_t(Rule.ConcatDim);
+    for (const std::string &P : C.Parts) {
+      auto PIt = T.ByKey.find(std::make_tuple(Step, P, Occurrence));
+      const TensorRecord *X = PIt == T.ByKey.end() ? nullptr : T.tensor(PIt->second->Id, "output", 0);
+      if (!X || X->Shape.empty() || Dim >= Rank)
+        return true;
+      // The part's extent along the dimension, counted from the end as the
+      // rule's is (a part may lack the reference's leading batch of one).
+      size_t FromEnd = Rank - Dim;
+      if (X->Shape.size() < FromEnd)
+        return true;
+      Sizes.push_back(X->Shape[X->Shape.size() - FromEnd]);
+    }
+    auto Part = [&](Side &S, const TensorRecord *X) -> std::optional<Elements> {
+      auto V = X ? S.values(X) : std::nullopt;
+      if (!V)
+        return std::nullopt;
+      auto Split = split(*V, X->Shape, int(Dim), Sizes);
+      if (!Split)
+        return std::nullopt;
+      return std::move((*Split)[size_t(Rule.Part)]);
+    };
+    std::vector<int64_t> PartShape = RO->Shape;
+    PartShape[Dim] = Sizes[size_t(Rule.Part)];
+    auto XR = Part(R, RO);
+    const ModuleCallRecord *FC = fp32Call(&RC);
+    auto YR = FC ? Part(*F, F->tensor(FC->Id, "output", 0)) : std::nullopt;
+    auto XT = targetValues(TO, TC.Id, PartShape);
+    if (XR && XT)
+      C.Ratio = ratioValues(*XT, TO->Type, *XR, RO->Type, YR ? &*YR : nullptr);
+    C.InputRatio = callRatio(TC, RC, FC, "input", &C.InputsCompared);
+    return true;
   }
 
   void computeRatios(Diagnosis &D) {

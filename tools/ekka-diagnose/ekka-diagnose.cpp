@@ -395,7 +395,11 @@ void writeCalibration(const Diagnosis &D) {
     json::Array Refs;
     for (const std::string &R : C.Rule.Reference)
       Refs.push_back(R);
-    Components.push_back(json::Object{{"target", C.Rule.Target},
+    // Many-to-one: the target's parts, in order.
+    json::Value Target = C.Rule.Target;
+    if (!C.Rule.Parts.empty())
+      Target = json::Array(C.Rule.Parts);
+    Components.push_back(json::Object{{"target", std::move(Target)},
                                       {"reference", std::move(Refs)},
                                       {"concat_dim", C.Rule.ConcatDim},
                                       {"validated_calls", C.Validated},
@@ -498,6 +502,10 @@ int main(int argc, char **argv) {
         How += "by " + C.MappedBy;
       if (C.ResidualPair)
         How += std::string(How.empty() ? "" : ", ") + "(output, residual) pair summed";
+      if (C.Part >= 0)
+        How += std::string(How.empty() ? "" : ", ") + "part " + std::to_string(C.Part + 1) +
+               " of " + std::to_string(C.Parts.size()) + " along dim " +
+               std::to_string(C.ConcatDim);
       outs() << (C.Mapped ? "mapped    " : "unmapped  ") << "step " << C.Step << "  "
              << componentName(C)
              << (C.Mapped ? "  <->  " + Refs + (How.empty() ? "" : "  [" + How + "]")

@@ -146,4 +146,28 @@ TEST(Mapping, PathsMatchWithStarsForOneSegment) {
   EXPECT_EQ(Numbers, (std::vector<std::string>{"3", "7"}));
 }
 
+TEST(Mapping, SeveralTargetsAgainstOneReferenceAreOneRulePerPart) {
+  auto Rules = parseMappingRules(R"({"components": [
+      {"target": ["l.*.q", "l.*.k", "l.*.v"], "reference": "l.*.qkv", "concat_dim": -1},
+      {"target": "l.*.o", "reference": "l.*.o_proj"}]})",
+                                 "test");
+  ASSERT_TRUE(bool(Rules)) << llvm::toString(Rules.takeError());
+  ASSERT_EQ(Rules->size(), 4u);
+  for (int K = 0; K < 3; ++K) {
+    const MappingRule &R = (*Rules)[size_t(K)];
+    EXPECT_EQ(R.Part, K);
+    EXPECT_EQ(R.Parts, (std::vector<std::string>{"l.*.q", "l.*.k", "l.*.v"}));
+    EXPECT_EQ(R.Target, R.Parts[size_t(K)]);
+    EXPECT_EQ(R.Reference, std::vector<std::string>{"l.*.qkv"});
+  }
+  EXPECT_EQ((*Rules)[3].Part, -1);
+  EXPECT_TRUE((*Rules)[3].Parts.empty());
+  // Many to many is not a mapping.
+  auto Bad = parseMappingRules(R"({"components": [{"target": ["a", "b"], "reference": ["c", "d"]}]})",
+                               "test");
+  ASSERT_FALSE(bool(Bad));
+  EXPECT_NE(llvm::toString(Bad.takeError()).find("several targets need one reference"),
+            std::string::npos);
+}
+
 } // namespace

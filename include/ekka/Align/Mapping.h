@@ -28,6 +28,15 @@ struct MappingRule {
   std::string Target;
   std::vector<std::string> Reference;
   int ConcatDim = -1;
+  /// Many-to-one: the target components that together make the one
+  /// reference component, in order along ConcatDim (separate q, k and v
+  /// projections against a fused `qkv_proj`); this rule's target is
+  /// Parts[Part]. The reference's output is split by the parts' sizes:
+  ///   {"target": ["...q_proj", "...k_proj", "...v_proj"],
+  ///    "reference": "...qkv_proj", "concat_dim": -1}
+  /// is read as one such rule per target part.
+  std::vector<std::string> Parts;
+  int Part = -1;
   /// Where the rule comes from: the user's file, or a built-in recipe
   /// ("recipe vllm-hf 1"). A recipe whose reference components did not run
   /// does not apply (the call is mapped by path); a user's rule then leaves

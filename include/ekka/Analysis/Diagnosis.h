@@ -63,6 +63,10 @@ struct ComponentRatio {
   bool ResidualPair = false;
   std::vector<std::string> ReferencePaths; ///< What it was mapped to.
   int ConcatDim = -1; ///< For several reference paths: their outputs' joining dim.
+  /// Many-to-one: the target calls (paths) whose outputs together make the
+  /// reference's, along ConcatDim; this call is Parts[Part].
+  std::vector<std::string> Parts;
+  int Part = -1;
 };
 
 /// Inside a suspect: the first op whose output departs from the matching

@@ -1,6 +1,7 @@
 """A block in two styles: the reference with separate q/k/v projections (as
 HF writes it), the target with one fused qkv projection (as vLLM does) built
-from the same weights. --bug corrupts the fused projection's v rows."""
+from the same weights. --bug corrupts the v projection (the fused one's v
+rows)."""
 import argparse
 
 import torch
@@ -56,9 +57,12 @@ for (q, k, v), o in weights:
         blocks.append(Fused(qkv, o))
     else:
         blocks.append(Separate(q, k, v, o))
-if args.bug:
+if args.bug:  # the second block's v projection negated, fused or not
     with torch.no_grad():
-        blocks[1].qkv_proj.weight[16:] *= -1
+        if args.fused:
+            blocks[1].qkv_proj.weight[16:] *= -1
+        else:
+            blocks[1].v_proj.weight *= -1
 model = Model(blocks)
 with torch.no_grad():
     print("out", model(torch.tensor([[1, 2, 3, 4]])).sum().item())
