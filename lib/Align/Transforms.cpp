@@ -149,6 +149,25 @@ std::optional<Elements> transpose(const Elements &V, ArrayRef<int64_t> S, int A,
   return R;
 }
 
+std::optional<std::pair<int, int>> transposition(Dims From, Dims To) {
+  From = squeezeLeading(std::move(From));
+  To = squeezeLeading(std::move(To));
+  if (From.size() != To.size() || From == To || tokenMajor(From) == tokenMajor(To))
+    return std::nullopt;
+  std::optional<std::pair<int, int>> Found;
+  for (size_t I = 0; I < From.size(); ++I)
+    for (size_t J = I + 1; J < From.size(); ++J) {
+      Dims S = From;
+      std::swap(S[I], S[J]);
+      if (S != To)
+        continue;
+      if (Found)
+        return std::nullopt; // ambiguous
+      Found = std::make_pair(int(I), int(J));
+    }
+  return Found;
+}
+
 std::optional<Elements> gatherShards(ArrayRef<Elements> Ranks, int64_t Local,
                                      ArrayRef<int64_t> Parts) {
   if (Ranks.empty() || Local <= 0 || Ranks[0].size() % size_t(Local))

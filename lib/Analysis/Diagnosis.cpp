@@ -446,8 +446,27 @@ private:
                               int64_t TargetCall = 0) {
     if (!A || !B)
       return std::nullopt;
-    return ratioOf(targetValues(A, TargetCall, B->Shape), A->Type, B, C);
+    // A module's output is the next one's input: the same three tensors
+    // compared again give the same ratio. Remembered when the target's
+    // values depend on the tensors alone (no steps merged, no shards).
+    bool Memo = !MergeSteps && Peers.empty();
+    std::tuple<int64_t, int64_t, int64_t> Key;
+    if (Memo) {
+      const TensorRecord *PA = producer(T, A), *PB = producer(R, B),
+                         *PC = C ? producer(*F, C) : nullptr;
+      Memo = PA && PB && (!C || PC);
+      if (Memo) {
+        Key = {PA->Id, PB->Id, PC ? PC->Id : -1};
+        if (auto It = Ratios.find(Key); It != Ratios.end())
+          return It->second;
+      }
+    }
+    auto Out = ratioOf(targetValues(A, TargetCall, B->Shape), A->Type, B, C);
+    if (Memo)
+      Ratios[Key] = Out;
+    return Out;
   }
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::optional<double>> Ratios;
 
   /// The ratio of the target's values \p XT (of dtype \p TargetType) to
   /// reference tensor \p B, with FP32 reference tensor \p C if any.
@@ -469,11 +488,25 @@ private:
                                     DType RefType, const Elements *YR) const {
     if (XT.size() != XR.size() || XT.empty())
       return std::nullopt;
+    if (YR && YR->size() != XT.size())
+      YR = nullptr;
+    // The common case, every value finite: all sums in one pass.
+    if (RatioSums S = ratioSums(XT, XR, YR); S.Finite) {
+      if (YR) {
+        double Den = std::max(std::sqrt(S.RY), unitRoundoff(RefType) * std::sqrt(S.YY));
+        return std::sqrt(S.TY) / (Den + 1e-30);
+      }
+      if (S.TR == 0)
+        return 0.0;
+      return std::sqrt(S.TR) / (O.NoiseUnits * std::max(unitRoundoff(RefType), unitRoundoff(TargetType)) *
+                                    std::sqrt(S.RR) +
+                                1e-30);
+    }
     // A NaN or infinity where the reference has none (or the reverse) is a
     // divergence whatever the scale: R = infinity.
     if (std::isinf(distance(XT, XR)))
       return std::numeric_limits<double>::infinity();
-    if (YR && YR->size() == XT.size()) {
+    if (YR) {
       double Floor = unitRoundoff(RefType) * norm(*YR);
       double Den = std::max(distance(XR, *YR), Floor);
       if (std::isinf(Den))
@@ -651,8 +684,15 @@ private:
       return Gather ? gathered(X, Local) : T.values(X);
     };
     auto Steps = LaterSteps.find(Call);
-    if (!MergeSteps || Steps == LaterSteps.end())
-      return Values(A);
+    if (!MergeSteps || Steps == LaterSteps.end()) {
+      auto V = Values(A);
+      // A layout the reference transposes ([tokens, heads, dim] against
+      // [1, heads, tokens, dim]): the one swap the shapes leave, if any.
+      if (V && !Gather)
+        if (auto Swap = transposition(A->Shape, RefShape))
+          return transpose(*V, squeezeLeading(A->Shape), Swap->first, Swap->second);
+      return V;
+    }
     std::vector<const TensorRecord *> Parts = {A};
     for (const ModuleCallRecord *Later : Steps->second)
       if (const TensorRecord *X = T.tensor(Later->Id, A->Role, A->Index))
@@ -895,7 +935,7 @@ private:
       if (Role == "input" && OutputSharded && !replicated(A))
         return "same path, but a different computation: its first input is a "
                "tensor-parallel shard as large as the reference's whole input";
-      if (!sameFeatures(A->Shape, B->Shape))
+      if (!sameFeatures(A->Shape, B->Shape) && !transposition(A->Shape, B->Shape))
         return ("same path, but a different computation: its first " + Role + " has " +
                 Twine(A->Shape.back()) + " features against the reference's " +
                 Twine(B->Shape.back()))
@@ -1170,7 +1210,7 @@ private:
             N += numElements(X->Shape);
     if (sharded(A, B->Shape))
       N *= int64_t(Peers.size() + 1);
-    else if (!sameFeatures(A->Shape, B->Shape))
+    else if (!sameFeatures(A->Shape, B->Shape) && !transposition(A->Shape, B->Shape))
       return false;
     return N == numElements(B->Shape);
   }

@@ -88,6 +88,20 @@ TEST(Transforms, TransposeSwapsTwoDimensions) {
   EXPECT_FALSE(transpose(Elements{1, 2}, From, 0, 1));
 }
 
+TEST(Transforms, TranspositionIsChosenOnlyWhenTheShapesLeaveOne) {
+  // [tokens, heads, dim] against HF's [1, heads, tokens, dim].
+  auto Swap = transposition({5, 4, 16}, {1, 4, 5, 16});
+  ASSERT_TRUE(Swap);
+  EXPECT_EQ(*Swap, std::make_pair(0, 1));
+  // Already alike, also as [tokens, features]: nothing to swap.
+  EXPECT_FALSE(transposition({5, 4, 16}, {1, 5, 4, 16}));
+  EXPECT_FALSE(transposition({5, 64}, {1, 5, 4, 16}));
+  EXPECT_EQ(transposition({2, 4, 4}, {4, 4, 2}), std::make_pair(0, 2));
+  // No single swap makes it; equal shapes are taken as they are.
+  EXPECT_FALSE(transposition({5, 4, 16}, {16, 5, 4}));
+  EXPECT_FALSE(transposition({4, 4}, {4, 4}));
+}
+
 TEST(Transforms, GatherShardsPutsEachTokensFeaturesRankAfterRank) {
   // Two tokens, two ranks with two features each.
   Elements R0 = {0, 1, 10, 11}, R1 = {2, 3, 12, 13};

@@ -702,6 +702,33 @@ TEST_F(DiagnosisTest, CodeThatNamesItsModulesItsOwnWayIsMappedByValuesAndStructu
   EXPECT_NE(S->UnmappedReason.find("structure or values"), std::string::npos);
 }
 
+TEST_F(DiagnosisTest, ATransposedLayoutIsComparedElementByElement) {
+  using Spec = TraceBuilder::Spec;
+  // The reference's [1, heads 2, tokens 3]; the target's [tokens 3, heads 2]:
+  // the same values, laid out the other way round.
+  {
+    TraceBuilder R(dir("ref"));
+    R.call("", "", {0}, {}, {1, 2, 3});
+    R.callSpecs("heads", "", {}, {Spec{{1, 2, 3, 4, 5, 6}, {1, 2, 3}}});
+    R.close();
+  }
+  auto Target = [&](StringRef Name, std::vector<float> Out) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2, 3});
+    T.callSpecs("heads", "", {}, {Spec{Out, {3, 2}}});
+    T.close();
+  };
+  Target("tgt", {1, 4, 2, 5, 3, 6});
+  Target("bad", {1, 4, 2, 5, 3, 7});
+  Diagnosis D = run("tgt", "ref");
+  EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence);
+  EXPECT_EQ(D.Uncompared, 0u);
+  EXPECT_EQ(D.MaxRatio, 0);
+  Diagnosis B = run("bad", "ref");
+  ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(B.Suspects.front().Component.Path, "heads");
+}
+
 TEST_F(DiagnosisTest, APaddedReferenceBatchIsComparedOnItsRealTokens) {
   using Spec = TraceBuilder::Spec;
   // The reference: two sequences of 3 and 1 tokens, padded on the right to

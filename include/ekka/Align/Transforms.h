@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace ekka {
@@ -66,6 +67,12 @@ std::optional<std::vector<Elements>> split(const Elements &V, llvm::ArrayRef<int
 /// dimension is out of range or the values do not fill the shape.
 std::optional<Elements> transpose(const Elements &V, llvm::ArrayRef<int64_t> S, int A, int B,
                                 Dims *Out = nullptr);
+
+/// The one swap of two dimensions that turns shape \p From into \p To
+/// (leading ones squeezed on both, as dimensions of the squeezed \p From):
+/// none when the shapes already agree (also as [tokens, features]), when no
+/// swap does it, or when several do (equal extents leave the layout open).
+std::optional<std::pair<int, int>> transposition(Dims From, Dims To);
 
 /// Gathers one tensor from the tensor-parallel ranks' shards (\p Ranks,
 /// rank after rank, each [tokens, Local]): each token's features, rank after

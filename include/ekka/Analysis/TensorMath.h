@@ -26,6 +26,18 @@ double unitRoundoff(DType Type);
 double distance(const std::vector<double> &A, const std::vector<double> &B);
 double norm(const std::vector<double> &A);
 
+/// The sums an error ratio needs, from one pass over the target's values
+/// XT, the reference's XR and (optional) the FP32 reference's YR, all of
+/// one size: Σ(XT−XR)², Σ(XT−YR)², Σ(XR−YR)², ΣYR², ΣXR². Finite is false
+/// when any value is not (the sums are then to be computed element by
+/// element, as distance() does).
+struct RatioSums {
+  double TR = 0, TY = 0, RY = 0, YY = 0, RR = 0;
+  bool Finite = true;
+};
+RatioSums ratioSums(const std::vector<double> &XT, const std::vector<double> &XR,
+                    const std::vector<double> *YR);
+
 /// The first index at which A and B differ (or the shorter length when one
 /// is a prefix of the other); nullopt when equal.
 std::optional<size_t> firstDifference(const std::vector<double> &A, const std::vector<double> &B);
