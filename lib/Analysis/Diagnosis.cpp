@@ -294,6 +294,25 @@ struct Side {
     return V;
   }
 
+  /// The captured bytes of \p T as recorded (through the dataflow), when no
+  /// padding is dropped from them; none otherwise. A shard that cannot be
+  /// read is remembered as values() does.
+  std::optional<StringRef> rawBytes(const TensorRecord *T) const {
+    for (unsigned Hops = 0; T && T->SourceId && Hops < 4; ++Hops)
+      T = TensorById.lookup(*T->SourceId);
+    if (!T || T->Shard.empty() || Padded.count(T->Id))
+      return std::nullopt;
+    auto Bytes = Stages[size_t(T->Id >> StageShift)]->tensorBytes(*T);
+    if (!Bytes) {
+      if (Problem.empty())
+        Problem = toString(Bytes.takeError());
+      else
+        consumeError(Bytes.takeError());
+      return std::nullopt;
+    }
+    return *Bytes;
+  }
+
   /// A batch padded to one length: the root was given token ids [batch,
   /// seq] and an attention mask of that shape, zeros marking the padding.
   /// Then every tensor that starts with [batch, seq] is seen as a serving
@@ -461,7 +480,9 @@ private:
           return It->second;
       }
     }
-    auto Out = ratioOf(targetValues(A, TargetCall, B->Shape), A->Type, B, C);
+    auto Out = ratioFromBytes(A, B, C, TargetCall);
+    if (!Out)
+      Out = ratioOf(targetValues(A, TargetCall, B->Shape), A->Type, B, C);
     if (Memo)
       Ratios[Key] = Out;
     return Out;
@@ -481,6 +502,49 @@ private:
     return ratioValues(*XT, TargetType, *XR, B->Type, YR ? &*YR : nullptr);
   }
 
+  /// R from finite sums: against the FP32 reference when \p WithFP32,
+  /// else by the noise model.
+  double ratioFromSums(const RatioSums &S, bool WithFP32, DType TargetType, DType RefType) const {
+    if (WithFP32) {
+      double Den = std::max(std::sqrt(S.RY), unitRoundoff(RefType) * std::sqrt(S.YY));
+      return std::sqrt(S.TY) / (Den + 1e-30);
+    }
+    if (S.TR == 0)
+      return 0.0;
+    return std::sqrt(S.TR) /
+           (O.NoiseUnits * std::max(unitRoundoff(RefType), unitRoundoff(TargetType)) *
+                std::sqrt(S.RR) +
+            1e-30);
+  }
+
+  /// The ratio straight from the captured bytes, when the three tensors are
+  /// compared as recorded (no transform moves an element: no steps merged,
+  /// no shards, no padding, no transposition) and every value is finite.
+  std::optional<double> ratioFromBytes(const TensorRecord *A, const TensorRecord *B,
+                                       const TensorRecord *C, int64_t TargetCall) {
+    if (MergeSteps && LaterSteps.count(TargetCall))
+      return std::nullopt;
+    if (A->Shape.empty() || B->Shape.empty() || sharded(A, B->Shape) ||
+        transposition(A->Shape, B->Shape))
+      return std::nullopt;
+    auto XT = T.rawBytes(A), XR = R.rawBytes(B);
+    std::optional<StringRef> YR;
+    if (C && F) {
+      YR = F->rawBytes(C);
+      if (!YR)
+        return std::nullopt;
+    }
+    int64_t N = numElements(B->Shape);
+    if (!XT || !XR || N <= 0 || numElements(A->Shape) != N ||
+        (C && numElements(C->Shape) != N))
+      return std::nullopt;
+    auto S = ratioSums(A->Type, *XT, B->Type, *XR, C ? C->Type : DType::F32,
+                       YR ? *YR : StringRef(), size_t(N));
+    if (!S || !S->Finite)
+      return std::nullopt;
+    return ratioFromSums(*S, YR.has_value(), A->Type, B->Type);
+  }
+
   /// The error ratio of target values \p XT against reference values \p XR
   /// (of dtype \p RefType) and, if given and as large, FP32 reference values
   /// \p YR; none when the sizes differ.
@@ -491,17 +555,8 @@ private:
     if (YR && YR->size() != XT.size())
       YR = nullptr;
     // The common case, every value finite: all sums in one pass.
-    if (RatioSums S = ratioSums(XT, XR, YR); S.Finite) {
-      if (YR) {
-        double Den = std::max(std::sqrt(S.RY), unitRoundoff(RefType) * std::sqrt(S.YY));
-        return std::sqrt(S.TY) / (Den + 1e-30);
-      }
-      if (S.TR == 0)
-        return 0.0;
-      return std::sqrt(S.TR) / (O.NoiseUnits * std::max(unitRoundoff(RefType), unitRoundoff(TargetType)) *
-                                    std::sqrt(S.RR) +
-                                1e-30);
-    }
+    if (RatioSums S = ratioSums(XT, XR, YR); S.Finite)
+      return ratioFromSums(S, YR != nullptr, TargetType, RefType);
     // A NaN or infinity where the reference has none (or the reverse) is a
     // divergence whatever the scale: R = infinity.
     if (std::isinf(distance(XT, XR)))

@@ -38,6 +38,14 @@ struct RatioSums {
 RatioSums ratioSums(const std::vector<double> &XT, const std::vector<double> &XR,
                     const std::vector<double> *YR);
 
+/// The same sums straight from captured bytes, without widened copies:
+/// XT of dtype TT, XR of RT and, unless \p YR is empty, YR of YT, each
+/// holding \p N elements. None for a dtype other than F32, F64, F16 and
+/// BF16, or bytes of another size. With YR, Σ(XT−XR)² and ΣXR² are not
+/// summed (R against the FP32 reference does not need them).
+std::optional<RatioSums> ratioSums(DType TT, llvm::StringRef XT, DType RT, llvm::StringRef XR,
+                                   DType YT, llvm::StringRef YR, size_t N);
+
 /// The first index at which A and B differ (or the shorter length when one
 /// is a prefix of the other); nullopt when equal.
 std::optional<size_t> firstDifference(const std::vector<double> &A, const std::vector<double> &B);
