@@ -470,6 +470,15 @@ TEST_F(DiagnosisTest, TheLastWriterOfADepartingChildInputIsNamed) {
   ASSERT_TRUE(D.Suspects[0].Op.has_value());
   EXPECT_EQ(D.Suspects[0].Op->Name, "zoo::core");
   EXPECT_EQ(D.Suspects[0].Op->ReadBy, "attn.o_proj");
+
+  // A NaN written is found as the writer's too (NaN equals no value).
+  Layout("nan", true, {5, std::nanf("")});
+  Diagnosis N = run("nan", "ref");
+  ASSERT_EQ(N.Result, Diagnosis::Verdict::Divergence);
+  ASSERT_FALSE(N.Suspects.empty());
+  EXPECT_EQ(N.Suspects[0].Component.Path, "attn");
+  ASSERT_TRUE(N.Suspects[0].Op.has_value());
+  EXPECT_EQ(N.Suspects[0].Op->Name, "zoo::core");
 }
 
 // A mapped child whose own output agrees but which wrote, in place, the

@@ -15,3 +15,19 @@ def memcpy_gbps(nbytes=256 << 20, repeats=5):
         numpy.copyto(dst, src)
         best = min(best, time.perf_counter() - t)
     return nbytes / best / 1e9
+
+
+def file_write_gbps(directory, nbytes=512 << 20, chunk=64 << 20):
+    """Writing \p nbytes into a new file in \p directory, in chunks of a
+    shard's size, as ekka-trace writes its shards (through the page cache,
+    no fsync): the rate this file system takes data at, in GB/s."""
+    import os
+    path = os.path.join(directory, "peer-write.bin")
+    block = numpy.ones(chunk, dtype=numpy.uint8).tobytes()
+    t = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(max(1, nbytes // chunk)):
+            f.write(block)
+    elapsed = time.perf_counter() - t
+    os.remove(path)
+    return max(1, nbytes // chunk) * chunk / elapsed / 1e9
