@@ -8,6 +8,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
+#include <dlfcn.h>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -108,19 +109,51 @@ std::string tensorBytes(const at::Tensor &T) {
   return std::string(P, P + C.numel() * C.element_size());
 }
 
+namespace {
+
+/// Whether \p S, a CUDA stream, is capturing a CUDA graph: a read-back
+/// enqueued there would become part of the graph instead of running now
+/// (and the event recorded after it would never complete). Asked of the
+/// driver the program has loaded; a stream it cannot answer for counts as
+/// capturing.
+bool capturingGraph(const c10::Stream &S) {
+  if (S.device_type() != c10::DeviceType::CUDA)
+    return false;
+  using IsCapturingFn = int (*)(void *, int *); // cuStreamIsCapturing
+  static IsCapturingFn IsCapturing = []() -> IsCapturingFn {
+    void *Cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return Cuda ? reinterpret_cast<IsCapturingFn>(dlsym(Cuda, "cuStreamIsCapturing")) : nullptr;
+  }();
+  if (!IsCapturing)
+    return false; // no driver loaded here: no graph either
+  int Status = 0;
+  try {
+    return IsCapturing(S.native_handle(), &Status) != 0 || Status != 0;
+  } catch (...) {
+    return true;
+  }
+}
+
+} // namespace
+
 TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
                                        std::atomic<int64_t> &Lost) {
   at::RecordFunctionGuard NoRecord(false);
   c10::NoGradGuard NoGrad;
   if (T.numel() == 0 && !Bytes)
     return [](TensorRecord &R, std::optional<std::string> &) { R.Stats = TensorStats(); };
+  const c10::impl::DeviceGuardImplInterface *Device = c10::impl::getDeviceGuardImpl(T.device().type());
+  if (capturingGraph(Device->getStream(T.device()))) {
+    // Eager mode is required (docs/Tracing.md); under a graph capture the
+    // record stays, without statistics or bytes, and is counted as lost.
+    return [&Lost](TensorRecord &, std::optional<std::string> &) { ++Lost; };
+  }
   at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
   at::Tensor Host = at::empty(Source.sizes(),
                               Source.options().device(at::kCPU).pinned_memory(true));
   Host.copy_(Source, /*non_blocking=*/true);
   // The copy is on the tensor's device's current stream: the event after
   // it says when the pinned buffer holds the result.
-  const c10::impl::DeviceGuardImplInterface *Device = c10::impl::getDeviceGuardImpl(T.device().type());
   auto Done = std::make_shared<c10::Event>(T.device().type());
   Done->record(Device->getStream(T.device()));
   return [Host, Done, Bytes, &Lost](TensorRecord &R, std::optional<std::string> &Data) {

@@ -665,6 +665,14 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     Producers.clear();
 }
 
+/// How \p N lost device read-backs are reported, in the trace's meta and on
+/// stderr.
+static std::string readbacksLost(int64_t N) {
+  return std::to_string(N) + " tensors' statistics or bytes never came back from the device "
+                             "(recorded without; a stream capturing a CUDA graph, or a device "
+                             "error)";
+}
+
 std::string stopTrace() {
   std::lock_guard<std::mutex> Lock(SessionMutex);
   Session *S = Current;
@@ -695,7 +703,14 @@ std::string stopTrace() {
       Lost = std::to_string(S->LostRecords) + " records lost to errors (first: " +
              S->FirstLoss.substr(0, 300) + ")";
   }
-  S->Writer->setMeta("lost_records", Lost.empty() ? "0" : Lost);
+  // Written after every queued record: the device read-backs the writer's
+  // thread waited for are all counted by then.
+  S->Writer->setMeta("lost_records", [S, Lost]() -> std::string {
+    std::string Out = Lost;
+    if (int64_t Readbacks = S->LostReadbacks.load())
+      Out += (Out.empty() ? "" : "; ") + readbacksLost(Readbacks);
+    return Out.empty() ? "0" : Out;
+  });
   Current = nullptr;
   llvm::Error E = S->Writer->close();
   TraceCounts C = S->Writer->counts();
@@ -708,8 +723,7 @@ std::string stopTrace() {
              " tensors, " + std::to_string(C.CapturedBytes) + " bytes captured";
   // Known only now: the writer's thread waited for the device's copies.
   if (int64_t Readbacks = S->LostReadbacks.load())
-    Lost += (Lost.empty() ? "" : "; ") + std::to_string(Readbacks) +
-            " tensors' statistics or bytes never came back from the device (recorded without)";
+    Lost += (Lost.empty() ? "" : "; ") + readbacksLost(Readbacks);
   if (!Result.empty() && !Lost.empty() && Result.rfind("error: ", 0) != 0)
     Result += "; warning: " + Lost;
   // Not deleted: an observer or CUPTI callback on another thread may still

@@ -116,6 +116,8 @@ public:
 
 private:
   Error add(MetaItem &M, TraceCounts &) {
+    if (M.Later)
+      M.Value = M.Later();
     return Meta.bind(1, M.Key).bind(2, M.Value).run();
   }
 
@@ -274,7 +276,10 @@ void TraceWriter::enqueue(Item I, uint64_t Bytes) {
 }
 
 void TraceWriter::setMeta(StringRef Key, StringRef Value) {
-  enqueue(MetaItem{Key.str(), Value.str()}, 0);
+  enqueue(MetaItem{Key.str(), Value.str(), nullptr}, 0);
+}
+void TraceWriter::setMeta(StringRef Key, std::function<std::string()> Value) {
+  enqueue(MetaItem{Key.str(), "", std::move(Value)}, 0);
 }
 void TraceWriter::addModuleCall(ModuleCallRecord R) { enqueue(std::move(R), 0); }
 void TraceWriter::addOp(OpRecord R) { enqueue(std::move(R), 0); }

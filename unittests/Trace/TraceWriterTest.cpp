@@ -132,14 +132,18 @@ TEST_F(TraceTest, CompletionsFillInStatisticsAndBytesOnTheWritersThread) {
   // One whose device never delivered: recorded, without statistics or bytes.
   TensorRecord Lost = Stats;
   Lost.Id = (*W)->nextTensorId();
-  (*W)->addTensor(Lost, [](TensorRecord &, std::optional<std::string> &) {}, 8,
+  int LostCount = 0;
+  (*W)->addTensor(Lost, [&](TensorRecord &, std::optional<std::string> &) { ++LostCount; }, 8,
                   TraceWriter::BytesUse::Capture);
+  // A meta value computed after the completions before it ran.
+  (*W)->setMeta("lost", [&] { return std::to_string(LostCount); });
   ASSERT_FALSE(bool((*W)->close()));
   EXPECT_NE(StatsThread, Program);
   EXPECT_NE(BytesThread, Program);
 
   auto R = TraceReader::open(Dir);
   ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  EXPECT_EQ((*R)->meta().at("lost"), "1");
   auto Tensors = (*R)->tensors();
   ASSERT_TRUE(Tensors && Tensors->size() == 3u);
   ASSERT_TRUE((*Tensors)[0].Stats.has_value());

@@ -92,7 +92,9 @@ def main():
     extra_s = max(capture - meta, 1e-6) / 1000
     write_gbps = per_forward_bytes / extra_s / 1e9
     mem = memcpy_gbps()
-    disk = file_write_gbps(tmp)
+    # As much as one capture run wrote: a file system that takes a burst
+    # into its cache at memory speed may slow down once it must write back.
+    disk = file_write_gbps(tmp, nbytes=max(int(captured), 64 << 20))
 
     print(f"workload: HF Llama, hidden 512, 4 layers, 256 tokens, {args.device} float32, "
           f"1 CPU thread; {args.iters} forwards after a warm-up; best of {args.rounds} rounds")

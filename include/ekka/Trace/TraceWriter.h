@@ -59,6 +59,10 @@ public:
   int64_t nextTensorId() { return ++LastTensorId; }
 
   void setMeta(llvm::StringRef Key, llvm::StringRef Value);
+  /// A meta value computed on the writer's thread when it reaches this
+  /// record: after everything enqueued before it, completions included,
+  /// was written (what a trace lost on the way is known only then).
+  void setMeta(llvm::StringRef Key, std::function<std::string()> Value);
   void addModuleCall(ModuleCallRecord R);
   void addOp(OpRecord R);
   void addKernel(KernelRecord R);
@@ -97,6 +101,7 @@ public:
 private:
   struct MetaItem {
     std::string Key, Value;
+    std::function<std::string()> Later; ///< When set, gives Value.
   };
   struct TensorItem {
     TensorRecord Record;
