@@ -166,34 +166,40 @@ def _pre_hook(module, args, kwargs=None):
     if stack is None:
         stack = local.stack = []
     is_root = not stack
-    names = getattr(local, "names", None)
-    root = getattr(local, "root", None)
-    root = root() if root is not None else None  # a weak reference
-    if is_root and names is not None and root is not None and root is not module \
-            and id(module) in names:
-        # A submodule of the last root called on its own, after the root's
-        # forward (vLLM's compute_logits calls the logits processor so): it
-        # keeps its path in the root's tree, and is no new step.
-        is_root = False
-    elif is_root:
-        local.forwards = getattr(local, "forwards", 0) + 1
-        if names is None or root is not module:
-            # The root's module tree, named once per root (again, once per
-            # forward, when a module is not found in it: one added since).
-            # The root is held weakly: tracing must not keep a model alive.
-            names = local.names = _names_of(module)
-            local.root = weakref.ref(module)
-            local.named_in = local.forwards
-            root = module
-    path = names.get(id(module))
-    if path is None and stack and local.named_in != local.forwards and root is not None:
-        names = local.names = _names_of(root)
-        local.named_in = local.forwards
-        path = names.get(id(module))
+    trees = getattr(local, "trees", None)
+    if trees is None:
+        trees = local.trees = {}
+    tree = None
+    if is_root:
+        tree = trees.get(id(module))
+        if tree is not None and tree.root() is not module:
+            del trees[id(module)]  # a dead root's id, reused
+            tree = None
+        if tree is None:
+            # A submodule of a root called on its own, after the root's
+            # forward (vLLM's compute_logits calls the logits processor so):
+            # it keeps its path in the root's tree, and is no new step.
+            tree = _tree_holding(local, module)
+            if tree is not None:
+                is_root = False
+        if is_root:
+            local.forwards = getattr(local, "forwards", 0) + 1
+            if tree is None:
+                tree = trees[id(module)] = _new_tree(trees, module)
+            local.current = tree
+    else:
+        tree = getattr(local, "current", None)
+    path = None
+    if tree is not None:
+        path = tree.path(module)
+        if path is None and stack and tree.named_in != local.forwards:
+            tree.rename(local.forwards)  # a module added since it was named
+            path = tree.path(module)
     if path is None:
         # A module outside the root's tree (created on the fly): named under
         # its caller.
-        parent = names.get(id(stack[-1][0]), "") if stack else ""
+        parent = tree.path(stack[-1][0]) if stack and tree is not None else None
+        parent = parent or ""
         path = f"{parent}.<{type(module).__name__}>" if parent else type(module).__name__
     qualname, file, line = _class_source(state, type(module))
     inputs = _tensors(args)
@@ -204,6 +210,68 @@ def _pre_hook(module, args, kwargs=None):
 
 
 _pre_hook_id = None  # the global pre-hook's handle id
+
+
+class _Tree:
+    """A root module's tree: its modules' paths, prefixed for a root that is
+    not the first (a draft model next to the target model). The root is
+    held weakly: tracing must not keep a model alive."""
+
+    def __init__(self, root, prefix):
+        self.root = weakref.ref(root)
+        self.prefix = prefix
+        self.named_in = None
+        self.names = {}
+        self.rename(None)
+
+    def rename(self, forward):
+        root = self.root()
+        self.named_in = forward
+        if root is None:
+            self.names = {}
+            return
+        names = _names_of(root)
+        if self.prefix:
+            names = {k: f"{self.prefix}.{v}" if v else self.prefix for k, v in names.items()}
+        self.names = names
+
+    def path(self, module):
+        return self.names.get(id(module))
+
+
+def _tree_holding(local, module):
+    """The tree of a live root that \p module belongs to (the last root's
+    first), or None."""
+    current = getattr(local, "current", None)
+    candidates = ([current] if current is not None else []) + \
+        [t for t in local.trees.values() if t is not current]
+    for tree in candidates:
+        if tree.root() is not None and id(module) in tree.names:
+            return tree
+    return None
+
+
+def _new_tree(trees, module):
+    """The tree of a new root. Earlier roots inside it (a program that ran
+    its inner model alone first) are part of it now and leave the registry.
+    The first root alive gets the path "", as a single root always does; a
+    later, unrelated one (a draft model beside the target) is named by its
+    class, `<LlamaForCausalLM>`, numbered when two share a class
+    (`<LlamaForCausalLM>#2`), so that the two trees' paths do not collide."""
+    tree = _Tree(module, "")
+    for key, other in list(trees.items()):
+        if other.root() is None or id(other.root()) in tree.names:
+            del trees[key]
+    taken = {t.prefix for t in trees.values()}
+    if "" in taken:
+        base = f"<{type(module).__name__}>"
+        prefix, n = base, 1
+        while prefix in taken:
+            n += 1
+            prefix = f"{base}#{n}"
+        tree.prefix = prefix
+        tree.rename(None)
+    return tree
 
 
 def _names_of(root):
@@ -314,7 +382,7 @@ class Trace:
 def _forget_roots():
     """A region starts without what an earlier one saw of module trees."""
     local = _state.local
-    for name in ("stack", "names", "root", "forwards", "named_in"):
+    for name in ("stack", "trees", "current", "forwards"):
         if hasattr(local, name):
             delattr(local, name)
 

@@ -1,7 +1,8 @@
 """Programs that tracing must not change: a module that raises (caught),
 torch.jit.trace, torch.compile, meta tensors, a keyword input written in
-place inside the module, and a submodule called on its own after its
-root's forward (as vLLM computes logits)."""
+place inside the module, a submodule called on its own after its root's
+forward (as vLLM computes logits), two unrelated models taking turns, and an
+inner model run alone before its whole."""
 import sys
 
 import torch
@@ -64,4 +65,27 @@ elif kind == "detached":
     for _ in range(2):
         h = m(x)
         m.b(h)  # the model's own head, called after its forward
+elif kind == "two-roots":
+    # A target model and an unrelated draft model, taking turns (as
+    # speculative decoding runs them); the draft is another instance of the
+    # same class. Then a program that ran its inner model alone before the
+    # whole.
+    target, draft = Outer(), Outer()
+    target.bad = draft.bad = torch.nn.Identity()
+    for _ in range(2):
+        target(x)
+        draft(x)
+elif kind == "inner-first":
+    class Whole(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Outer()
+            self.inner.bad = torch.nn.Identity()
+
+        def forward(self, x):
+            return self.inner(x)
+
+    whole = Whole()
+    whole.inner(x)
+    whole(x)
 print(kind, "ok")
