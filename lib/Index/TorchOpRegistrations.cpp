@@ -25,13 +25,22 @@ namespace ekka {
 
 namespace {
 
-/// The contents of a string literal token (no prefixes, no escapes beyond
-/// what an op schema uses).
+/// The contents of a string literal token (no escapes beyond what an op
+/// schema uses): `"..."`, with any encoding prefix, or a raw string
+/// `R"delim(...)delim"`.
 std::string literalText(StringRef Spelling) {
   size_t Open = Spelling.find('"'), Close = Spelling.rfind('"');
   if (Open == StringRef::npos || Close <= Open)
     return "";
-  return Spelling.substr(Open + 1, Close - Open - 1).str();
+  StringRef Body = Spelling.substr(Open + 1, Close - Open - 1);
+  if (Open > 0 && Spelling[Open - 1] == 'R') {
+    // The delimiter runs up to the first '(' and mirrors after the last ')'.
+    size_t Paren = Body.find('(');
+    if (Paren == StringRef::npos || Body.size() < 2 * Paren + 2)
+      return "";
+    return Body.substr(Paren + 1, Body.size() - 2 * Paren - 2).str();
+  }
+  return Body.str();
 }
 
 class RegistrationScanner {
@@ -116,19 +125,20 @@ private:
     std::string Arg;
     unsigned Depth = 1;
     unsigned End = offset();
+    // Names are split at commas and parentheses at any depth, so that
+    // `torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(fn))` gives the
+    // wrapper, the key and the function apart.
     for (; Depth && !Tok.is(tok::eof); next()) {
       End = offset() + Tok.getLength();
-      if (Tok.is(tok::l_paren)) {
-        ++Depth;
-      } else if (Tok.is(tok::r_paren)) {
-        if (--Depth == 0)
-          break;
-      } else if (Tok.is(tok::comma) && Depth == 1) {
-        if (!Arg.empty())
-          Rest.push_back(Arg);
+      bool Split = Tok.isOneOf(tok::l_paren, tok::r_paren, tok::comma);
+      if (Split && !Arg.empty()) {
+        Rest.push_back(Arg);
         Arg.clear();
-        continue;
       }
+      if (Tok.is(tok::l_paren))
+        ++Depth;
+      else if (Tok.is(tok::r_paren) && --Depth == 0)
+        break;
       if (Tok.is(tok::raw_identifier) || Tok.is(tok::coloncolon))
         Arg += spelling().str();
     }
@@ -154,8 +164,9 @@ private:
       if (S.starts_with("torch::k") || S.starts_with("at::k") || S.starts_with("c10::k") ||
           S.contains("DispatchKey"))
         Key = S.rsplit("::").second.empty() ? A : S.rsplit("::").second.str();
-      else if (S == "TORCH_FN" || S.empty())
-        continue;
+      else if (S == "TORCH_FN" || S == "TORCH_FN_TYPE" || S == "dispatch" ||
+               S.ends_with("::dispatch") || S.empty())
+        continue; // wrappers around the function
       else
         Function = S.starts_with("TORCH_FN") ? S.drop_front(8).str() : A;
     }

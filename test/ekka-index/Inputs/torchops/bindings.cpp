@@ -27,3 +27,16 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.impl("paged_attention_v1", torch::kCUDA, &my::pagedAttentionCuda);
   ops.impl("rms_norm.out", torch::kCUDA, &my::rmsNorm);
 }
+
+// A raw-string schema, and implementations given through torch::dispatch
+// (with TORCH_FN) and with a namespaced dispatch key.
+namespace my {
+void fusedAddRmsNorm(at::Tensor &x, at::Tensor &residual) {}
+void silu(at::Tensor &out, const at::Tensor &x) {}
+} // namespace my
+
+TORCH_LIBRARY(sgl, m) {
+  m.def(R"(fused_add_rmsnorm(Tensor! input, Tensor! residual) -> ())");
+  m.impl("fused_add_rmsnorm", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(my::fusedAddRmsNorm)));
+  m.def("silu(Tensor! out, Tensor x) -> ()", torch::dispatch(c10::DispatchKey::CPU, &my::silu));
+}
