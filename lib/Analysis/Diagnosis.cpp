@@ -1685,9 +1685,7 @@ Expected<Diagnosis> diagnose(TraceReader &Target, TraceReader &Reference,
   return diagnose(Ranks, Reference, ReferenceFP32, Options);
 }
 
-Expected<RankLayout> rankLayout(ArrayRef<TraceReader *> Ranks) {
-  if (Ranks.size() < 2)
-    return RankLayout::Single;
+Expected<std::vector<std::vector<size_t>>> rankStages(ArrayRef<TraceReader *> Ranks) {
   std::vector<std::set<std::string>> Paths;
   for (TraceReader *R : Ranks) {
     auto C = R->moduleCalls();
@@ -1698,37 +1696,72 @@ Expected<RankLayout> rankLayout(ArrayRef<TraceReader *> Ranks) {
       P.insert(M.Path);
     Paths.push_back(std::move(P));
   }
-  // Stages: every rank ran modules no other rank did (its layers). Ranks
-  // of which one ran only more than another (a sampler on rank 0 alone)
-  // are tensor-parallel ranks.
-  for (size_t I = 0; I < Paths.size(); ++I) {
-    std::set<std::string> Others;
-    for (size_t J = 0; J < Paths.size(); ++J)
-      if (J != I)
-        Others.insert(Paths[J].begin(), Paths[J].end());
-    if (llvm::all_of(Paths[I], [&](const std::string &P) { return Others.count(P) != 0; }))
-      return RankLayout::SameModules;
+  // Ranks of which one ran every module the other did are one stage's.
+  auto Within = [](const std::set<std::string> &A, const std::set<std::string> &B) {
+    return std::includes(B.begin(), B.end(), A.begin(), A.end());
+  };
+  std::vector<size_t> Group(Ranks.size());
+  for (size_t I = 0; I < Ranks.size(); ++I) {
+    Group[I] = I;
+    for (size_t J = 0; J < I; ++J)
+      if (Within(Paths[I], Paths[J]) || Within(Paths[J], Paths[I])) {
+        Group[I] = Group[J];
+        break;
+      }
   }
-  return RankLayout::Stages;
+  std::vector<std::vector<size_t>> Stages;
+  std::map<size_t, size_t> StageOf;
+  for (size_t I = 0; I < Ranks.size(); ++I) {
+    auto [It, New] = StageOf.try_emplace(Group[I], Stages.size());
+    if (New)
+      Stages.emplace_back();
+    Stages[It->second].push_back(I);
+  }
+  for (const auto &S : Stages)
+    if (S.size() != Stages.front().size())
+      return makeError("the target's " + Twine(Ranks.size()) + " ranks form " +
+                       Twine(Stages.size()) +
+                       " pipeline stages of different sizes (by the modules each rank ran): "
+                       "not a tensor-parallel x pipeline-parallel layout");
+  return Stages;
+}
+
+Expected<RankLayout> rankLayout(ArrayRef<TraceReader *> Ranks) {
+  if (Ranks.size() < 2)
+    return RankLayout::Single;
+  auto Stages = rankStages(Ranks);
+  if (!Stages)
+    return Stages.takeError();
+  if (Stages->size() == 1)
+    return RankLayout::SameModules;
+  return Stages->front().size() == 1 ? RankLayout::Stages : RankLayout::TensorParallelStages;
 }
 
 Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks, TraceReader &Reference,
                              TraceReader *ReferenceFP32, const DiagnoseOptions &Options) {
   TraceReader &Target = *TargetRanks.front();
   Side T, R, F;
-  auto Layout = rankLayout(TargetRanks);
-  if (!Layout)
-    return Layout.takeError();
-  if (Error E = *Layout == RankLayout::Stages ? T.loadStages(TargetRanks) : T.load(Target))
+  auto Stages = rankStages(TargetRanks);
+  if (!Stages)
+    return Stages.takeError();
+  // Column P: each stage's P-th tensor-parallel rank, first stage first,
+  // joined into one call sequence when there are several stages.
+  auto Load = [&](Side &S, size_t P) -> Error {
+    std::vector<TraceReader *> Column;
+    for (const std::vector<size_t> &Stage : *Stages)
+      Column.push_back(TargetRanks[Stage[P]]);
+    return Column.size() > 1 ? S.loadStages(Column) : S.load(*Column.front());
+  };
+  if (Error E = Load(T, 0))
     return E;
-  // Tensor-parallel ranks: rank 0 is compared, the others lend their shards.
+  // Tensor-parallel ranks: the first is compared, the others lend their
+  // shards.
   std::vector<std::unique_ptr<Side>> Peers;
-  if (*Layout == RankLayout::SameModules)
-    for (TraceReader *Rank : TargetRanks.drop_front()) {
-      Peers.push_back(std::make_unique<Side>());
-      if (Error E = Peers.back()->load(*Rank))
-        return E;
-    }
+  for (size_t P = 1; P < Stages->front().size(); ++P) {
+    Peers.push_back(std::make_unique<Side>());
+    if (Error E = Load(*Peers.back(), P))
+      return E;
+  }
   if (Error E = R.load(Reference))
     return E;
   if (ReferenceFP32)

@@ -472,6 +472,12 @@ int main(int argc, char **argv) {
   else if (Layout == RankLayout::Stages)
     errs() << Tool << ": note: --target has " << Target.size()
            << " pipeline stages: joined into one call sequence\n";
+  else if (Layout == RankLayout::TensorParallelStages) {
+    auto Stages = unwrapOrExit(Tool, rankStages(Target));
+    errs() << Tool << ": note: --target has " << Target.size() << " ranks: "
+           << Stages.size() << " pipeline stages of " << Stages.front().size()
+           << " tensor-parallel ranks each; stages joined, sharded tensors gathered\n";
+  }
   auto Reference = openTrace("reference", ReferenceDir);
   std::unique_ptr<TraceReader> FP32;
   if (!ReferenceFP32Dir.empty())

@@ -628,6 +628,84 @@ TEST_F(DiagnosisTest, TensorParallelShardsAreGatheredFromTheRanks) {
   EXPECT_EQ(E->Suspects.front().Component.Path, "col");
 }
 
+TEST_F(DiagnosisTest, TensorParallelStagesAreJoinedAndGathered) {
+  using Spec = TraceBuilder::Spec;
+  // Four ranks: two pipeline stages of two tensor-parallel ranks each
+  // (vLLM's numbering: rank = stage * 2 + shard). Each layer's output is
+  // column-parallel: each rank holds half of the features.
+  std::vector<float> L0 = {1, 2, 3, 4, 5, 6, 7, 8}, L1 = {8, 7, 6, 5, 4, 3, 2, 1};
+  std::vector<float> Head = {0.5f, 0.25f};
+  {
+    TraceBuilder R(dir("ref"));
+    R.call("", "", Head, {}, {1, 2});
+    R.callSpecs("model", "", {}, {Spec{L1, {1, 2, 4}}});
+    R.callSpecs("model.layers.0", "model", {}, {Spec{L0, {1, 2, 4}}});
+    R.callSpecs("model.layers.1", "model", {}, {Spec{L1, {1, 2, 4}}});
+    R.call("head", "", Head, {});
+    R.close();
+  }
+  auto Shard = [](const std::vector<float> &Full, int Half) {
+    return std::vector<float>{Full[2 * Half], Full[2 * Half + 1], Full[4 + 2 * Half],
+                              Full[5 + 2 * Half]};
+  };
+  auto Rank = [&](StringRef Name, int Stage, int Half, bool Bad) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", Stage ? Head : std::vector<float>{1, 2}, {}, {1, 2});
+    if (Stage == 0) {
+      T.callSpecs("model", "", {}, {Spec{{1, 2}, {2}}});
+      T.callSpecs("model.layers.0", "model", {}, {Spec{Shard(L0, Half), {2, 2}}});
+    } else {
+      std::vector<float> Out = Shard(L1, Half);
+      if (Bad)
+        Out[0] += 5;
+      T.callSpecs("model", "", {}, {Spec{Out, {2, 2}}});
+      T.callSpecs("model.layers.1", "model", {}, {Spec{Out, {2, 2}}});
+      T.call("head", "", Head, {});
+    }
+    T.close();
+  };
+  Rank("r0", 0, 0, false);
+  Rank("r1", 0, 1, false);
+  Rank("r2", 1, 0, false);
+  Rank("r3", 1, 1, false);
+  Rank("bad-r3", 1, 1, true);
+  auto Ref = open("ref"), R0 = open("r0"), R1 = open("r1"), R2 = open("r2"), R3 = open("r3"),
+       Bad = open("bad-r3");
+  TraceReader *Clean[] = {R0.get(), R1.get(), R2.get(), R3.get()};
+  TraceReader *Broken[] = {R0.get(), R1.get(), R2.get(), Bad.get()};
+  auto Stages = rankStages(Clean);
+  ASSERT_TRUE(bool(Stages)) << toString(Stages.takeError());
+  EXPECT_EQ(*Stages, (std::vector<std::vector<size_t>>{{0, 1}, {2, 3}}));
+  auto Layout = rankLayout(Clean);
+  ASSERT_TRUE(bool(Layout));
+  EXPECT_EQ(*Layout, RankLayout::TensorParallelStages);
+
+  auto D = diagnose(Clean, *Ref, nullptr, DiagnoseOptions());
+  ASSERT_TRUE(bool(D)) << toString(D.takeError());
+  EXPECT_EQ(D->Result, Diagnosis::Verdict::NoDivergence);
+  std::vector<std::string> Paths;
+  for (const ComponentRatio &C : D->Curve) {
+    Paths.push_back(C.Path);
+    if (C.Path.rfind("model.layers.", 0) == 0) {
+      ASSERT_TRUE(C.Ratio.has_value()) << C.Path; // gathered across the stage's ranks
+      EXPECT_EQ(*C.Ratio, 0) << C.Path;
+    }
+  }
+  EXPECT_EQ(Paths, (std::vector<std::string>{"", "model", "model.layers.0", "model.layers.1",
+                                             "head"}));
+
+  auto E = diagnose(Broken, *Ref, nullptr, DiagnoseOptions());
+  ASSERT_TRUE(bool(E)) << toString(E.takeError());
+  ASSERT_EQ(E->Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(E->Suspects.front().Component.Path, "model.layers.1");
+
+  // Stages of different sizes are no layout ekka-diagnose knows.
+  TraceReader *Uneven[] = {R0.get(), R1.get(), R2.get()};
+  auto U = rankStages(Uneven);
+  ASSERT_FALSE(bool(U));
+  EXPECT_NE(toString(U.takeError()).find("stages of different sizes"), std::string::npos);
+}
+
 TEST_F(DiagnosisTest, CodeThatNamesItsModulesItsOwnWayIsMappedByValuesAndStructure) {
   // HF's names on the reference side; the target's are its own (no rule
   // and no path pairs them): tok ~ model.embed, blocks.0 ~ model.layers.0,

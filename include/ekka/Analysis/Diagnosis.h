@@ -119,11 +119,21 @@ llvm::Expected<Diagnosis> diagnose(TraceReader &Target, TraceReader &Reference,
                                    TraceReader *ReferenceFP32, const DiagnoseOptions &Options);
 
 /// How a multi-rank target's ranks relate: the same modules on every rank
-/// (tensor parallelism: rank 0 is compared, its shards of column-parallel
-/// modules unmapped), or different ones (pipeline stages: joined into one
-/// call sequence).
-enum class RankLayout { Single, SameModules, Stages };
+/// (tensor parallelism: rank 0 is compared, sharded tensors gathered from
+/// all ranks), different ones (pipeline stages: joined into one call
+/// sequence), or both (stages whose ranks are tensor-parallel: each
+/// stage's first ranks joined and compared, the others' joined likewise to
+/// lend their shards).
+enum class RankLayout { Single, SameModules, Stages, TensorParallelStages };
 llvm::Expected<RankLayout> rankLayout(llvm::ArrayRef<TraceReader *> Ranks);
+
+/// The ranks (indices into \p Ranks) of each pipeline stage, first stage
+/// first, each stage's ranks in order. Ranks of which one ran the same
+/// modules as another, or only more (a sampler on rank 0 alone), are one
+/// stage's tensor-parallel ranks. An error when the stages do not have as
+/// many ranks each.
+llvm::Expected<std::vector<std::vector<size_t>>>
+rankStages(llvm::ArrayRef<TraceReader *> Ranks);
 
 /// The same, for a target of several ranks (first to last).
 llvm::Expected<Diagnosis> diagnose(llvm::ArrayRef<TraceReader *> TargetRanks,
