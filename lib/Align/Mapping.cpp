@@ -130,7 +130,8 @@ static const char *RecipesV1 = R"json({"components": [
   {"target": "model.layers.*.mlp.shared_expert.gate_up_proj",
    "reference": ["model.layers.*.mlp.shared_expert.gate_proj",
                  "model.layers.*.mlp.shared_expert.up_proj"], "concat_dim": -1},
-  {"target": "logits_processor", "reference": "lm_head"}
+  {"target": "logits_processor", "reference": "lm_head"},
+  {"target": "model.layers.*.self_attn.attn", "reference": "model.layers.*.self_attn.o_proj:input"}
 ]})json";
 
 const std::vector<MappingRule> &builtinRecipes() {
@@ -145,6 +146,13 @@ const std::vector<MappingRule> &builtinRecipes() {
     return std::move(*R);
   }();
   return Rules;
+}
+
+std::pair<std::string, std::string> referenceRole(StringRef Reference) {
+  auto [Path, Role] = Reference.rsplit(':');
+  if (Role == Reference || (Role != "input" && Role != "output"))
+    return {Reference.str(), "output"};
+  return {Path.str(), Role.str()};
 }
 
 /// Matches \p Path against \p Pattern (`*` = one dot-free segment); the

@@ -829,16 +829,26 @@ private:
 
   /// A rule-mapped call's ratio: the reference side is the concatenation of
   /// the reference calls' outputs (index 0), and likewise for FP32.
+  /// The tensor a rule names of reference call \p Call: its first output,
+  /// or (a `:input` reference) its first floating input.
+  static const TensorRecord *ruleTensor(const Side &S, const ModuleCallRecord *Call, bool Input) {
+    if (!Input)
+      return S.tensor(Call->Id, "output", 0);
+    RoleTensors In = roleTensors(S, Call->Id, "input");
+    return In.empty() ? nullptr : In.begin()->second;
+  }
+
   std::optional<double> ruleRatio(const ModuleCallRecord &TC,
                                   const std::vector<const ModuleCallRecord *> &RC,
-                                  const std::vector<const ModuleCallRecord *> &FC, int Dim) {
+                                  const std::vector<const ModuleCallRecord *> &FC, int Dim,
+                                  const std::vector<bool> &Inputs) {
     const TensorRecord *TT = T.tensor(TC.Id, "output", 0);
     if (!TT)
       return std::nullopt;
     // The reference side's shape: its parts' shapes, concatenated.
     std::vector<int64_t> RefShape;
-    for (const ModuleCallRecord *C : RC) {
-      const TensorRecord *X = R.tensor(C->Id, "output", 0);
+    for (size_t K = 0; K < RC.size(); ++K) {
+      const TensorRecord *X = ruleTensor(R, RC[K], Inputs[K]);
       if (!X)
         return std::nullopt;
       if (RefShape.empty()) {
@@ -855,8 +865,8 @@ private:
     // A tensor-parallel rank holds its share of each part.
     GatherParts.clear();
     if (!Peers.empty() && (Dim == -1 || Dim == int(RefShape.size()) - 1))
-      for (const ModuleCallRecord *C : RC)
-        if (const TensorRecord *X = R.tensor(C->Id, "output", 0); X && !X->Shape.empty())
+      for (size_t K = 0; K < RC.size(); ++K)
+        if (const TensorRecord *X = ruleTensor(R, RC[K], Inputs[K]); X && !X->Shape.empty())
           GatherParts.push_back(tokenMajor(X->Shape).back());
     auto XT = targetValues(TT, TC.Id, RefShape);
     GatherParts.clear();
@@ -864,8 +874,8 @@ private:
         -> std::optional<std::vector<double>> {
       std::vector<std::vector<double>> Parts;
       std::vector<std::vector<int64_t>> Shapes;
-      for (const ModuleCallRecord *C : Calls) {
-        const TensorRecord *X = S.tensor(C->Id, "output", 0);
+      for (size_t K = 0; K < Calls.size(); ++K) {
+        const TensorRecord *X = ruleTensor(S, Calls[K], Inputs[K]);
         if (!X)
           return std::nullopt;
         auto V = S.values(X);
@@ -882,7 +892,7 @@ private:
     std::optional<Elements> YR;
     if (F && FC.size() == RC.size())
       YR = Gather(*F, FC);
-    return ratioValues(*XT, TT->Type, *XR, R.tensor(RC[0]->Id, "output", 0)->Type,
+    return ratioValues(*XT, TT->Type, *XR, ruleTensor(R, RC[0], Inputs[0])->Type,
                        YR ? &*YR : nullptr);
   }
 
@@ -1017,10 +1027,13 @@ private:
       bool Recipe = Rule.Source != "mapping file";
       auto Key = T.KeyOf.lookup(TC.Id);
       std::vector<const ModuleCallRecord *> RC, FC;
+      std::vector<bool> Inputs;
       C.ReferencePaths.clear();
       for (const std::string &Pattern : Rule.Reference) {
-        std::string Path = substitute(Pattern, *Stars);
-        C.ReferencePaths.push_back(Path);
+        std::string Named = substitute(Pattern, *Stars);
+        C.ReferencePaths.push_back(Named);
+        auto [Path, Role] = referenceRole(Named);
+        Inputs.push_back(Role == "input");
         auto RK = std::make_tuple(std::get<0>(Key), Path, std::get<2>(Key));
         auto RIt = R.ByKey.find(RK);
         if (RIt == R.ByKey.end() && Recipe)
@@ -1041,10 +1054,17 @@ private:
       }
       C.MappedBy = Rule.Source;
       C.ConcatDim = Rule.ConcatDim;
+      C.Ratio = ruleRatio(TC, RC, FC, Rule.ConcatDim, Inputs);
+      if (llvm::is_contained(Inputs, true)) {
+        // The output met another component's input (an engine's attention
+        // backend against the input of HF's o_proj): what the target
+        // component was given has no counterpart.
+        C.InputsCompared = false;
+        return true;
+      }
       RefOf[TC.Id] = RC[0];
       for (const ModuleCallRecord *X : RC)
         UsedRef.insert(X->Id);
-      C.Ratio = ruleRatio(TC, RC, FC, Rule.ConcatDim);
       // Inputs: the first reference component sees what the target does.
       C.InputRatio =
           callRatio(TC, *RC[0], FC.empty() ? nullptr : FC[0], "input", &C.InputsCompared);
@@ -1312,7 +1332,8 @@ private:
       // did: a call whose inputs sit just under the threshold and whose
       // output just over it only passed a divergence on.
       if (C.Mapped && elevated(C.Ratio) && !elevated(C.InputRatio) &&
-          *C.Ratio > O.Threshold * std::max(1.0, C.InputRatio.value_or(0)))
+          *C.Ratio > O.Threshold * std::max(1.0, C.InputRatio.value_or(0)) &&
+          (C.InputsCompared || !divergedUpstream(D, I)))
         (C.InputsCompared ? Candidates : Weak).push_back(I);
     }
     Candidates.insert(Candidates.end(), Weak.begin(), Weak.end());
@@ -1398,11 +1419,12 @@ private:
       // The op that wrote a tensor a later component of the suspect read ran
       // in a mapped child of its own: that child is the root cause, by a
       // side effect its own output does not show (it wrote its input in
-      // place). It comes first.
+      // place). It comes first — unless its own output departs too (then
+      // it wrote its output buffer, and the dataflow rules placed it).
       if (S.Op && S.Op->LastWriter && S.Op->WroteInPlace && !S.Op->ReadBy.empty() &&
           S.Op->CallId != S.Component.CallId)
         if (std::optional<size_t> W = mappedCallAround(D, S.Op->CallId, S.Component.CallId);
-            W && llvm::none_of(D.Suspects, [&](const Suspect &X) {
+            W && !elevated(D.Curve[*W].Ratio) && llvm::none_of(D.Suspects, [&](const Suspect &X) {
               return X.Component.CallId == D.Curve[*W].CallId;
             })) {
           Suspect Writer;
@@ -1422,6 +1444,35 @@ private:
           }))
         D.Suspects.push_back(std::move(S));
     }
+  }
+
+  /// For a call whose inputs could not all be compared: whether what flows
+  /// into it had already departed, as far as the calls around it tell —
+  /// the inputs of its nearest mapped ancestor, or the output of a mapped
+  /// call that ran before it inside that ancestor (an engine's attention
+  /// backend after a layer whose input departed; a logits processor after
+  /// the model whose output departed). Such a call passes a divergence on.
+  bool divergedUpstream(const Diagnosis &D, size_t Index) const {
+    const ComponentRatio &C = D.Curve[Index];
+    const ModuleCallRecord *M = T.CallById.lookup(C.CallId);
+    const ComponentRatio *Ancestor = nullptr;
+    for (M = M ? parentOf(T, *M) : nullptr; M && !Ancestor; M = parentOf(T, *M))
+      for (const ComponentRatio &X : D.Curve)
+        if (X.CallId == M->Id && X.Mapped) {
+          Ancestor = &X;
+          break;
+        }
+    if (!Ancestor)
+      return false;
+    if (elevated(Ancestor->InputRatio))
+      return true;
+    for (size_t J = 0; J < Index; ++J) {
+      const ComponentRatio &X = D.Curve[J];
+      if (X.Mapped && X.CallId != Ancestor->CallId && X.Seq > Ancestor->Seq &&
+          within(X.CallId, Ancestor->CallId) && elevated(X.Ratio))
+        return true;
+    }
+    return false;
   }
 
   /// For a candidate with inputs that could not be compared: a mapped
@@ -1526,9 +1577,15 @@ private:
     const ModuleCallRecord *RC = refCall(C.CallId);
     if (!RC)
       return std::nullopt;
-    std::vector<const OpRecord *> TO = capturedOps(T, C.CallId), RO = capturedOps(R, RC->Id);
+    std::vector<const OpRecord *> TO = capturedOps(T, C.CallId);
     if (TO.empty())
       return std::nullopt;
+    // What the reference ran there, captured or not: an op it did not run
+    // is told from one whose output was not captured.
+    std::vector<const OpRecord *> RO;
+    for (const OpRecord &Op : R.Ops)
+      if (Op.ModuleCallId && *Op.ModuleCallId == RC->Id && !allocatesOnly(Op.Name))
+        RO.push_back(&Op);
     std::map<std::string, std::vector<const OpRecord *>> RByName;
     for (const OpRecord *Op : RO)
       RByName[Op->Name].push_back(Op);
@@ -1549,7 +1606,13 @@ private:
       F.Kernels = KernelsOf(Op->Id);
       auto &Candidates = RByName[Op->Name];
       if (K >= Candidates.size()) {
-        F.ReferenceName = I < RO.size() ? RO[I]->Name : "";
+        // What the reference ran at the same place among the call's ops.
+        size_t At = 0;
+        for (const OpRecord &X : T.Ops)
+          if (X.ModuleCallId && *X.ModuleCallId == C.CallId && !allocatesOnly(X.Name) &&
+              X.Seq < Op->Seq)
+            ++At;
+        F.ReferenceName = At < RO.size() ? RO[At]->Name : "";
         F.Reason = "the reference ran no " + Op->Name + " here" +
                    (F.ReferenceName.empty() ? "" : " (it ran " + F.ReferenceName + ")");
         return F;

@@ -2,6 +2,8 @@
 #include "ekka/Align/Mapping.h"
 #include "ekka/Align/Transforms.h"
 
+#include "llvm/ADT/STLExtras.h"
+
 #include <gtest/gtest.h>
 #include <numeric>
 
@@ -158,6 +160,19 @@ TEST(Mapping, PathsMatchWithStarsForOneSegment) {
   auto [Pattern, Numbers] = starred("model.layers.3.mlp.experts.7");
   EXPECT_EQ(Pattern, "model.layers.*.mlp.experts.*");
   EXPECT_EQ(Numbers, (std::vector<std::string>{"3", "7"}));
+}
+
+TEST(Mapping, AReferenceMayNameItsInput) {
+  EXPECT_EQ(referenceRole("model.layers.0.self_attn.o_proj:input"),
+            std::make_pair(std::string("model.layers.0.self_attn.o_proj"), std::string("input")));
+  EXPECT_EQ(referenceRole("lm_head"), std::make_pair(std::string("lm_head"), std::string("output")));
+  // Anything else after a colon is part of the path.
+  EXPECT_EQ(referenceRole("a:b").first, "a:b");
+  // The built-in recipes parse, the attention backend's among them.
+  EXPECT_TRUE(llvm::any_of(builtinRecipes(), [](const MappingRule &R) {
+    return R.Target == "model.layers.*.self_attn.attn" &&
+           R.Reference == std::vector<std::string>{"model.layers.*.self_attn.o_proj:input"};
+  }));
 }
 
 TEST(Mapping, SeveralTargetsAgainstOneReferenceAreOneRulePerPart) {

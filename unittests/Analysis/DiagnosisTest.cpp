@@ -628,6 +628,30 @@ TEST_F(DiagnosisTest, TensorParallelShardsAreGatheredFromTheRanks) {
   EXPECT_EQ(E->Suspects.front().Component.Path, "col");
 }
 
+TEST_F(DiagnosisTest, ACallWithUncomparedInputsDownstreamOfADivergenceIsNotBlamed) {
+  using Spec = TraceBuilder::Spec;
+  // proj is broken; backend runs after it inside the same layer, and its
+  // input has no counterpart of the reference's shape (an engine's
+  // attention backend): it departs, but only passes proj's divergence on.
+  auto Layout = [&](StringRef Name, bool Target) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("layer", "", {}, {Spec{Target ? std::vector<float>{1, 9} : std::vector<float>{1, 2}, {2}}});
+    T.callSpecs("layer.proj", "layer", {}, {Spec{Target ? std::vector<float>{3, 9} : std::vector<float>{3, 4}, {2}}});
+    T.callSpecs("layer.backend", "layer",
+                {Target ? Spec{{3, 9, 1}, {3}} : Spec{{3, 4}, {2}}},
+                {Spec{Target ? std::vector<float>{5, 9} : std::vector<float>{5, 6}, {2}}});
+    T.close();
+  };
+  Layout("ref", false);
+  Layout("tgt", true);
+  Diagnosis D = run("tgt", "ref");
+  ASSERT_EQ(D.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(D.Suspects.front().Component.Path, "layer.proj");
+  for (const Suspect &S : D.Suspects)
+    EXPECT_NE(S.Component.Path, "layer.backend");
+}
+
 TEST_F(DiagnosisTest, TensorParallelStagesAreJoinedAndGathered) {
   using Spec = TraceBuilder::Spec;
   // Four ranks: two pipeline stages of two tensor-parallel ranks each

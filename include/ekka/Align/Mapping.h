@@ -55,6 +55,11 @@ llvm::Expected<std::vector<MappingRule>> parseMappingRules(llvm::StringRef Text,
 /// onto HuggingFace Transformers'. Versioned; tried after the user's rules.
 const std::vector<MappingRule> &builtinRecipes();
 
+/// A rule's reference component and the tensor it means: `path` (its
+/// first output) or `path:input` (its first floating input; an engine's
+/// attention backend returns what HF's `o_proj` is given).
+std::pair<std::string, std::string> referenceRole(llvm::StringRef Reference);
+
 /// Matches \p Path against \p Pattern (`*` = one dot-free segment); the
 /// segments the stars took, or none.
 std::optional<std::vector<std::string>> matchPath(llvm::StringRef Pattern, llvm::StringRef Path);
