@@ -639,7 +639,7 @@ TEST_F(DiagnosisTest, ACallWithUncomparedInputsDownstreamOfADivergenceIsNotBlame
     T.callSpecs("layer", "", {}, {Spec{Target ? std::vector<float>{1, 9} : std::vector<float>{1, 2}, {2}}});
     T.callSpecs("layer.proj", "layer", {}, {Spec{Target ? std::vector<float>{3, 9} : std::vector<float>{3, 4}, {2}}});
     T.callSpecs("layer.backend", "layer",
-                {Target ? Spec{{3, 9, 1}, {3}} : Spec{{3, 4}, {2}}},
+                {Target ? Spec{{3, 9, 1, 1}, {2, 2}} : Spec{{3, 4}, {1, 2}}},
                 {Spec{Target ? std::vector<float>{5, 9} : std::vector<float>{5, 6}, {2}}});
     T.close();
   };
