@@ -265,52 +265,49 @@ struct Side {
   }
 
   /// The values of a captured tensor, following the dataflow for an input
-  /// that is an earlier output.
+  /// that is an earlier output; a padded batch's without its padding.
   std::optional<std::vector<double>> values(const TensorRecord *T) const {
-    for (unsigned Hops = 0; T && T->SourceId && Hops < 4; ++Hops)
-      T = TensorById.lookup(*T->SourceId);
+    T = source(T);
     if (!T || T->Shard.empty())
       return std::nullopt;
-    // Its bytes are read as recorded, with the padding's shape.
-    TensorRecord Recorded;
-    if (auto P = Padded.find(T->Id); P != Padded.end()) {
-      Recorded = *T;
-      Recorded.Shape = P->second;
-      T = &Recorded;
-    }
-    auto Bytes = Stages[size_t(T->Id >> StageShift)]->tensorBytes(*T);
-    if (!Bytes) {
-      // A missing or corrupt shard must not turn into a quietly partial
-      // diagnosis: remember it, the diagnosis fails with it.
-      if (Problem.empty())
-        Problem = toString(Bytes.takeError());
-      else
-        consumeError(Bytes.takeError());
+    auto Bytes = shardBytes(*T);
+    if (!Bytes)
       return std::nullopt;
-    }
     auto V = toDoubles(T->Type, *Bytes);
-    if (V && T == &Recorded)
-      return unpad(*V, Recorded.Shape, Mask, MaskShape);
+    if (V)
+      if (auto P = Padded.find(T->Id); P != Padded.end())
+        return unpad(*V, P->second, Mask, MaskShape);
     return V;
   }
 
   /// The captured bytes of \p T as recorded (through the dataflow), when no
-  /// padding is dropped from them; none otherwise. A shard that cannot be
-  /// read is remembered as values() does.
+  /// padding is dropped from them; none otherwise.
   std::optional<StringRef> rawBytes(const TensorRecord *T) const {
-    for (unsigned Hops = 0; T && T->SourceId && Hops < 4; ++Hops)
-      T = TensorById.lookup(*T->SourceId);
+    T = source(T);
     if (!T || T->Shard.empty() || Padded.count(T->Id))
       return std::nullopt;
-    auto Bytes = Stages[size_t(T->Id >> StageShift)]->tensorBytes(*T);
-    if (!Bytes) {
-      if (Problem.empty())
-        Problem = toString(Bytes.takeError());
-      else
-        consumeError(Bytes.takeError());
-      return std::nullopt;
-    }
-    return *Bytes;
+    return shardBytes(*T);
+  }
+
+  /// The record an input stands for: the earlier output it is.
+  const TensorRecord *source(const TensorRecord *T) const {
+    for (unsigned Hops = 0; T && T->SourceId && Hops < 4; ++Hops)
+      T = TensorById.lookup(*T->SourceId);
+    return T;
+  }
+
+  /// A captured tensor's bytes in its shard. A missing or corrupt shard
+  /// must not turn into a quietly partial diagnosis: it is remembered, and
+  /// the diagnosis fails with it.
+  std::optional<StringRef> shardBytes(const TensorRecord &T) const {
+    auto Bytes = Stages[size_t(T.Id >> StageShift)]->tensorBytes(T);
+    if (Bytes)
+      return *Bytes;
+    if (Problem.empty())
+      Problem = toString(Bytes.takeError());
+    else
+      consumeError(Bytes.takeError());
+    return std::nullopt;
   }
 
   /// A batch padded to one length: the root was given token ids [batch,

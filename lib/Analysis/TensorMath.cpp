@@ -188,22 +188,17 @@ namespace {
 
 // Element loaders for the byte-level sums: each widens one element in
 // registers.
-struct LoadF32 {
-  static constexpr size_t Size = 4;
+/// A float or double, as stored.
+template <typename T> struct LoadAs {
+  static constexpr size_t Size = sizeof(T);
   static double at(const char *P) {
-    float V;
-    std::memcpy(&V, P, 4);
+    T V;
+    std::memcpy(&V, P, sizeof(T));
     return V;
   }
 };
-struct LoadF64 {
-  static constexpr size_t Size = 8;
-  static double at(const char *P) {
-    double V;
-    std::memcpy(&V, P, 8);
-    return V;
-  }
-};
+using LoadF32 = LoadAs<float>;
+using LoadF64 = LoadAs<double>;
 struct LoadBF16 {
   static constexpr size_t Size = 2;
   static double at(const char *P) {
