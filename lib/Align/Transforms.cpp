@@ -78,9 +78,12 @@ std::optional<Elements> concatenate(ArrayRef<Elements> Parts, ArrayRef<Dims> Sha
   std::vector<int64_t> Inner(Parts.size());
   size_t Total = 0;
   for (size_t K = 0; K < Parts.size(); ++K) {
-    if (Shapes[K].size() != Rank ||
-        numElements(ArrayRef<int64_t>(Shapes[K]).take_front(*D)) != Outer)
+    if (Shapes[K].size() != Rank)
       return std::nullopt;
+    // Every dimension but the joined one agrees.
+    for (size_t I = 0; I < Rank; ++I)
+      if (I != *D && Shapes[K][I] != Shapes[0][I])
+        return std::nullopt;
     Inner[K] = numElements(ArrayRef<int64_t>(Shapes[K]).drop_front(*D));
     if (int64_t(Parts[K].size()) != Outer * Inner[K])
       return std::nullopt;
@@ -229,7 +232,9 @@ std::optional<Elements> unpage(const Elements &Cache, ArrayRef<int64_t> CacheSha
   Elements Out;
   Out.reserve(Slots.size() * size_t(Row));
   for (int64_t Slot : Slots) {
-    if (Slot < 0 || Slot >= Capacity)
+    if (Slot < 0)
+      continue; // a padding token (vLLM's slot -1): nothing was cached
+    if (Slot >= Capacity)
       return std::nullopt;
     Out.insert(Out.end(), Cache.begin() + Slot * Row, Cache.begin() + (Slot + 1) * Row);
   }

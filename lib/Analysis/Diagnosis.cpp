@@ -352,8 +352,12 @@ struct Side {
       return;
     MaskShape = MaskRecord->Shape;
     int64_t Tokens = int64_t(llvm::count(Mask, 1.0));
+    // [batch, seq, ...] — but not [batch, heads, seq, dim] whose heads
+    // happen to equal seq: which dimension is the sequence is open there,
+    // and such a tensor stays as it is (not comparable rather than wrong).
     for (TensorRecord &X : Tensors)
-      if (X.Shape.size() >= 2 && X.Shape[0] == MaskShape[0] && X.Shape[1] == MaskShape[1]) {
+      if (X.Shape.size() >= 2 && X.Shape[0] == MaskShape[0] && X.Shape[1] == MaskShape[1] &&
+          !(X.Shape.size() >= 4 && X.Shape[2] == X.Shape[1])) {
         Padded[X.Id] = X.Shape;
         X.Shape.erase(X.Shape.begin());
         X.Shape[0] = Tokens;
@@ -1023,6 +1027,11 @@ private:
         return applyPartRule(TC, Rule, *Stars, C);
       bool Recipe = Rule.Source != "mapping file";
       auto Key = T.KeyOf.lookup(TC.Id);
+      // A recipe translates between two frameworks' names; where the
+      // reference has the target's own path (the same model code on both
+      // sides), pairing by path is the better evidence.
+      if (Recipe && Rule.Source != "calibration" && R.ByKey.count(Key))
+        continue;
       std::vector<const ModuleCallRecord *> RC, FC;
       std::vector<bool> Inputs;
       C.ReferencePaths.clear();
@@ -1077,8 +1086,9 @@ private:
   bool applyPartRule(const ModuleCallRecord &TC, const MappingRule &Rule,
                      const std::vector<std::string> &Stars, ComponentRatio &C) {
     auto [Step, Path, Occurrence] = T.KeyOf.lookup(TC.Id);
-    std::string Ref = substitute(Rule.Reference[0], Stars);
-    C.ReferencePaths = {Ref};
+    std::string Named = substitute(Rule.Reference[0], Stars);
+    auto [Ref, Role] = referenceRole(Named);
+    C.ReferencePaths = {Named};
     C.ConcatDim = Rule.ConcatDim;
     C.Part = Rule.Part;
     C.Parts.clear();
@@ -1092,9 +1102,12 @@ private:
     }
     const ModuleCallRecord &RC = *RIt->second;
     C.MappedBy = Rule.Source;
-    RefOf[TC.Id] = &RC;
-    UsedRef.insert(RC.Id);
-    const TensorRecord *RO = R.tensor(RC.Id, "output", 0), *TO = T.tensor(TC.Id, "output", 0);
+    bool Input = Role == "input";
+    if (!Input) {
+      RefOf[TC.Id] = &RC;
+      UsedRef.insert(RC.Id);
+    }
+    const TensorRecord *RO = ruleTensor(R, &RC, Input), *TO = T.tensor(TC.Id, "output", 0);
     if (!RO || !TO || RO->Shape.empty())
       return true; // mapped, not comparable
     // The parts' sizes along the dimension, from their outputs' shapes.
@@ -1111,7 +1124,12 @@ private:
       size_t FromEnd = Rank - Dim;
       if (X->Shape.size() < FromEnd)
         return true;
-      Sizes.push_back(X->Shape[X->Shape.size() - FromEnd]);
+      // A tensor-parallel rank's part is its share of the features.
+      int64_t Share = X->Shape[X->Shape.size() - FromEnd];
+      bool Last = FromEnd == 1;
+      Sizes.push_back(Last && !peerTensors(X).empty() && unitRoundoff(X->Type) != 0
+                          ? Share * int64_t(Peers.size() + 1)
+                          : Share);
     }
     auto Part = [&](Side &S, const TensorRecord *X) -> std::optional<Elements> {
       auto V = X ? S.values(X) : std::nullopt;
@@ -1126,11 +1144,14 @@ private:
     PartShape[Dim] = Sizes[size_t(Rule.Part)];
     auto XR = Part(R, RO);
     const ModuleCallRecord *FC = fp32Call(&RC);
-    auto YR = FC ? Part(*F, F->tensor(FC->Id, "output", 0)) : std::nullopt;
+    auto YR = FC ? Part(*F, ruleTensor(*F, FC, Input)) : std::nullopt;
     auto XT = targetValues(TO, TC.Id, PartShape);
     if (XR && XT)
       C.Ratio = ratioValues(*XT, TO->Type, *XR, RO->Type, YR ? &*YR : nullptr);
-    C.InputRatio = callRatio(TC, RC, FC, "input", &C.InputsCompared);
+    if (Input)
+      C.InputsCompared = false; // what the part was given has no counterpart
+    else
+      C.InputRatio = callRatio(TC, RC, FC, "input", &C.InputsCompared);
     return true;
   }
 
@@ -1330,7 +1351,8 @@ private:
       // output just over it only passed a divergence on.
       if (C.Mapped && elevated(C.Ratio) && !elevated(C.InputRatio) &&
           *C.Ratio > O.Threshold * std::max(1.0, C.InputRatio.value_or(0)) &&
-          (C.InputsCompared || !divergedUpstream(D, I)))
+          (C.InputsCompared || !divergedUpstream(D, I)) &&
+          (C.MappedBy != "structure" || containerDeparts(D, I)))
         (C.InputsCompared ? Candidates : Weak).push_back(I);
     }
     Candidates.insert(Candidates.end(), Weak.begin(), Weak.end());
@@ -1450,17 +1472,17 @@ private:
   /// backend after a layer whose input departed; a logits processor after
   /// the model whose output departed). Such a call passes a divergence on.
   bool divergedUpstream(const Diagnosis &D, size_t Index) const {
-    const ComponentRatio &C = D.Curve[Index];
-    const ModuleCallRecord *M = T.CallById.lookup(C.CallId);
-    const ComponentRatio *Ancestor = nullptr;
-    for (M = M ? parentOf(T, *M) : nullptr; M && !Ancestor; M = parentOf(T, *M))
-      for (const ComponentRatio &X : D.Curve)
-        if (X.CallId == M->Id && X.Mapped) {
-          Ancestor = &X;
-          break;
-        }
-    if (!Ancestor)
+    const ComponentRatio *Ancestor = mappedAncestor(D, Index);
+    if (!Ancestor) {
+      // A call of its own after the root's forward (vLLM's logits
+      // processor): the step's root before it is what fed it.
+      const ComponentRatio &C = D.Curve[Index];
+      for (size_t J = Index; J-- > 0;)
+        if (D.Curve[J].Step == C.Step && D.Curve[J].Depth == 0 && D.Curve[J].Mapped &&
+            D.Curve[J].CallId != C.CallId)
+          return elevated(D.Curve[J].Ratio);
       return false;
+    }
     if (elevated(Ancestor->InputRatio))
       return true;
     for (size_t J = 0; J < Index; ++J) {
@@ -1470,6 +1492,26 @@ private:
         return true;
     }
     return false;
+  }
+
+  /// The nearest mapped call around curve entry \p Index, or null.
+  const ComponentRatio *mappedAncestor(const Diagnosis &D, size_t Index) const {
+    const ModuleCallRecord *M = T.CallById.lookup(D.Curve[Index].CallId);
+    for (M = M ? parentOf(T, *M) : nullptr; M; M = parentOf(T, *M))
+      for (const ComponentRatio &X : D.Curve)
+        if (X.CallId == M->Id && X.Mapped)
+          return &X;
+    return nullptr;
+  }
+
+  /// A call paired by structure alone (nothing on the reference side agreed
+  /// with it) may be paired wrongly — a module only the target has, set
+  /// against a free reference call of the same shapes — and would then
+  /// depart for that reason alone. It is a candidate only when the mapped
+  /// call around it departs too.
+  bool containerDeparts(const Diagnosis &D, size_t Index) const {
+    const ComponentRatio *Ancestor = mappedAncestor(D, Index);
+    return Ancestor && elevated(Ancestor->Ratio);
   }
 
   /// For a candidate with inputs that could not be compared: a mapped
@@ -1594,9 +1636,15 @@ private:
           Names.push_back(K.Name);
       return Names;
     };
+    // Occurrences are counted over every op the suspect ran, captured or
+    // not, as they are over the reference's.
+    std::map<int64_t, unsigned> Occurrence;
+    for (const OpRecord &X : T.Ops)
+      if (X.ModuleCallId && *X.ModuleCallId == C.CallId && !allocatesOnly(X.Name))
+        Occurrence[X.Id] = Seen[X.Name]++;
     for (size_t I = 0; I < TO.size(); ++I) {
       const OpRecord *Op = TO[I];
-      unsigned K = Seen[Op->Name]++;
+      unsigned K = Occurrence[Op->Id];
       OpFinding F;
       F.Name = Op->Name;
       F.Schema = Op->Schema;

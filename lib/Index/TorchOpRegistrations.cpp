@@ -114,7 +114,7 @@ private:
       return;
     next();
     std::string Schema;
-    while (Tok.is(tok::string_literal)) { // adjacent literals concatenate
+    while (tok::isStringLiteral(Tok.getKind())) { // adjacent literals concatenate
       Schema += literalText(spelling());
       next();
     }

@@ -38,7 +38,7 @@ class _State:
         self.sources = {}        # class -> (qualname, file, line)
 
     @property
-    def stack(self):             # (module, call id, positional inputs)
+    def stack(self):             # (module, call id, positional inputs, kwargs seen, tree)
         if not hasattr(self.local, "stack"):
             self.local.stack = []
         return self.local.stack
@@ -188,7 +188,9 @@ def _pre_hook(module, args, kwargs=None):
                 tree = trees[id(module)] = _new_tree(trees, module)
             local.current = tree
     else:
-        tree = getattr(local, "current", None)
+        # The tree of the outermost call open on this thread: a submodule
+        # called on its own keeps its root's tree for its children too.
+        tree = stack[0][4]
     path = None
     if tree is not None:
         path = tree.path(module)
@@ -206,7 +208,7 @@ def _pre_hook(module, args, kwargs=None):
     if kwargs:
         inputs += _tensors(kwargs)
     call_id = _enter(path, type(module).__name__, qualname, file, line, is_root, inputs)
-    stack.append((module, call_id, len(inputs), kwargs is not None))
+    stack.append((module, call_id, len(inputs), kwargs is not None, tree))
 
 
 _pre_hook_id = None  # the global pre-hook's handle id
@@ -301,7 +303,7 @@ def _post_hook(module, args, *rest):
         stack.pop()
     if not stack:
         return
-    _, call_id, positional, kwargs_seen = stack.pop()
+    _, call_id, positional, kwargs_seen, _ = stack.pop()
     # Keyword arguments the pre-hook did not see (a module outside a named
     # tree) are recorded here, as the inputs after the positional ones.
     _exit(call_id, _tensors(output), _tensors(kwargs) if kwargs and not kwargs_seen else [],

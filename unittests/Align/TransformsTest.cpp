@@ -57,6 +57,9 @@ TEST(Transforms, ConcatenateAndSplitAreInverses) {
   EXPECT_EQ((*Rows)[8], 100);
   // Shapes that do not allow it.
   EXPECT_FALSE(concatenate({Q, KV}, {{2, 4}, {1, 2}}, -1));
+  // [2, 3] and [2, 4] do not join along the first dimension, though the
+  // element counts would.
+  EXPECT_FALSE(concatenate({iota({2, 3}), iota({2, 4})}, {{2, 3}, {2, 4}}, 0));
   EXPECT_FALSE(concatenate({Q}, {{2, 4}}, 2));
   EXPECT_FALSE(split(*Fused, {2, 6}, 1, {4, 3}));
   EXPECT_FALSE(split(*Fused, {2, 6}, 2, {6}));
@@ -147,7 +150,8 @@ TEST(Transforms, UnpageReadsTheTokensSlotsInOrder) {
   ASSERT_TRUE(U);
   EXPECT_EQ(*U, (Elements{40, 50, 0}));
   EXPECT_FALSE(unpage(Cache, S, {6}));
-  EXPECT_FALSE(unpage(Cache, S, {-1}));
+  // A padding token's slot -1 has nothing cached.
+  EXPECT_EQ(*unpage(Cache, S, {1, -1, 2}), (Elements{10, 20}));
   EXPECT_FALSE(unpage(Elements{1}, S, {0}));
 }
 

@@ -840,6 +840,56 @@ TEST_F(DiagnosisTest, ATransposedLayoutIsComparedElementByElement) {
   EXPECT_EQ(B.Suspects.front().Component.Path, "heads");
 }
 
+TEST_F(DiagnosisTest, AModuleOnlyTheTargetHasIsNoRootCauseByStructureAlone) {
+  // The target's block runs an extra module of the same shapes as a
+  // reference module the target lacks; the two are paired by structure
+  // (nothing agrees by value), and they differ — but the block around them
+  // agrees: no divergence.
+  {
+    TraceBuilder R(dir("ref"));
+    R.call("", "", {0}, {}, {1, 2});
+    R.call("blk", "", {1, 2}, {});
+    R.call("blk.x", "blk", {3, 4}, {});
+    R.close();
+  }
+  {
+    TraceBuilder T(dir("tgt"));
+    T.call("", "", {0}, {}, {1, 2});
+    T.call("blk", "", {1, 2}, {});
+    T.call("blk.extra", "blk", {7, 9}, {});
+    T.close();
+  }
+  Diagnosis D = run("tgt", "ref");
+  EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence);
+  auto Extra = llvm::find_if(D.Curve, [](const ComponentRatio &C) { return C.Path == "blk.extra"; });
+  ASSERT_NE(Extra, D.Curve.end());
+  EXPECT_EQ(Extra->MappedBy, "structure");
+}
+
+TEST_F(DiagnosisTest, RecipesGiveWayToTheSamePath) {
+  // The same engine code on both sides: its attention backend is paired
+  // with the reference's backend by path, not by the recipe that meets an
+  // HF model (o_proj's input).
+  auto Layout = [&](StringRef Name, std::vector<float> Attn) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.call("model.layers.0.self_attn", "", {1, 2}, {});
+    T.call("model.layers.0.self_attn.attn", "model.layers.0.self_attn", Attn, {});
+    T.call("model.layers.0.self_attn.o_proj", "model.layers.0.self_attn", {5, 6},
+           {"model.layers.0.self_attn.attn"});
+    T.close();
+  };
+  Layout("ref", {3, 4});
+  Layout("tgt", {3, 4});
+  Diagnosis D = run("tgt", "ref");
+  auto Attn = llvm::find_if(
+      D.Curve, [](const ComponentRatio &C) { return C.Path == "model.layers.0.self_attn.attn"; });
+  ASSERT_NE(Attn, D.Curve.end());
+  EXPECT_EQ(Attn->MappedBy, "");
+  EXPECT_EQ(Attn->ReferencePaths, std::vector<std::string>{"model.layers.0.self_attn.attn"});
+  EXPECT_TRUE(Attn->InputsCompared);
+}
+
 TEST_F(DiagnosisTest, APaddedReferenceBatchIsComparedOnItsRealTokens) {
   using Spec = TraceBuilder::Spec;
   // The reference: two sequences of 3 and 1 tokens, padded on the right to

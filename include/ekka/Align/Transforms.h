@@ -92,8 +92,9 @@ std::optional<Elements> unpad(const Elements &V, llvm::ArrayRef<int64_t> S, cons
 
 /// Un-pages a KV cache: \p Cache of shape [blocks, block_size, ...] and the
 /// slot of each token (block * block_size + offset, as vLLM's slot
-/// mapping) give the tokens' entries in order, [tokens, ...]. None when a
-/// slot is outside the cache.
+/// mapping) give the tokens' entries in order, [tokens, ...]; a negative
+/// slot (a padding token, which vLLM does not cache) is skipped. None when
+/// a slot is past the cache.
 std::optional<Elements> unpage(const Elements &Cache, llvm::ArrayRef<int64_t> CacheShape,
                              llvm::ArrayRef<int64_t> Slots);
 

@@ -75,6 +75,13 @@ elif kind == "two-roots":
     for _ in range(2):
         target(x)
         draft(x)
+    # Then a part of the target with parts of its own, called on its own
+    # after the draft ran: its tree is still the target's.
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    target.b = block
+    target(x)
+    draft(x)
+    target.b(x)
 elif kind == "inner-first":
     class Whole(torch.nn.Module):
         def __init__(self):
