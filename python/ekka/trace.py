@@ -288,6 +288,7 @@ def _names_of(root):
         with_kwargs = getattr(m, "_forward_pre_hooks_with_kwargs", None)
         if _pre_hook_id is not None and isinstance(with_kwargs, dict):
             with_kwargs[_pre_hook_id] = True
+            _marked.add(m)
     return names
 
 
@@ -310,7 +311,23 @@ def _post_hook(module, args, *rest):
           positional)
 
 
+# The modules whose with-kwargs set names the global pre-hook (_names_of):
+# the mark is taken back when tracing stops, so that a model saved or sent
+# to another process afterwards carries no hook id of this one's (where a
+# hook of its own with that id would be called with keyword arguments).
+_marked = weakref.WeakSet()
+
+
+def _unmark():
+    for m in list(_marked):
+        with_kwargs = getattr(m, "_forward_pre_hooks_with_kwargs", None)
+        if isinstance(with_kwargs, dict):
+            with_kwargs.pop(_pre_hook_id, None)
+    _marked.clear()
+
+
 def _stop():
+    _unmark()
     summary = torch.ops.ekka.stop()
     if summary.startswith("error: "):
         print(f"ekka-trace: {summary}", file=sys.stderr)

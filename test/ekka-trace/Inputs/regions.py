@@ -33,4 +33,6 @@ with torch.no_grad():
     with ekka.trace.Trace(os.path.join(out, "first"), force=True):
         model(x)
 print("kept:", open(os.path.join(out, "first", "notes.txt")).read())
+# After its regions the model carries no mark of the tracer's hook.
+print("marked after:", sum(len(m._forward_pre_hooks_with_kwargs) for m in model.modules()))
 print("summary:", first.summary)
