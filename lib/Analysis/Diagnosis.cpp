@@ -1827,7 +1827,7 @@ Expected<std::vector<std::vector<size_t>>> rankStages(ArrayRef<TraceReader *> Ra
   }
   for (const auto &S : Stages)
     if (S.size() != Stages.front().size())
-      return makeError("the target's " + Twine(Ranks.size()) + " ranks form " +
+      return makeError("the trace's " + Twine(Ranks.size()) + " ranks form " +
                        Twine(Stages.size()) +
                        " pipeline stages of different sizes (by the modules each rank ran): "
                        "not a tensor-parallel x pipeline-parallel layout");
@@ -1847,34 +1847,69 @@ Expected<RankLayout> rankLayout(ArrayRef<TraceReader *> Ranks) {
 
 Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks, TraceReader &Reference,
                              TraceReader *ReferenceFP32, const DiagnoseOptions &Options) {
-  TraceReader &Target = *TargetRanks.front();
+  TraceReader *Ref[] = {&Reference}, *FP32[] = {ReferenceFP32};
+  return diagnose(TargetRanks, Ref, ReferenceFP32 ? ArrayRef<TraceReader *>(FP32)
+                                                  : ArrayRef<TraceReader *>(),
+                  Options);
+}
+
+namespace {
+
+/// Column \p P of a multi-rank trace: each stage's P-th tensor-parallel
+/// rank, first stage first, joined into one call sequence when there are
+/// several stages.
+Error loadColumn(Side &S, ArrayRef<TraceReader *> Ranks,
+                 const std::vector<std::vector<size_t>> &Stages, size_t P) {
+  std::vector<TraceReader *> Column;
+  for (const std::vector<size_t> &Stage : Stages)
+    Column.push_back(Ranks[Stage[P]]);
+  return Column.size() > 1 ? S.loadStages(Column) : S.load(*Column.front());
+}
+
+/// A reference of several ranks: its stages joined, compared through its
+/// first tensor-parallel rank — which meets the target's own first rank
+/// shard for shard, so both must have as many tensor-parallel ranks (or
+/// the reference one).
+Error loadReference(Side &S, ArrayRef<TraceReader *> Ranks, size_t TargetParallel,
+                    StringRef Flag) {
+  auto Stages = rankStages(Ranks);
+  if (!Stages)
+    return Stages.takeError();
+  size_t Parallel = Stages->front().size();
+  if (Parallel > 1 && Parallel != TargetParallel)
+    return makeError("the " + Flag + " has " + Twine(Parallel) +
+                     " tensor-parallel ranks per stage and the target " + Twine(TargetParallel) +
+                     ": a sharded reference is compared shard for shard, with as many ranks");
+  return loadColumn(S, Ranks, *Stages, 0);
+}
+
+} // namespace
+
+Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks,
+                             ArrayRef<TraceReader *> ReferenceRanks,
+                             ArrayRef<TraceReader *> FP32Ranks, const DiagnoseOptions &Options) {
+  TraceReader &Target = *TargetRanks.front(), &Reference = *ReferenceRanks.front();
+  TraceReader *ReferenceFP32 = FP32Ranks.empty() ? nullptr : FP32Ranks.front();
   Side T, R, F;
   auto Stages = rankStages(TargetRanks);
   if (!Stages)
     return Stages.takeError();
-  // Column P: each stage's P-th tensor-parallel rank, first stage first,
-  // joined into one call sequence when there are several stages.
-  auto Load = [&](Side &S, size_t P) -> Error {
-    std::vector<TraceReader *> Column;
-    for (const std::vector<size_t> &Stage : *Stages)
-      Column.push_back(TargetRanks[Stage[P]]);
-    return Column.size() > 1 ? S.loadStages(Column) : S.load(*Column.front());
-  };
-  if (Error E = Load(T, 0))
+  if (Error E = loadColumn(T, TargetRanks, *Stages, 0))
     return E;
   // Tensor-parallel ranks: the first is compared, the others lend their
-  // shards.
-  std::vector<std::unique_ptr<Side>> Peers;
-  for (size_t P = 1; P < Stages->front().size(); ++P) {
-    Peers.push_back(std::make_unique<Side>());
-    if (Error E = Load(*Peers.back(), P))
-      return E;
-  }
-  if (Error E = R.load(Reference))
+  // shards — unless the reference is sharded alike (then shard meets shard).
+  size_t Parallel = Stages->front().size();
+  if (Error E = loadReference(R, ReferenceRanks, Parallel, "reference"))
     return E;
   if (ReferenceFP32)
-    if (Error E = F.load(*ReferenceFP32))
+    if (Error E = loadReference(F, FP32Ranks, Parallel, "FP32 reference"))
       return E;
+  std::vector<std::unique_ptr<Side>> Peers;
+  for (size_t P = 1; P < Parallel; ++P) {
+    Peers.push_back(std::make_unique<Side>());
+    if (Error E = loadColumn(*Peers.back(), TargetRanks, *Stages, P))
+      return E;
+  }
   for (Side *S : {&T, &R, &F})
     S->dropPadding();
   for (auto &P : Peers)

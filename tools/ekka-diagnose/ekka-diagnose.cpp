@@ -71,13 +71,25 @@ std::vector<std::unique_ptr<TraceReader>> openRanks(StringRef Flag, StringRef Di
   return std::move(*Ranks);
 }
 
-/// A reference: one rank (HuggingFace runs in one process).
-std::unique_ptr<TraceReader> openTrace(StringRef Flag, StringRef Dir) {
-  auto Ranks = openRanks(Flag, Dir);
-  if (Ranks.size() > 1)
-    errs() << Tool << ": warning: --" << Flag << " has " << Ranks.size()
-           << " ranks; only rank 0 is compared\n";
-  return std::move(Ranks[0]);
+/// Says how a trace's ranks are read, on stderr.
+void noteRanks(StringRef Flag, ArrayRef<TraceReader *> Ranks, bool Reference) {
+  RankLayout Layout = unwrapOrExit(Tool, rankLayout(Ranks));
+  if (Layout == RankLayout::Single)
+    return;
+  auto Stages = unwrapOrExit(Tool, rankStages(Ranks));
+  errs() << Tool << ": note: --" << Flag << " has " << Ranks.size() << " ranks: ";
+  if (Layout == RankLayout::Stages)
+    errs() << "pipeline stages, joined into one call sequence\n";
+  else if (Reference)
+    errs() << Stages.size() << " stage(s) of " << Stages.front().size()
+           << " tensor-parallel ranks: the first ranks compared, shard for shard with the "
+              "target's\n";
+  else if (Layout == RankLayout::SameModules)
+    errs() << "tensor-parallel, compared through rank 0, sharded tensors gathered from all "
+              "ranks\n";
+  else
+    errs() << Stages.size() << " pipeline stages of " << Stages.front().size()
+           << " tensor-parallel ranks each; stages joined, sharded tensors gathered\n";
 }
 
 /// A ratio as JSON: infinity (a NaN or Inf where the reference has none)
@@ -464,24 +476,19 @@ int main(int argc, char **argv) {
   // Pipeline stages are joined; ranks that ran the same modules (tensor
   // parallelism) are compared through rank 0, the others lending their
   // shards of sharded tensors.
-  RankLayout Layout = unwrapOrExit(Tool, rankLayout(Target));
-  if (Layout == RankLayout::SameModules)
-    errs() << Tool << ": note: --target has " << Target.size()
-           << " tensor-parallel ranks: compared through rank 0, sharded tensors gathered from "
-              "all ranks\n";
-  else if (Layout == RankLayout::Stages)
-    errs() << Tool << ": note: --target has " << Target.size()
-           << " pipeline stages: joined into one call sequence\n";
-  else if (Layout == RankLayout::TensorParallelStages) {
-    auto Stages = unwrapOrExit(Tool, rankStages(Target));
-    errs() << Tool << ": note: --target has " << Target.size() << " ranks: "
-           << Stages.size() << " pipeline stages of " << Stages.front().size()
-           << " tensor-parallel ranks each; stages joined, sharded tensors gathered\n";
+  noteRanks("target", Target, false);
+  auto ReferenceRanks = openRanks("reference", ReferenceDir);
+  std::vector<TraceReader *> Reference, FP32;
+  for (auto &R : ReferenceRanks)
+    Reference.push_back(R.get());
+  noteRanks("reference", Reference, true);
+  std::vector<std::unique_ptr<TraceReader>> FP32Ranks;
+  if (!ReferenceFP32Dir.empty()) {
+    FP32Ranks = openRanks("reference-fp32", ReferenceFP32Dir);
+    for (auto &R : FP32Ranks)
+      FP32.push_back(R.get());
+    noteRanks("reference-fp32", FP32, true);
   }
-  auto Reference = openTrace("reference", ReferenceDir);
-  std::unique_ptr<TraceReader> FP32;
-  if (!ReferenceFP32Dir.empty())
-    FP32 = openTrace("reference-fp32", ReferenceFP32Dir);
   std::vector<std::unique_ptr<CodeIndex>> Idx;
   for (const std::string &I : Indexes)
     Idx.push_back(unwrapOrExit(Tool, CodeIndex::openForReading(I)));
@@ -491,7 +498,7 @@ int main(int argc, char **argv) {
   if (!MappingFile.empty())
     Options.Mapping = unwrapOrExit(Tool, readMappingFile(MappingFile));
   Options.UseRecipes = !NoRecipes;
-  Diagnosis D = unwrapOrExit(Tool, diagnose(Target, *Reference, FP32.get(), Options));
+  Diagnosis D = unwrapOrExit(Tool, diagnose(Target, Reference, FP32, Options));
 
   if (!CalibrateFile.empty()) {
     writeCalibration(D);

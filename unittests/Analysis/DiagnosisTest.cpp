@@ -730,6 +730,77 @@ TEST_F(DiagnosisTest, TensorParallelStagesAreJoinedAndGathered) {
   EXPECT_NE(toString(U.takeError()).find("stages of different sizes"), std::string::npos);
 }
 
+TEST_F(DiagnosisTest, AReferenceOfSeveralRanksIsJoinedOrComparedShardForShard) {
+  using Spec = TraceBuilder::Spec;
+  std::vector<int64_t> Tokens = {1, 2};
+  // One process: root, model, two layers, head.
+  auto Whole = [&](StringRef Name, std::vector<float> Head) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", Head, {}, Tokens);
+    T.call("model", "", {2, 3});
+    T.call("model.layers.0", "model", {1, 2});
+    T.call("model.layers.1", "model", {2, 3}, {"model.layers.0"});
+    T.call("head", "", Head, {"model"});
+    T.close();
+  };
+  // The same as two pipeline stages.
+  auto Stage = [&](StringRef Name, bool First) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", First ? std::vector<float>{1, 2} : std::vector<float>{0.5f, 0.25f}, {},
+           Tokens);
+    T.call("model", "", First ? std::vector<float>{1, 2} : std::vector<float>{2, 3});
+    if (First) {
+      T.call("model.layers.0", "model", {1, 2});
+    } else {
+      T.call("model.layers.1", "model", {2, 3});
+      T.call("head", "", {0.5f, 0.25f}, {"model"});
+    }
+    T.close();
+  };
+  Whole("tgt", {0.5f, 0.25f});
+  Whole("bad", {9, 9});
+  Stage("ref-0", true);
+  Stage("ref-1", false);
+  auto Tgt = open("tgt"), Bad = open("bad"), R0 = open("ref-0"), R1 = open("ref-1");
+  TraceReader *Target[] = {Tgt.get()}, *Broken[] = {Bad.get()}, *Ref[] = {R0.get(), R1.get()};
+  auto D = diagnose(Target, Ref, {}, DiagnoseOptions());
+  ASSERT_TRUE(bool(D)) << toString(D.takeError());
+  EXPECT_EQ(D->Result, Diagnosis::Verdict::NoDivergence);
+  EXPECT_EQ(D->Uncompared, 0u); // the later stage's layer and head are there
+  auto E = diagnose(Broken, Ref, {}, DiagnoseOptions());
+  ASSERT_TRUE(bool(E)) << toString(E.takeError());
+  ASSERT_EQ(E->Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(E->Suspects.front().Component.Path, "head");
+
+  // Tensor-parallel on both sides: shard meets shard through the first
+  // ranks. Against a single-rank target, a sharded reference is refused.
+  auto Rank = [&](StringRef Name, std::vector<float> Shard) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {1}, {}, Tokens);
+    T.callSpecs("col", "", {}, {Spec{Shard, {2, 2}}});
+    T.close();
+  };
+  Rank("t0", {1, 2, 5, 6});
+  Rank("t1", {3, 4, 7, 8});
+  Rank("r0", {1, 2, 5, 6});
+  Rank("r1", {3, 4, 7, 8});
+  Rank("bad-t0", {1, 9, 5, 6});
+  auto T0 = open("t0"), T1 = open("t1"), Q0 = open("r0"), Q1 = open("r1"), B0 = open("bad-t0");
+  TraceReader *TP[] = {T0.get(), T1.get()}, *BadTP[] = {B0.get(), T1.get()},
+              *RefTP[] = {Q0.get(), Q1.get()}, *One[] = {T0.get()};
+  auto S = diagnose(TP, RefTP, {}, DiagnoseOptions());
+  ASSERT_TRUE(bool(S)) << toString(S.takeError());
+  EXPECT_EQ(S->Result, Diagnosis::Verdict::NoDivergence);
+  EXPECT_EQ(S->Uncompared, 0u);
+  auto SB = diagnose(BadTP, RefTP, {}, DiagnoseOptions());
+  ASSERT_TRUE(bool(SB)) << toString(SB.takeError());
+  ASSERT_EQ(SB->Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(SB->Suspects.front().Component.Path, "col");
+  auto Refused = diagnose(One, RefTP, {}, DiagnoseOptions());
+  ASSERT_FALSE(bool(Refused));
+  EXPECT_NE(toString(Refused.takeError()).find("shard for shard"), std::string::npos);
+}
+
 TEST_F(DiagnosisTest, CodeThatNamesItsModulesItsOwnWayIsMappedByValuesAndStructure) {
   // HF's names on the reference side; the target's are its own (no rule
   // and no path pairs them): tok ~ model.embed, blocks.0 ~ model.layers.0,

@@ -140,6 +140,16 @@ llvm::Expected<Diagnosis> diagnose(llvm::ArrayRef<TraceReader *> TargetRanks,
                                    TraceReader &Reference, TraceReader *ReferenceFP32,
                                    const DiagnoseOptions &Options);
 
+/// The same, for references of several ranks too (\p FP32Ranks empty
+/// without an FP32 reference). A reference's pipeline stages are joined;
+/// a tensor-parallel reference is compared through its first ranks, shard
+/// for shard with the target's, and needs as many ranks per stage as the
+/// target has.
+llvm::Expected<Diagnosis> diagnose(llvm::ArrayRef<TraceReader *> TargetRanks,
+                                   llvm::ArrayRef<TraceReader *> ReferenceRanks,
+                                   llvm::ArrayRef<TraceReader *> FP32Ranks,
+                                   const DiagnoseOptions &Options);
+
 } // namespace ekka
 
 #endif
