@@ -242,7 +242,7 @@ class _Tree:
 
 
 def _tree_holding(local, module):
-    """The tree of a live root that \p module belongs to (the last root's
+    """The tree of a live root that `module` belongs to (the last root's
     first), or None."""
     current = getattr(local, "current", None)
     candidates = ([current] if current is not None else []) + \

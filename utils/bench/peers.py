@@ -6,7 +6,7 @@ import numpy
 
 
 def memcpy_gbps(nbytes=256 << 20, repeats=5):
-    """The best of a few copies of \\p nbytes in memory, in GB/s."""
+    """The best of a few copies of `nbytes` in memory, in GB/s."""
     src = numpy.ones(nbytes, dtype=numpy.uint8)
     dst = numpy.empty_like(src)
     best = float("inf")
@@ -18,7 +18,7 @@ def memcpy_gbps(nbytes=256 << 20, repeats=5):
 
 
 def file_write_gbps(directory, nbytes=512 << 20, chunk=64 << 20):
-    """Writing \p nbytes into a new file in \p directory, in chunks of a
+    """Writing `nbytes` into a new file in `directory`, in chunks of a
     shard's size, as ekka-trace writes its shards (through the page cache,
     no fsync): the rate this file system takes data at, in GB/s."""
     import os

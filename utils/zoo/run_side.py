@@ -52,7 +52,7 @@ FP4_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 def on_grid(weight, fmt):
-    """\p weight rounded to the quantization grid of \p fmt, per row with a
+    """`weight` rounded to the quantization grid of `fmt`, per row with a
     power-of-two scale: values a correct quantized engine holds exactly."""
     w = weight.float()
     amax = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
@@ -80,7 +80,7 @@ def save_checkpoint(case, path):
 
 
 def serve(case, device, rank=0, world=1):
-    """The engine serving the case's prompt on one rank of \p world."""
+    """The engine serving the case's prompt on one rank of `world`."""
     if world > 1:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
         torch.distributed.init_process_group(

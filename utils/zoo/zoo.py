@@ -87,8 +87,8 @@ def fresh_workdir(work):
 
 def trace_case(case, work, device="cpu", separate=False):
     """Traces the engine with the case's bug and the reference (bf16, fp32)
-    into \p work (made fresh): in one Python process, each side in its own
-    trace (ekka.trace.Trace), or with \p separate as a user would, three
+    into `work` (made fresh): in one Python process, each side in its own
+    trace (ekka.trace.Trace), or with `separate` as a user would, three
     ekka-trace runs."""
     fresh_workdir(work)
     py = sys.executable
@@ -110,8 +110,8 @@ def trace_case(case, work, device="cpu", separate=False):
 
 
 def diagnose_case(work, index, text=True):
-    """Runs ekka-diagnose over the traces in \p work; returns its JSON report.
-    With \p text, also the diagnosis as ekka-diagnose prints it."""
+    """Runs ekka-diagnose over the traces in `work`; returns its JSON report.
+    With `text`, also the diagnosis as ekka-diagnose prints it."""
     for side in ("target", "reference-bf16", "reference-fp32"):
         if not any(os.path.isfile(os.path.join(work, side, *where, "trace.db"))
                    for where in ((), ("rank-0",))):
