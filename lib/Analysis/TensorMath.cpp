@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <system_error>
+#include <thread>
 
 namespace ekka {
 
@@ -279,6 +281,36 @@ template <typename A, typename B> RatioSums bytesSums2(const char *X, const char
 
 } // namespace
 
+namespace {
+
+/// \p Sums over elements [0, N), a large tensor's two halves summed on two
+/// threads (the loop is bound by arithmetic, not by memory, on one core).
+/// The split is fixed, so the result does not depend on timing.
+template <typename Fn> RatioSums inHalves(size_t N, Fn &&Sums) {
+  constexpr size_t Large = size_t(1) << 20;
+  if (N < Large || std::thread::hardware_concurrency() < 2)
+    return Sums(0, N);
+  size_t Half = N / 2;
+  RatioSums Second;
+  std::thread Helper;
+  try {
+    Helper = std::thread([&] { Second = Sums(Half, N - Half); });
+  } catch (const std::system_error &) {
+    return Sums(0, N); // no thread to be had: one pass here
+  }
+  RatioSums First = Sums(0, Half);
+  Helper.join();
+  First.TR += Second.TR;
+  First.TY += Second.TY;
+  First.RY += Second.RY;
+  First.YY += Second.YY;
+  First.RR += Second.RR;
+  First.Finite = First.Finite && Second.Finite;
+  return First;
+}
+
+} // namespace
+
 std::optional<RatioSums> ratioSums(DType TT, llvm::StringRef XT, DType RT, llvm::StringRef XR,
                                    DType YT, llvm::StringRef YR, size_t N) {
   std::optional<RatioSums> Out;
@@ -291,13 +323,20 @@ std::optional<RatioSums> ratioSums(DType TT, llvm::StringRef XT, DType RT, llvm:
       Sized &= XR.size() == N * B::Size;
       if (YR.empty()) {
         if (Sized)
-          Out = bytesSums2<A, B>(XT.data(), XR.data(), N);
+          Out = inHalves(N, [&](size_t Begin, size_t Count) {
+            return bytesSums2<A, B>(XT.data() + Begin * A::Size, XR.data() + Begin * B::Size,
+                                    Count);
+          });
         return;
       }
       withLoader(YT, [&](auto LC) {
         using C = decltype(LC);
         if (Sized && YR.size() == N * C::Size)
-          Out = bytesSums3<A, B, C>(XT.data(), XR.data(), YR.data(), N);
+          Out = inHalves(N, [&](size_t Begin, size_t Count) {
+            return bytesSums3<A, B, C>(XT.data() + Begin * A::Size,
+                                       XR.data() + Begin * B::Size,
+                                       YR.data() + Begin * C::Size, Count);
+          });
       });
     });
   });
