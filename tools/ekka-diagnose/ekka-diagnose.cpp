@@ -32,9 +32,13 @@ constexpr const char *Tool = "ekka-diagnose";
 cl::OptionCategory Category("ekka-diagnose options");
 
 cl::opt<std::string> TargetDir("target", cl::value_desc("TRACE"), cl::cat(Category),
-                               cl::desc("Trace of the implementation under suspicion"));
+                               cl::desc("Trace of the implementation under suspicion (a "
+                                        "directory of rank-N/ traces for several ranks: "
+                                        "stages joined, shards gathered)"));
 cl::opt<std::string> ReferenceDir("reference", cl::value_desc("TRACE"), cl::cat(Category),
-                                  cl::desc("Trace of the trusted implementation, same precision"));
+                                  cl::desc("Trace of the trusted implementation, same precision "
+                                           "(several ranks: stages joined, shards compared "
+                                           "shard for shard)"));
 cl::opt<std::string> ReferenceFP32Dir(
     "reference-fp32", cl::value_desc("TRACE"), cl::cat(Category),
     cl::desc("Trace of the trusted implementation in FP32 (recommended): the accurate answer "
@@ -50,18 +54,23 @@ cl::opt<std::string> HtmlFile("html", cl::value_desc("FILE"), cl::cat(Category),
 cl::opt<std::string> MappingFile(
     "mapping", cl::value_desc("FILE"), cl::cat(Category),
     cl::desc("A JSON file mapping target components onto reference ones (renamed, fused: "
-             "qkv_proj onto q_proj,k_proj,v_proj); see docs/Diagnose.md"));
+             "qkv_proj onto q_proj,k_proj,v_proj; many-to-one; a reference's ':input'); see "
+             "docs/Diagnose.md. Without one, names the recipes and paths leave open are paired "
+             "by tensor evidence and structure"));
 cl::opt<bool> NoRecipes(
     "no-recipes", cl::cat(Category),
     cl::desc("Do not use the built-in recipes that map serving engines' naming (vLLM, SGLang: "
-             "qkv_proj, gate_up_proj, logits_processor) onto HuggingFace's"));
+             "qkv_proj, gate_up_proj, logits_processor, the attention backend) onto "
+             "HuggingFace's"));
 cl::opt<std::string> CalibrateFile(
     "calibrate", cl::value_desc("FILE"), cl::cat(Category),
     cl::desc("On a known-good pair: save the mappings this run validated (ratio below the "
              "threshold) as a knowledge base, a mapping file that later runs reuse with "
              "--mapping FILE. A pair that diverges is refused (exit code 2)"));
 cl::opt<bool> ShowMapping("show-mapping", cl::cat(Category),
-                          cl::desc("Print how target components map to reference components"));
+                          cl::desc("Print how target components map to reference components "
+                                   "(by path, rule, tensor evidence or structure), and why "
+                                   "the unmapped ones are not"));
 
 /// A trace's ranks, first to last.
 std::vector<std::unique_ptr<TraceReader>> openRanks(StringRef Flag, StringRef Dir) {
