@@ -116,7 +116,7 @@ namespace {
 /// (and the event recorded after it would never complete). Asked of the
 /// driver the program has loaded; a stream it cannot answer for counts as
 /// capturing.
-bool capturingGraph(const c10::Stream &S) {
+bool streamCapturing(const c10::Stream &S) {
   if (S.device_type() != c10::DeviceType::CUDA)
     return false;
   using IsCapturingFn = int (*)(void *, int *); // cuStreamIsCapturing
@@ -136,6 +136,12 @@ bool capturingGraph(const c10::Stream &S) {
 
 } // namespace
 
+bool capturingGraph(const at::Tensor &T) {
+  if (!T.is_cuda())
+    return false;
+  return streamCapturing(c10::impl::getDeviceGuardImpl(T.device().type())->getStream(T.device()));
+}
+
 TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
                                        std::atomic<int64_t> &Lost) {
   at::RecordFunctionGuard NoRecord(false);
@@ -143,7 +149,7 @@ TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
   if (T.numel() == 0 && !Bytes)
     return [](TensorRecord &R, std::optional<std::string> &) { R.Stats = TensorStats(); };
   const c10::impl::DeviceGuardImplInterface *Device = c10::impl::getDeviceGuardImpl(T.device().type());
-  if (capturingGraph(Device->getStream(T.device()))) {
+  if (streamCapturing(Device->getStream(T.device()))) {
     // Eager mode is required (docs/Tracing.md); under a graph capture the
     // record stays, without statistics or bytes, and is counted as lost.
     return [&Lost](TensorRecord &, std::optional<std::string> &) { ++Lost; };

@@ -32,6 +32,11 @@ std::string tensorBytes(const at::Tensor &T);
 TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
                                        std::atomic<int64_t> &Lost);
 
+/// Whether \p T is on a GPU whose current stream is capturing a CUDA graph:
+/// nothing may be read back from it then (the read-back would be captured
+/// into the graph).
+bool capturingGraph(const at::Tensor &T);
+
 } // namespace ekka
 
 #endif

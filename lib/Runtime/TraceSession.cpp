@@ -158,6 +158,10 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   R.Role = Role;
   R.Index = Index;
   uint64_t Size = uint64_t(T.numel()) * T.element_size();
+  // Under a CUDA graph capture nothing is read back (deviceReadback counts
+  // it lost); its bytes must not use up the capture budget either.
+  if (T.is_cuda() && Capture && capturingGraph(T))
+    Capture = false;
   bool Captured = Capture && withinCaptureBudget(S, Size);
   std::optional<std::string> Data;
   auto Use = TraceWriter::BytesUse::Capture;
