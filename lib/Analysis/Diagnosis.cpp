@@ -1336,6 +1336,8 @@ private:
   bool elevated(const std::optional<double> &X) const { return X && *X > O.Threshold; }
 
   void localize(Diagnosis &D) {
+    for (size_t I = 0; I < D.Curve.size(); ++I)
+      CurveIndex[D.Curve[I].CallId] = I;
     // Local divergence: the output departs while the inputs do not. Such a
     // call computed the difference itself; a call downstream of it sees a
     // diverged input and is not a root cause, and one that does not consume
@@ -1497,11 +1499,10 @@ private:
   /// The nearest mapped call around curve entry \p Index, or null.
   const ComponentRatio *mappedAncestor(const Diagnosis &D, size_t Index) const {
     const ModuleCallRecord *M = T.CallById.lookup(D.Curve[Index].CallId);
-    for (M = M ? parentOf(T, *M) : nullptr; M; M = parentOf(T, *M))
-      for (const ComponentRatio &X : D.Curve)
-        if (X.CallId == M->Id && X.Mapped)
-          return &X;
-    return nullptr;
+    if (!M || !M->ParentId)
+      return nullptr;
+    auto I = mappedCallAround(D, *M->ParentId, std::numeric_limits<int64_t>::min());
+    return I ? &D.Curve[*I] : nullptr;
   }
 
   /// A call paired by structure alone (nothing on the reference side agreed
@@ -1533,10 +1534,10 @@ private:
       if (!Ref || unitRoundoff(Source->Type) == 0 || unitRoundoff(Ref->Type) == 0 ||
           unitRoundoff(Source->Type) <= unitRoundoff(Ref->Type))
         continue;
-      for (size_t I = 0; I < D.Curve.size(); ++I)
-        if (D.Curve[I].CallId == Source->OwnerId && D.Curve[I].Mapped)
-          return std::make_pair(
-              I, ("its output is " + dtypeName(Source->Type) + " where the reference's is " +
+      if (auto It = CurveIndex.find(Source->OwnerId);
+          It != CurveIndex.end() && D.Curve[It->second].Mapped)
+        return std::make_pair(
+              It->second, ("its output is " + dtypeName(Source->Type) + " where the reference's is " +
                   dtypeName(Ref->Type) + ": computed at a lower precision, it feeds " +
                   (C.Path.empty() ? std::string("(root)") : C.Path) +
                   ", whose output departs (R = " + formatv("{0}", format("%.3g", *C.Ratio)).str() +
@@ -1557,14 +1558,16 @@ private:
 
   /// The innermost mapped call that contains target call \p Call (itself
   /// included), below \p Stop; its index in the curve.
-  std::optional<size_t> mappedCallAround(const Diagnosis &D, int64_t Call, int64_t Stop) {
+  std::optional<size_t> mappedCallAround(const Diagnosis &D, int64_t Call, int64_t Stop) const {
     for (const ModuleCallRecord *M = T.CallById.lookup(Call); M && M->Id != Stop;
-         M = M->ParentId ? T.CallById.lookup(*M->ParentId) : nullptr)
-      for (size_t I = 0; I < D.Curve.size(); ++I)
-        if (D.Curve[I].CallId == M->Id && D.Curve[I].Mapped)
-          return I;
+         M = parentOf(T, *M))
+      if (auto It = CurveIndex.find(M->Id); It != CurveIndex.end() && D.Curve[It->second].Mapped)
+        return It->second;
     return std::nullopt;
   }
+
+  /// Target call id -> its entry in the curve (built before localization).
+  DenseMap<int64_t, size_t> CurveIndex;
 
   /// The ops of a call (its own, not its children's) with captured outputs,
   /// in execution order.

@@ -136,56 +136,6 @@ double norm(const std::vector<double> &A) {
   return std::sqrt(S);
 }
 
-RatioSums ratioSums(const std::vector<double> &XT, const std::vector<double> &XR,
-                    const std::vector<double> *YR) {
-  RatioSums S;
-  size_t N = std::min(XT.size(), XR.size());
-  const double *A = XT.data(), *B = XR.data();
-  // Two independent chains per sum: the loop runs at the rate of the loads.
-  if (YR) {
-    const double *C = YR->data();
-    double TY[2] = {0, 0}, RY[2] = {0, 0}, YY[2] = {0, 0}, TR[2] = {0, 0};
-    size_t I = 0;
-    for (; I + 2 <= N; I += 2)
-      for (size_t J = 0; J < 2; ++J) {
-        double X = A[I + J], R = B[I + J], Y = C[I + J];
-        TY[J] += (X - Y) * (X - Y);
-        RY[J] += (R - Y) * (R - Y);
-        YY[J] += Y * Y;
-        TR[J] += (X - R) * (X - R);
-      }
-    for (; I < N; ++I) {
-      double X = A[I], R = B[I], Y = C[I];
-      TY[0] += (X - Y) * (X - Y);
-      RY[0] += (R - Y) * (R - Y);
-      YY[0] += Y * Y;
-      TR[0] += (X - R) * (X - R);
-    }
-    S.TY = TY[0] + TY[1];
-    S.RY = RY[0] + RY[1];
-    S.YY = YY[0] + YY[1];
-    S.TR = TR[0] + TR[1];
-  } else {
-    double TR[4] = {0, 0, 0, 0}, RR[4] = {0, 0, 0, 0};
-    size_t I = 0;
-    for (; I + 4 <= N; I += 4)
-      for (size_t J = 0; J < 4; ++J) {
-        double X = A[I + J], R = B[I + J];
-        TR[J] += (X - R) * (X - R);
-        RR[J] += R * R;
-      }
-    for (; I < N; ++I) {
-      TR[0] += (A[I] - B[I]) * (A[I] - B[I]);
-      RR[0] += B[I] * B[I];
-    }
-    S.TR = (TR[0] + TR[1]) + (TR[2] + TR[3]);
-    S.RR = (RR[0] + RR[1]) + (RR[2] + RR[3]);
-  }
-  // Any NaN or infinity among the values makes some sum not finite.
-  S.Finite = std::isfinite(S.TR + S.TY + S.RY + S.YY + S.RR);
-  return S;
-}
-
 namespace {
 
 // Element loaders for the byte-level sums: each widens one element in
@@ -341,6 +291,18 @@ std::optional<RatioSums> ratioSums(DType TT, llvm::StringRef XT, DType RT, llvm:
     });
   });
   return Out;
+}
+
+RatioSums ratioSums(const std::vector<double> &XT, const std::vector<double> &XR,
+                    const std::vector<double> *YR) {
+  // The widened values are double tensors: the same kernel as for bytes.
+  size_t N = std::min(XT.size(), XR.size());
+  auto Bytes = [N](const std::vector<double> &V) {
+    return llvm::StringRef(reinterpret_cast<const char *>(V.data()), N * sizeof(double));
+  };
+  bool WithY = YR && YR->size() >= N && N > 0;
+  return *ratioSums(DType::F64, Bytes(XT), DType::F64, Bytes(XR), DType::F64,
+                    WithY ? Bytes(*YR) : llvm::StringRef(), N);
 }
 
 std::optional<size_t> firstDifference(const std::vector<double> &A, const std::vector<double> &B) {

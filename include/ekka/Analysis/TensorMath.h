@@ -28,9 +28,9 @@ double norm(const std::vector<double> &A);
 
 /// The sums an error ratio needs, from one pass over the target's values
 /// XT, the reference's XR and (optional) the FP32 reference's YR, all of
-/// one size: Σ(XT−XR)², Σ(XT−YR)², Σ(XR−YR)², ΣYR², ΣXR². Finite is false
-/// when any value is not (the sums are then to be computed element by
-/// element, as distance() does).
+/// one size: with YR, Σ(XT−YR)², Σ(XR−YR)² and ΣYR²; without, Σ(XT−XR)² and
+/// ΣXR². Finite is false when any value is not (the sums are then to be
+/// computed element by element, as distance() does).
 struct RatioSums {
   double TR = 0, TY = 0, RY = 0, YY = 0, RR = 0;
   bool Finite = true;
