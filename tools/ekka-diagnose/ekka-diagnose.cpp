@@ -5,13 +5,13 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ekka/Analysis/Diagnosis.h"
+#include "ekka/Report/Report.h"
 #include "ekka/Config.h"
 #include "ekka/Index/CodeIndex.h"
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
 #include "ekka/Trace/TraceReader.h"
 
-#include "llvm/Demangle/Demangle.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
@@ -101,352 +101,30 @@ void noteRanks(StringRef Flag, ArrayRef<TraceReader *> Ranks, bool Reference) {
            << " tensor-parallel ranks each; stages joined, sharded tensors gathered\n";
 }
 
-/// A ratio as JSON: infinity (a NaN or Inf where the reference has none)
-/// is not a JSON number; the largest double stands for it.
-json::Value ratioJSON(const std::optional<double> &R) {
-  if (!R)
-    return nullptr;
-  return std::isfinite(*R) ? *R : std::numeric_limits<double>::max();
-}
-
-std::string ratioText(const std::optional<double> &R) {
-  return R ? formatv("{0}", format("%.3g", *R)).str() : std::string("-");
-}
-
-struct SourceLink {
-  std::string Location, Excerpt;
-};
-
-/// The suspect's class definition from the code indexes, else the trace's
-/// file:line.
-SourceLink sourceOf(const ComponentRatio &C, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
-  for (auto &I : Idx) {
-    auto Defs = I->classDefinitions(C.ClassQualname);
-    if (!Defs) {
-      consumeError(Defs.takeError());
-      continue;
-    }
-    if (!Defs->empty()) {
-      const IndexedDefinition &D = Defs->front();
-      return {D.File + ":" + std::to_string(D.Def.LineStart), D.Source};
-    }
-  }
-  if (C.SourceFile.empty())
-    return {};
-  return {C.SourceFile + ":" + std::to_string(C.SourceLine), ""};
-}
-
-/// A kernel as a reader knows it: its source from the code indexes
-/// (find_kernel), and its name as the index or the demangler spells it (a
-/// CUPTI name is mangled, with nvcc's per-file name for an anonymous
-/// namespace).
-struct KernelSite {
-  std::string Where;   ///< file:line, or empty
-  std::string Display; ///< a readable name
-};
-KernelSite kernelSite(StringRef Kernel, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
-  for (auto &I : Idx) {
-    auto Defs = I->findKernel(Kernel);
-    if (!Defs) {
-      consumeError(Defs.takeError());
-      continue;
-    }
-    if (!Defs->empty())
-      return {Defs->front().File + ":" + std::to_string(Defs->front().Def.LineStart),
-              Defs->front().Def.QualifiedName};
-  }
-  return {"", llvm::demangle(Kernel.str())};
-}
-
-/// Where a custom op is implemented, from the code indexes (find_op): the
-/// implementing function if known, else its registration.
-std::string opSource(StringRef Op, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
-  for (auto &I : Idx) {
-    auto Defs = I->findOp(Op);
-    if (!Defs) {
-      consumeError(Defs.takeError());
-      continue;
-    }
-    const IndexedDefinition *Best = nullptr;
-    for (const IndexedDefinition &D : *Defs)
-      if (!Best || (!D.Relation.empty() && Best->Relation.empty()))
-        Best = &D;
-    if (Best)
-      return Best->File + ":" + std::to_string(Best->Def.LineStart) +
-             (Best->Relation.empty() ? " (registration)" : " (" + Best->Def.Name + ")");
-  }
-  return "";
-}
-
-std::string componentName(const ComponentRatio &C) {
-  return C.Path.empty() ? "(root " + C.ClassName + ")" : C.Path;
-}
-
-void printText(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
-  raw_ostream &OS = outs();
-  switch (D.Result) {
-  case Diagnosis::Verdict::InputsDiffer:
-    OS << "inputs-differ: the two programs were not fed the same inputs: " << D.InputsDifference
-       << "\n";
-    return;
-  case Diagnosis::Verdict::NoDivergence:
-    OS << "no-divergence: no component departs beyond numerical noise (largest R = "
-       << format("%.3g", D.MaxRatio) << ", threshold " << format("%g", D.Threshold) << ")\n";
-    OS << "  noise model: " << D.NoiseModel << "\n";
-    return;
-  case Diagnosis::Verdict::Divergence:
-    break;
-  }
-  const Suspect &First = D.Suspects.front();
-  OS << "divergence: " << componentName(First.Component) << " (" << First.Component.ClassName
-     << ") "
-     << (D.MergedSteps > 1 ? "over steps 1-" + std::to_string(D.MergedSteps)
-                           : "at step " + std::to_string(First.Component.Step))
-     << ", R = " << ratioText(First.Component.Ratio)
-     << (First.Op && !First.Op->ReadBy.empty() && First.Component.Ratio &&
-                 *First.Component.Ratio <= D.Threshold
-             ? " (its output), R = " + ratioText(First.Op->Ratio) + " what it wrote in place"
-         : First.Component.Ratio && *First.Component.Ratio <= D.Threshold
-             ? std::string(" (within noise itself: see the first suspect's reason)")
-             : std::string())
-     << "\n";
-  OS << "  noise model: " << D.NoiseModel << "\n";
-  unsigned Rank = 0;
-  for (const Suspect &S : D.Suspects) {
-    OS << "\nsuspect " << ++Rank << ": " << componentName(S.Component) << "  "
-       << S.Component.ClassQualname << "\n";
-    OS << "  " << S.Reason << "\n";
-    OS << "  evidence (R of the calls around it, in execution order):\n";
-    auto Line = [&](const ComponentRatio &C, bool Mark) {
-      OS << (Mark ? "  > " : "    ") << format("%-12s", ratioText(C.Ratio).c_str()) << " "
-         << componentName(C) << "\n";
-    };
-    for (const ComponentRatio &C : S.Before)
-      Line(C, false);
-    Line(S.Component, true);
-    for (const ComponentRatio &C : S.After)
-      Line(C, false);
-    SourceLink L = sourceOf(S.Component, Idx);
-    if (!L.Location.empty())
-      OS << "  source: " << L.Location << "\n";
-    if (S.Op) {
-      OS << "  op: " << S.Op->Name;
-      if (S.Op->Ratio)
-        OS << ", R = " << ratioText(S.Op->Ratio);
-      OS << " (" << S.Op->Reason << ")\n";
-      if (std::string Where = opSource(S.Op->Name, Idx); !Where.empty())
-        OS << "  op source: " << Where << "\n";
-      for (const std::string &K : S.Op->Kernels) {
-        KernelSite Site = kernelSite(K, Idx);
-        OS << "  kernel: " << Site.Display;
-        if (!Site.Where.empty())
-          OS << "  " << Site.Where;
-        OS << "\n";
-      }
-    }
-  }
-  if (!Idx.empty()) {
-    SourceLink L = sourceOf(First.Component, Idx);
-    if (!L.Excerpt.empty()) {
-      OS << "\n" << First.Component.ClassQualname << " (" << L.Location << "):\n";
-      StringRef Ex(L.Excerpt);
-      unsigned N = 0;
-      while (!Ex.empty() && N++ < 25) {
-        auto [LineText, Rest] = Ex.split('\n');
-        OS << "  | " << LineText << "\n";
-        Ex = Rest;
-      }
-    }
-  }
-}
-
-json::Value componentJSON(const ComponentRatio &C) {
-  json::Object O{{"component", C.Path}, {"class", C.ClassName}, {"step", C.Step}};
-  O["ratio"] = ratioJSON(C.Ratio);
-  return json::Value(std::move(O));
-}
-
-json::Value opJSON(const OpFinding &Op, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
-  json::Array Kernels;
-  for (const std::string &K : Op.Kernels) {
-    KernelSite Site = kernelSite(K, Idx);
-    Kernels.push_back(json::Object{
-        {"name", K},
-        {"display_name", Site.Display},
-        {"source", Site.Where.empty() ? json::Value(nullptr) : json::Value(Site.Where)}});
-  }
-  std::string OpWhere = opSource(Op.Name, Idx);
-  return json::Object{{"op", Op.Name},
-                      {"schema", Op.Schema},
-                      {"source", OpWhere.empty() ? json::Value(nullptr) : json::Value(OpWhere)},
-                      {"ratio", ratioJSON(Op.Ratio)},
-                      {"reference_op", Op.ReferenceName},
-                      {"reason", Op.Reason},
-                      {"kernels", std::move(Kernels)}};
-}
-
-json::Value toJSON(const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
-  json::Array Suspects;
-  for (const Suspect &S : D.Suspects) {
-    SourceLink L = sourceOf(S.Component, Idx);
-    json::Array Before, After;
-    for (const ComponentRatio &C : S.Before)
-      Before.push_back(componentJSON(C));
-    for (const ComponentRatio &C : S.After)
-      After.push_back(componentJSON(C));
-    Suspects.push_back(json::Object{
-        {"component", S.Component.Path},
-        {"class", S.Component.ClassQualname},
-        {"ratio", ratioJSON(S.Component.Ratio)},
-        {"input_ratio", ratioJSON(S.Component.InputRatio)},
-        {"step", S.Component.Step},
-        {"source", L.Location.empty() ? json::Value(nullptr) : json::Value(L.Location)},
-        {"kernel", S.Op ? opJSON(*S.Op, Idx) : json::Value(nullptr)},
-        {"reason", S.Reason},
-        {"evidence", json::Object{{"before", std::move(Before)}, {"after", std::move(After)}}},
-    });
-  }
-  json::Array Curve;
-  for (const ComponentRatio &C : D.Curve)
-    Curve.push_back(componentJSON(C));
-  json::Object O{{"verdict", verdictName(D.Result)},
-                 {"suspects", std::move(Suspects)},
-                 {"threshold", D.Threshold},
-                 {"noise_model", D.NoiseModel},
-                 {"max_ratio", ratioJSON(D.MaxRatio)},
-                 {"uncompared", int64_t(D.Uncompared)},
-                 {"merged_steps", D.MergedSteps},
-                 {"components", std::move(Curve)}};
-  if (D.Result == Diagnosis::Verdict::InputsDiffer)
-    O["inputs_difference"] = D.InputsDifference;
-  return json::Value(std::move(O));
-}
-
-std::string htmlEscape(StringRef S) {
-  std::string Out;
-  for (char C : S) {
-    switch (C) {
-    case '<': Out += "&lt;"; break;
-    case '>': Out += "&gt;"; break;
-    case '&': Out += "&amp;"; break;
-    case '"': Out += "&quot;"; break;
-    default: Out += C;
-    }
-  }
-  return Out;
-}
-
-/// One self-contained page: the error ratio along the call sequence (log
-/// scale SVG), the suspects with their evidence and source.
-void writeHtml(StringRef Path, const Diagnosis &D, std::vector<std::unique_ptr<CodeIndex>> &Idx) {
-  std::error_code EC;
-  raw_fd_ostream OS(Path, EC);
-  if (EC)
-    exitWithError(Tool, makeError("cannot write '" + Path + "': " + EC.message()));
-  OS << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Ekka diagnosis</title>"
-        "<style>body{font-family:sans-serif;margin:2em}pre{background:#f4f4f4;padding:1em}"
-        ".suspect{color:#b00}</style></head><body>\n";
-  OS << "<h1>" << htmlEscape(verdictName(D.Result)) << "</h1>\n";
-  if (!D.Suspects.empty())
-    OS << "<p class=\"suspect\">First suspect: <b>" << htmlEscape(componentName(D.Suspects[0].Component))
-       << "</b> (" << htmlEscape(D.Suspects[0].Component.ClassQualname) << ")</p>\n";
-  if (!D.InputsDifference.empty())
-    OS << "<p>" << htmlEscape(D.InputsDifference) << "</p>\n";
-  // The curve: log10(R) over the call sequence, threshold dashed.
-  const double W = 900, H = 260, Pad = 30;
-  auto Y = [&](double R) {
-    double L = std::log10(std::max(R, 1e-3));
-    double T = std::max(0.0, std::min(1.0, (L + 3) / 12));
-    return H - Pad - T * (H - 2 * Pad);
-  };
-  OS << "<svg id=\"error-ratio\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W
-     << "\" height=\"" << H << "\"><title>error ratio along the call sequence</title>\n";
-  OS << "<line x1=\"" << Pad << "\" x2=\"" << W - Pad << "\" y1=\"" << Y(D.Threshold)
-     << "\" y2=\"" << Y(D.Threshold) << "\" stroke=\"#888\" stroke-dasharray=\"4\"/>\n";
-  size_t N = D.Curve.size();
-  std::string Points;
-  for (size_t I = 0; I < N; ++I) {
-    if (!D.Curve[I].Ratio)
-      continue;
-    double X = Pad + (N > 1 ? double(I) / double(N - 1) : 0) * (W - 2 * Pad);
-    Points += formatv("{0:f1},{1:f1} ", X, Y(*D.Curve[I].Ratio)).str();
-    OS << "<circle cx=\"" << formatv("{0:f1}", X) << "\" cy=\""
-       << formatv("{0:f1}", Y(*D.Curve[I].Ratio)) << "\" r=\"2\"><title>"
-       << htmlEscape(componentName(D.Curve[I])) << " R=" << ratioText(D.Curve[I].Ratio)
-       << "</title></circle>\n";
-  }
-  OS << "<polyline fill=\"none\" stroke=\"#06c\" points=\"" << Points << "\"/>\n</svg>\n";
-  OS << "<p>" << htmlEscape(D.NoiseModel) << "; threshold " << format("%g", D.Threshold) << "</p>\n";
-  unsigned Rank = 0;
-  for (const Suspect &S : D.Suspects) {
-    OS << "<h2>Suspect " << ++Rank << ": " << htmlEscape(componentName(S.Component)) << "</h2>\n<p>"
-       << htmlEscape(S.Reason) << "</p>\n<table>";
-    for (const ComponentRatio &C : S.Before)
-      OS << "<tr><td>" << ratioText(C.Ratio) << "</td><td>" << htmlEscape(componentName(C)) << "</td></tr>";
-    OS << "<tr class=\"suspect\"><td>" << ratioText(S.Component.Ratio) << "</td><td><b>"
-       << htmlEscape(componentName(S.Component)) << "</b></td></tr>";
-    for (const ComponentRatio &C : S.After)
-      OS << "<tr><td>" << ratioText(C.Ratio) << "</td><td>" << htmlEscape(componentName(C)) << "</td></tr>";
-    OS << "</table>\n";
-    SourceLink L = sourceOf(S.Component, Idx);
-    if (!L.Location.empty())
-      OS << "<p>" << htmlEscape(L.Location) << "</p>\n";
-    if (!L.Excerpt.empty())
-      OS << "<pre>" << htmlEscape(L.Excerpt) << "</pre>\n";
-  }
-  OS << "</body></html>\n";
-}
-
-} // namespace
-
 /// --calibrate: the validated mappings of a known-good pair, as a mapping
 /// file with what they were validated on.
 void writeCalibration(const Diagnosis &D) {
-  if (D.Result != Diagnosis::Verdict::NoDivergence) {
-    std::string Why = D.Result == Diagnosis::Verdict::InputsDiffer
-                          ? "its inputs differ (" + D.InputsDifference + ")"
-                          : "it diverges at " + D.Suspects.front().Component.Path + " (R = " +
-                                ratioText(D.Suspects.front().Component.Ratio) + ")";
+  if (std::string Why = calibrationRefusal(D); !Why.empty())
     exitWithError(Tool, makeError("--calibrate needs a known-good pair, and " + Why +
                                   "; nothing written"));
-  }
-  json::Array Components;
-  std::vector<CalibratedRule> Rules = calibratedRules(D);
-  for (const CalibratedRule &C : Rules) {
-    json::Array Refs;
-    for (const std::string &R : C.Rule.Reference)
-      Refs.push_back(R);
-    // Many-to-one: the target's parts, in order.
-    json::Value Target = C.Rule.Target;
-    if (!C.Rule.Parts.empty())
-      Target = json::Array(C.Rule.Parts);
-    Components.push_back(json::Object{{"target", std::move(Target)},
-                                      {"reference", std::move(Refs)},
-                                      {"concat_dim", C.Rule.ConcatDim},
-                                      {"validated_calls", C.Validated},
-                                      {"largest_ratio", C.LargestRatio},
-                                      {"from", C.Rule.Source}});
-  }
-  json::Object Out{{"calibrated", json::Object{{"target", TargetDir.getValue()},
-                                               {"reference", ReferenceDir.getValue()},
-                                               {"reference_fp32", ReferenceFP32Dir.getValue()},
-                                               {"threshold", D.Threshold},
-                                               {"largest_ratio", D.MaxRatio},
-                                               {"tool", "ekka-diagnose " EKKA_VERSION}}},
-                   {"components", std::move(Components)}};
+  unsigned Mappings = 0;
+  json::Value Out = calibrationJSON(
+      D, {TargetDir.getValue(), ReferenceDir.getValue(), ReferenceFP32Dir.getValue()}, &Mappings);
   std::error_code EC;
   raw_fd_ostream OS(CalibrateFile, EC);
   if (EC)
     exitWithError(Tool, makeError("cannot write '" + CalibrateFile + "': " + EC.message()));
-  OS << formatv("{0:2}", json::Value(std::move(Out))) << "\n";
+  OS << formatv("{0:2}", Out) << "\n";
   OS.close();
   if (OS.has_error())
     exitWithError(Tool, makeError("cannot write '" + CalibrateFile + "'"));
-  outs() << "calibrated: " << Rules.size() << " mapping" << (Rules.size() == 1 ? "" : "s")
+  outs() << "calibrated: " << Mappings << " mapping" << (Mappings == 1 ? "" : "s")
          << " validated (largest R = " << ratioText(D.MaxRatio) << ", threshold "
          << ratioText(D.Threshold) << ") written to " << CalibrateFile
          << "; reuse it with --mapping " << CalibrateFile << "\n";
 }
+
+} // namespace
 
 int main(int argc, char **argv) {
   // Tensors are widened to doubles one pair after another, in buffers of
@@ -498,9 +176,12 @@ int main(int argc, char **argv) {
       FP32.push_back(R.get());
     noteRanks("reference-fp32", FP32, true);
   }
-  std::vector<std::unique_ptr<CodeIndex>> Idx;
-  for (const std::string &I : Indexes)
-    Idx.push_back(unwrapOrExit(Tool, CodeIndex::openForReading(I)));
+  std::vector<std::unique_ptr<CodeIndex>> Indexed;
+  std::vector<CodeIndex *> Idx;
+  for (const std::string &I : Indexes) {
+    Indexed.push_back(unwrapOrExit(Tool, CodeIndex::openForReading(I)));
+    Idx.push_back(Indexed.back().get());
+  }
 
   DiagnoseOptions Options;
   Options.Threshold = Threshold;
@@ -514,36 +195,26 @@ int main(int argc, char **argv) {
     return 0;
   }
 
-  if (ShowMapping) {
-    for (const ComponentRatio &C : D.Curve) {
-      std::string Refs;
-      for (const std::string &P : C.ReferencePaths)
-        Refs += (Refs.empty() ? "" : ", ") + (P.empty() ? std::string("(root)") : P);
-      std::string How;
-      if (!C.MappedBy.empty())
-        How += "by " + C.MappedBy;
-      if (C.ResidualPair)
-        How += std::string(How.empty() ? "" : ", ") + "(output, residual) pair summed";
-      if (C.Part >= 0)
-        How += std::string(How.empty() ? "" : ", ") + "part " + std::to_string(C.Part + 1) +
-               " of " + std::to_string(C.Parts.size()) + " along dim " +
-               std::to_string(C.ConcatDim);
-      outs() << (C.Mapped ? "mapped    " : "unmapped  ") << "step " << C.Step << "  "
-             << componentName(C)
-             << (C.Mapped ? "  <->  " + Refs + (How.empty() ? "" : "  [" + How + "]")
-                          : "  (" + C.UnmappedReason + ")")
-             << "\n";
-    }
-  }
+  if (ShowMapping)
+    printMapping(outs(), D);
+  SourceLocator Sources(Idx);
   if (Json)
-    outs() << formatv("{0:2}", toJSON(D, Idx)) << "\n";
+    outs() << formatv("{0:2}", toJSON(D, Sources)) << "\n";
   else
-    printText(D, Idx);
+    printText(outs(), D, Sources);
   if (D.Uncompared && D.Result != Diagnosis::Verdict::InputsDiffer)
     errs() << Tool << ": warning: " << D.Uncompared << " of " << D.Curve.size()
            << " target module calls could not be compared (unmapped, not captured, or in "
               "steps the reference did not run); --show-mapping lists them\n";
-  if (!HtmlFile.empty())
-    writeHtml(HtmlFile, D, Idx);
+  if (!HtmlFile.empty()) {
+    std::error_code EC;
+    raw_fd_ostream OS(HtmlFile, EC);
+    if (EC)
+      exitWithError(Tool, makeError("cannot write '" + HtmlFile + "': " + EC.message()));
+    writeHtml(OS, D, Sources);
+    OS.close();
+    if (OS.has_error())
+      exitWithError(Tool, makeError("cannot write '" + HtmlFile + "'"));
+  }
   return D.Result == Diagnosis::Verdict::NoDivergence ? ExitSuccess : ExitFinding;
 }

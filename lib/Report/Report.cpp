@@ -1,0 +1,233 @@
+//===- Report.cpp - A diagnosis as text, JSON, a mapping listing ----------===//
+#include "ekka/Report/Report.h"
+#include "ekka/Config.h"
+
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
+#include <limits>
+
+using namespace llvm;
+
+namespace ekka {
+
+namespace {
+
+/// A ratio as JSON: infinity (a NaN or Inf where the reference has none)
+/// is not a JSON number; the largest double stands for it.
+json::Value ratioJSON(const std::optional<double> &R) {
+  if (!R)
+    return nullptr;
+  return std::isfinite(*R) ? *R : std::numeric_limits<double>::max();
+}
+
+json::Value orNull(const std::string &S) { return S.empty() ? json::Value(nullptr) : json::Value(S); }
+
+} // namespace
+
+void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources) {
+  switch (D.Result) {
+  case Diagnosis::Verdict::InputsDiffer:
+    OS << "inputs-differ: the two programs were not fed the same inputs: " << D.InputsDifference
+       << "\n";
+    return;
+  case Diagnosis::Verdict::NoDivergence:
+    OS << "no-divergence: no component departs beyond numerical noise (largest R = "
+       << format("%.3g", D.MaxRatio) << ", threshold " << format("%g", D.Threshold) << ")\n";
+    OS << "  noise model: " << D.NoiseModel << "\n";
+    return;
+  case Diagnosis::Verdict::Divergence:
+    break;
+  }
+  const Suspect &First = D.Suspects.front();
+  OS << "divergence: " << componentName(First.Component) << " (" << First.Component.ClassName
+     << ") "
+     << (D.MergedSteps > 1 ? "over steps 1-" + std::to_string(D.MergedSteps)
+                           : "at step " + std::to_string(First.Component.Step))
+     << ", R = " << ratioText(First.Component.Ratio)
+     << (First.Op && !First.Op->ReadBy.empty() && First.Component.Ratio &&
+                 *First.Component.Ratio <= D.Threshold
+             ? " (its output), R = " + ratioText(First.Op->Ratio) + " what it wrote in place"
+         : First.Component.Ratio && *First.Component.Ratio <= D.Threshold
+             ? std::string(" (within noise itself: see the first suspect's reason)")
+             : std::string())
+     << "\n";
+  OS << "  noise model: " << D.NoiseModel << "\n";
+  unsigned Rank = 0;
+  for (const Suspect &S : D.Suspects) {
+    OS << "\nsuspect " << ++Rank << ": " << componentName(S.Component) << "  "
+       << S.Component.ClassQualname << "\n";
+    OS << "  " << S.Reason << "\n";
+    OS << "  evidence (R of the calls around it, in execution order):\n";
+    auto Line = [&](const ComponentRatio &C, bool Mark) {
+      OS << (Mark ? "  > " : "    ") << format("%-12s", ratioText(C.Ratio).c_str()) << " "
+         << componentName(C) << "\n";
+    };
+    for (const ComponentRatio &C : S.Before)
+      Line(C, false);
+    Line(S.Component, true);
+    for (const ComponentRatio &C : S.After)
+      Line(C, false);
+    SourceLocator::Link L = Sources.classSource(S.Component);
+    if (!L.Location.empty())
+      OS << "  source: " << L.Location << "\n";
+    if (S.Op) {
+      OS << "  op: " << S.Op->Name;
+      if (S.Op->Ratio)
+        OS << ", R = " << ratioText(S.Op->Ratio);
+      OS << " (" << S.Op->Reason << ")\n";
+      if (std::string Where = Sources.op(S.Op->Name); !Where.empty())
+        OS << "  op source: " << Where << "\n";
+      for (const std::string &K : S.Op->Kernels) {
+        SourceLocator::KernelSite Site = Sources.kernel(K);
+        OS << "  kernel: " << Site.Display;
+        if (!Site.Where.empty())
+          OS << "  " << Site.Where;
+        OS << "\n";
+      }
+    }
+  }
+  if (!Sources.empty()) {
+    SourceLocator::Link L = Sources.classSource(First.Component);
+    if (!L.Excerpt.empty()) {
+      OS << "\n" << First.Component.ClassQualname << " (" << L.Location << "):\n";
+      StringRef Ex(L.Excerpt);
+      unsigned N = 0;
+      while (!Ex.empty() && N++ < 25) {
+        auto [LineText, Rest] = Ex.split('\n');
+        OS << "  | " << LineText << "\n";
+        Ex = Rest;
+      }
+    }
+  }
+}
+
+
+namespace {
+
+json::Value componentJSON(const ComponentRatio &C) {
+  json::Object O{{"component", C.Path}, {"class", C.ClassName}, {"step", C.Step}};
+  O["ratio"] = ratioJSON(C.Ratio);
+  return json::Value(std::move(O));
+}
+
+json::Value opJSON(const OpFinding &Op, const SourceLocator &Sources) {
+  json::Array Kernels;
+  for (const std::string &K : Op.Kernels) {
+    SourceLocator::KernelSite Site = Sources.kernel(K);
+    Kernels.push_back(
+        json::Object{{"name", K}, {"display_name", Site.Display}, {"source", orNull(Site.Where)}});
+  }
+  return json::Object{{"op", Op.Name},
+                      {"schema", Op.Schema},
+                      {"source", orNull(Sources.op(Op.Name))},
+                      {"ratio", ratioJSON(Op.Ratio)},
+                      {"reference_op", Op.ReferenceName},
+                      {"reason", Op.Reason},
+                      {"kernels", std::move(Kernels)}};
+}
+
+} // namespace
+
+json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
+  json::Array Suspects;
+  for (const Suspect &S : D.Suspects) {
+    json::Array Before, After;
+    for (const ComponentRatio &C : S.Before)
+      Before.push_back(componentJSON(C));
+    for (const ComponentRatio &C : S.After)
+      After.push_back(componentJSON(C));
+    Suspects.push_back(json::Object{
+        {"component", S.Component.Path},
+        {"class", S.Component.ClassQualname},
+        {"ratio", ratioJSON(S.Component.Ratio)},
+        {"input_ratio", ratioJSON(S.Component.InputRatio)},
+        {"step", S.Component.Step},
+        {"source", orNull(Sources.classSource(S.Component).Location)},
+        {"kernel", S.Op ? opJSON(*S.Op, Sources) : json::Value(nullptr)},
+        {"reason", S.Reason},
+        {"evidence", json::Object{{"before", std::move(Before)}, {"after", std::move(After)}}},
+    });
+  }
+  json::Array Curve;
+  for (const ComponentRatio &C : D.Curve)
+    Curve.push_back(componentJSON(C));
+  json::Object O{{"verdict", verdictName(D.Result)},
+                 {"suspects", std::move(Suspects)},
+                 {"threshold", D.Threshold},
+                 {"noise_model", D.NoiseModel},
+                 {"max_ratio", ratioJSON(D.MaxRatio)},
+                 {"uncompared", int64_t(D.Uncompared)},
+                 {"merged_steps", D.MergedSteps},
+                 {"components", std::move(Curve)}};
+  if (D.Result == Diagnosis::Verdict::InputsDiffer)
+    O["inputs_difference"] = D.InputsDifference;
+  return json::Value(std::move(O));
+}
+
+void printMapping(raw_ostream &OS, const Diagnosis &D) {
+  for (const ComponentRatio &C : D.Curve) {
+    std::string Refs;
+    for (const std::string &P : C.ReferencePaths)
+      Refs += (Refs.empty() ? "" : ", ") + (P.empty() ? std::string("(root)") : P);
+    std::string How;
+    auto Add = [&](const std::string &S) { How += (How.empty() ? "" : ", ") + S; };
+    if (!C.MappedBy.empty())
+      Add("by " + C.MappedBy);
+    if (C.ResidualPair)
+      Add("(output, residual) pair summed");
+    if (C.Part >= 0)
+      Add("part " + std::to_string(C.Part + 1) + " of " + std::to_string(C.Parts.size()) +
+          " along dim " + std::to_string(C.ConcatDim));
+    OS << (C.Mapped ? "mapped    " : "unmapped  ") << "step " << C.Step << "  " << componentName(C)
+       << (C.Mapped ? "  <->  " + Refs + (How.empty() ? "" : "  [" + How + "]")
+                    : "  (" + C.UnmappedReason + ")")
+       << "\n";
+  }
+}
+
+std::string calibrationRefusal(const Diagnosis &D) {
+  switch (D.Result) {
+  case Diagnosis::Verdict::NoDivergence:
+    return "";
+  case Diagnosis::Verdict::InputsDiffer:
+    return "its inputs differ (" + D.InputsDifference + ")";
+  case Diagnosis::Verdict::Divergence:
+    break;
+  }
+  const ComponentRatio &First = D.Suspects.front().Component;
+  return "it diverges at " + First.Path + " (R = " + ratioText(First.Ratio) + ")";
+}
+
+json::Value calibrationJSON(const Diagnosis &D, const CalibrationOrigin &Origin,
+                            unsigned *Mappings) {
+  json::Array Components;
+  std::vector<CalibratedRule> Rules = calibratedRules(D);
+  for (const CalibratedRule &C : Rules) {
+    json::Array Refs;
+    for (const std::string &R : C.Rule.Reference)
+      Refs.push_back(R);
+    // Many-to-one: the target's parts, in order.
+    json::Value Target = C.Rule.Target;
+    if (!C.Rule.Parts.empty())
+      Target = json::Array(C.Rule.Parts);
+    Components.push_back(json::Object{{"target", std::move(Target)},
+                                      {"reference", std::move(Refs)},
+                                      {"concat_dim", C.Rule.ConcatDim},
+                                      {"validated_calls", C.Validated},
+                                      {"largest_ratio", C.LargestRatio},
+                                      {"from", C.Rule.Source}});
+  }
+  if (Mappings)
+    *Mappings = unsigned(Rules.size());
+  return json::Object{{"calibrated", json::Object{{"target", Origin.Target},
+                                                  {"reference", Origin.Reference},
+                                                  {"reference_fp32", Origin.ReferenceFP32},
+                                                  {"threshold", D.Threshold},
+                                                  {"largest_ratio", D.MaxRatio},
+                                                  {"tool", "ekka-diagnose " EKKA_VERSION}}},
+                      {"components", std::move(Components)}};
+}
+
+} // namespace ekka

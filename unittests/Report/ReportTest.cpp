@@ -1,0 +1,174 @@
+//===- ReportTest.cpp - Text, JSON, HTML and mapping reports ---------------===//
+#include "ekka/Report/Report.h"
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/JSON.h"
+
+#include <gtest/gtest.h>
+#include <limits>
+
+using namespace ekka;
+using namespace llvm;
+
+namespace {
+
+ComponentRatio component(std::string Path, std::string Class, std::optional<double> R) {
+  ComponentRatio C;
+  C.Path = std::move(Path);
+  C.ClassName = Class;
+  C.ClassQualname = "zoo.engine." + Class;
+  C.SourceFile = "zoo/engine.py";
+  C.SourceLine = 42;
+  C.Ratio = R;
+  return C;
+}
+
+/// A divergence at layer 0's MLP, whose GEMM launched an nvcc kernel in an
+/// anonymous namespace, after a call that was not compared.
+Diagnosis divergence() {
+  Diagnosis D;
+  D.Result = Diagnosis::Verdict::Divergence;
+  D.NoiseModel = "against the FP32 reference";
+  D.Curve = {component("model.layers.0.self_attn", "Attention", 1.1),
+             component("model.layers.0.mlp", "MLP<float>", 37.5),
+             component("model.layers.0.mlp.act_fn", "SiluAndMul", std::nullopt),
+             component("model.norm", "RMSNorm", std::numeric_limits<double>::infinity())};
+  D.Curve[2].Mapped = false;
+  D.Curve[2].UnmappedReason = "no reference call of that path";
+  D.MaxRatio = std::numeric_limits<double>::infinity();
+  Suspect S;
+  S.Component = D.Curve[1];
+  S.Reason = "its output departs while its inputs agree";
+  S.Before = {D.Curve[0]};
+  S.After = {D.Curve[3]};
+  OpFinding Op;
+  Op.Name = "zoo::quant_gemm";
+  Op.Ratio = 80;
+  Op.Reason = "first op whose output departs";
+  Op.Kernels = {"_ZN12_GLOBAL__N_111gemm_kernelEPKfPfi"};
+  S.Op = Op;
+  D.Suspects.push_back(S);
+  return D;
+}
+
+TEST(Report, TheFirstLineOfTheTextIsTheAnswer) {
+  std::string Out;
+  raw_string_ostream OS(Out);
+  printText(OS, divergence(), SourceLocator());
+  StringRef First = StringRef(Out).split('\n').first;
+  EXPECT_EQ(First, "divergence: model.layers.0.mlp (MLP<float>) at step 0, R = 37.5");
+  EXPECT_NE(Out.find("  source: zoo/engine.py:42\n"), std::string::npos);
+  EXPECT_NE(Out.find("  op: zoo::quant_gemm, R = 80 (first op whose output departs)"),
+            std::string::npos);
+  // No index: the kernel by its demangled name.
+  EXPECT_NE(Out.find("kernel: (anonymous namespace)::gemm_kernel(float const*, float*, int)"),
+            std::string::npos)
+      << Out;
+
+  Diagnosis Clean;
+  Clean.MaxRatio = 1.2;
+  Clean.NoiseModel = "noise model";
+  Out.clear();
+  printText(OS, Clean, SourceLocator());
+  EXPECT_TRUE(StringRef(Out).starts_with("no-divergence: "));
+}
+
+TEST(Report, JSONHasTheContractedKeysAndNoInfinity) {
+  json::Value V = toJSON(divergence(), SourceLocator());
+  // Round trip through text: an infinite ratio must still be valid JSON.
+  std::string Text;
+  raw_string_ostream(Text) << V;
+  auto Parsed = json::parse(Text);
+  ASSERT_TRUE(bool(Parsed)) << toString(Parsed.takeError());
+  const json::Object *O = Parsed->getAsObject();
+  ASSERT_TRUE(O);
+  EXPECT_EQ(O->getString("verdict"), "divergence");
+  const json::Array *Suspects = O->getArray("suspects");
+  ASSERT_TRUE(Suspects && Suspects->size() == 1);
+  const json::Object *S = (*Suspects)[0].getAsObject();
+  EXPECT_EQ(S->getString("component"), "model.layers.0.mlp");
+  EXPECT_EQ(S->getString("class"), "zoo.engine.MLP<float>");
+  EXPECT_EQ(S->getNumber("ratio"), 37.5);
+  EXPECT_EQ(S->getString("source"), "zoo/engine.py:42");
+  const json::Object *Kernel = S->getObject("kernel");
+  ASSERT_TRUE(Kernel);
+  EXPECT_EQ(Kernel->getString("op"), "zoo::quant_gemm");
+  EXPECT_EQ(Kernel->get("source")->getAsNull().has_value(), true);
+  const json::Object *Evidence = S->getObject("evidence");
+  ASSERT_TRUE(Evidence && Evidence->getArray("before") && Evidence->getArray("after"));
+  EXPECT_EQ((*Evidence->getArray("after"))[0].getAsObject()->getNumber("ratio"),
+            std::numeric_limits<double>::max());
+  // The uncompared call is in the curve with a null ratio.
+  const json::Array *Curve = O->getArray("components");
+  ASSERT_TRUE(Curve && Curve->size() == 4);
+  EXPECT_TRUE((*Curve)[2].getAsObject()->get("ratio")->getAsNull().has_value());
+  EXPECT_FALSE(O->get("inputs_difference"));
+
+  Diagnosis Inputs;
+  Inputs.Result = Diagnosis::Verdict::InputsDiffer;
+  Inputs.InputsDifference = "token 0: 1 against 2";
+  json::Value I = toJSON(Inputs, SourceLocator());
+  EXPECT_EQ(I.getAsObject()->getString("verdict"), "inputs-differ");
+  EXPECT_EQ(I.getAsObject()->getString("inputs_difference"), "token 0: 1 against 2");
+}
+
+TEST(Report, TheHTMLPageIsSelfContainedWithThePlotAndTheSuspect) {
+  std::string Out;
+  raw_string_ostream OS(Out);
+  writeHtml(OS, divergence(), SourceLocator());
+  StringRef Page(Out);
+  EXPECT_TRUE(Page.starts_with("<!DOCTYPE html>"));
+  EXPECT_TRUE(Page.rtrim().ends_with("</html>"));
+  EXPECT_FALSE(Page.contains("<script")) << "self-contained and static";
+  EXPECT_FALSE(Page.contains("http://") && !Page.contains("http://www.w3.org/2000/svg"));
+  EXPECT_TRUE(Page.contains("<svg id=\"error-ratio\""));
+  // One point per compared call: three of four.
+  EXPECT_EQ(Page.count("<circle"), 3u);
+  // Names are escaped.
+  EXPECT_TRUE(Page.contains("zoo.engine.MLP&lt;float&gt;"));
+  EXPECT_FALSE(Page.contains("MLP<float>"));
+  EXPECT_TRUE(Page.contains("<b>model.layers.0.mlp</b>"));
+  EXPECT_TRUE(Page.contains("op <b>zoo::quant_gemm</b>"));
+  EXPECT_TRUE(Page.contains("(anonymous namespace)::gemm_kernel"));
+}
+
+TEST(Report, TheMappingListsEveryCallWithHowOrWhyNot) {
+  Diagnosis D = divergence();
+  D.Curve[0].ReferencePaths = {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"};
+  D.Curve[0].MappedBy = "recipe vllm-hf 1";
+  D.Curve[1].ReferencePaths = {"model.layers.0.mlp"};
+  D.Curve[1].ResidualPair = true;
+  D.Curve[3].ReferencePaths = {""};
+  D.Curve[3].Parts = {"a", "b"};
+  D.Curve[3].Part = 1;
+  D.Curve[3].ConcatDim = -1;
+  std::string Out;
+  raw_string_ostream OS(Out);
+  printMapping(OS, D);
+  EXPECT_EQ(Out, "mapped    step 0  model.layers.0.self_attn  <->  "
+                 "model.layers.0.self_attn.q_proj, model.layers.0.self_attn.k_proj  "
+                 "[by recipe vllm-hf 1]\n"
+                 "mapped    step 0  model.layers.0.mlp  <->  model.layers.0.mlp  "
+                 "[(output, residual) pair summed]\n"
+                 "unmapped  step 0  model.layers.0.mlp.act_fn  (no reference call of that path)\n"
+                 "mapped    step 0  model.norm  <->  (root)  [part 2 of 2 along dim -1]\n");
+}
+
+TEST(Report, OnlyAKnownGoodPairCalibrates) {
+  Diagnosis D = divergence();
+  EXPECT_EQ(calibrationRefusal(D), "it diverges at model.layers.0.mlp (R = 37.5)");
+  D.Result = Diagnosis::Verdict::InputsDiffer;
+  D.InputsDifference = "token 3";
+  EXPECT_EQ(calibrationRefusal(D), "its inputs differ (token 3)");
+  Diagnosis Clean;
+  EXPECT_EQ(calibrationRefusal(Clean), "");
+  unsigned N = 7;
+  json::Value V = calibrationJSON(Clean, {"t", "r", ""}, &N);
+  EXPECT_EQ(N, 0u);
+  const json::Object *Origin = V.getAsObject()->getObject("calibrated");
+  ASSERT_TRUE(Origin);
+  EXPECT_EQ(Origin->getString("target"), "t");
+  EXPECT_TRUE(V.getAsObject()->getArray("components")->empty());
+}
+
+} // namespace
