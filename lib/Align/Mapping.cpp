@@ -93,6 +93,21 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
         return Bad(Where + ": \"concat_dim\" must be an integer");
       Rule.ConcatDim = int(*D);
     }
+    // "transpose": [i, j], the target output's layout where the shapes
+    // leave it open (null: none).
+    if (const json::Value *Swap = R->get("transpose"); Swap && !Swap->getAsNull()) {
+      const json::Array *A = Swap->getAsArray();
+      std::optional<int64_t> I, J;
+      if (A && A->size() == 2) {
+        I = (*A)[0].getAsInteger();
+        J = (*A)[1].getAsInteger();
+      }
+      if (!I || !J || *I < 0 || *J <= *I)
+        return Bad(Where + ": \"transpose\" must be two dimensions [i, j], 0 <= i < j");
+      if (Targets.size() != 1 || Rule.Reference.size() != 1)
+        return Bad(Where + ": \"transpose\" applies to a one-to-one mapping only");
+      Rule.Transpose = std::make_pair(int(*I), int(*J));
+    }
     // Every star of a reference stands for one of each target's.
     for (const std::string &T : Targets) {
       size_t Stars = StringRef(T).count('*');

@@ -152,23 +152,30 @@ std::optional<Elements> transpose(const Elements &V, ArrayRef<int64_t> S, int A,
   return R;
 }
 
-std::optional<std::pair<int, int>> transposition(Dims From, Dims To) {
+std::vector<std::pair<int, int>> transpositions(Dims From, Dims To) {
   From = squeezeLeading(std::move(From));
   To = squeezeLeading(std::move(To));
-  if (From.size() != To.size() || From == To || tokenMajor(From) == tokenMajor(To))
-    return std::nullopt;
-  std::optional<std::pair<int, int>> Found;
+  std::vector<std::pair<int, int>> Out;
+  if (From.size() != To.size())
+    return Out;
   for (size_t I = 0; I < From.size(); ++I)
     for (size_t J = I + 1; J < From.size(); ++J) {
       Dims S = From;
       std::swap(S[I], S[J]);
-      if (S != To)
-        continue;
-      if (Found)
-        return std::nullopt; // ambiguous
-      Found = std::make_pair(int(I), int(J));
+      if (S == To)
+        Out.emplace_back(int(I), int(J));
     }
-  return Found;
+  return Out;
+}
+
+std::optional<std::pair<int, int>> transposition(Dims From, Dims To) {
+  if (squeezeLeading(From) == squeezeLeading(To) || tokenMajor(From) == tokenMajor(To))
+    return std::nullopt;
+  auto All = transpositions(std::move(From), std::move(To));
+  if (All.empty())
+    return std::nullopt;
+  return All.front(); // the only one: shapes that differ allow at most one
+
 }
 
 std::optional<Elements> gatherShards(ArrayRef<Elements> Ranks, int64_t Local,

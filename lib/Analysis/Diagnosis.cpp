@@ -43,8 +43,10 @@ std::vector<CalibratedRule> calibratedRules(const Diagnosis &D) {
   std::vector<Group> Groups;
   std::map<std::string, size_t> ByKey;
   for (const ComponentRatio &C : D.Curve) {
-    if (C.MappedBy.empty() || C.ReferencePaths.empty() ||
-        (C.ReferencePaths.size() == 1 && C.ReferencePaths[0] == C.Path))
+    // Rules onto other paths, and layouts the shapes left open.
+    bool Renamed = !C.MappedBy.empty() && !C.ReferencePaths.empty() &&
+                   !(C.ReferencePaths.size() == 1 && C.ReferencePaths[0] == C.Path);
+    if (!Renamed && !(C.Transposed && C.ReferencePaths.size() == 1))
       continue;
     // Generalize when each reference path numbers its layers as the target
     // does (the same numbers, in order); else keep the literal paths.
@@ -68,9 +70,14 @@ std::vector<CalibratedRule> calibratedRules(const Diagnosis &D) {
     Rule.Reference = Same ? Refs : C.ReferencePaths;
     Rule.Parts = Same ? Parts : C.Parts;
     Rule.ConcatDim = C.ConcatDim;
-    Rule.Source = C.MappedBy; // what proposed it: a mapping file, a recipe
+    Rule.Transpose = C.Transposed;
+    // What proposed it: a mapping file, a recipe, the path and the layout
+    // search.
+    Rule.Source = C.MappedBy.empty() ? "path" : C.MappedBy;
     std::string Key = (Rule.Parts.empty() ? Rule.Target : join(Rule.Parts, ",")) + "\n" +
                       join(Rule.Reference, ",") + "\n" + std::to_string(Rule.ConcatDim);
+    if (Rule.Transpose)
+      Key += formatv("\n{0},{1}", Rule.Transpose->first, Rule.Transpose->second).str();
     auto [It, New] = ByKey.try_emplace(Key, Groups.size());
     if (New)
       Groups.push_back({CalibratedRule{Rule, 0, 0}, false});
@@ -481,14 +488,137 @@ private:
           return It->second;
       }
     }
-    auto Out = ratioFromBytes(A, B, C, TargetCall);
-    if (!Out)
-      Out = ratioOf(targetValues(A, TargetCall, B->Shape), A->Type, B, C);
+    bool Open = layoutOpen(A, B, TargetCall);
+    if (Open)
+      settleLayout(A);
+    auto Compare = [&] {
+      auto Out = ratioFromBytes(A, B, C, TargetCall);
+      if (!Out)
+        Out = ratioOf(targetValues(A, TargetCall, B->Shape), A->Type, B, C);
+      return Out;
+    };
+    auto Out = Compare();
+    if (Open && !Layouts.count(A->Id)) {
+      // Nothing settled this layout: as is, unless the values say otherwise.
+      LayoutChoice Choice;
+      if (elevated(Out))
+        Choice = searchLayout(A, B, C);
+      Layouts[A->Id] = Choice;
+      if (!elevated(Out) || Choice.Swap) // validated: later calls follow it
+        if (std::string K = layoutKey(A); !K.empty())
+          Learned.try_emplace(K, Choice.Swap);
+      if (Choice.Swap)
+        Out = Compare();
+    }
     if (Memo)
       Ratios[Key] = Out;
     return Out;
   }
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::optional<double>> Ratios;
+
+  /// A layout the shapes leave open ([T, H, D] against [1, H, T, D] with
+  /// T == H): the swap of the target tensor's dimensions (leading ones
+  /// squeezed) that meets the reference's, none for as is, and how it was
+  /// chosen (empty: nothing but the default).
+  struct LayoutChoice {
+    std::optional<std::pair<int, int>> Swap;
+    std::string How;
+  };
+  /// By target tensor id, once chosen.
+  DenseMap<int64_t, LayoutChoice> Layouts;
+  /// What the calls of a component validated, by layoutKey(): its later
+  /// calls follow it, so a bug in one layer is not explained away by a
+  /// layout its other layers did not need.
+  std::map<std::string, std::optional<std::pair<int, int>>> Learned;
+  /// Target call -> its mapping rule's "transpose".
+  DenseMap<int64_t, std::pair<int, int>> RuleLayouts;
+
+  /// Whether the layout of target tensor \p A against reference tensor
+  /// \p B is open: their shapes agree, and dimensions of equal extent could
+  /// have been swapped. Not for shards and merged steps (their own
+  /// alignment), nor scalars.
+  bool layoutOpen(const TensorRecord *A, const TensorRecord *B, int64_t Call) const {
+    if (A->Shape.empty() || B->Shape.empty() || sharded(A, B->Shape) ||
+        (MergeSteps && LaterSteps.count(Call)))
+      return false;
+    return squeezeLeading(A->Shape) == squeezeLeading(B->Shape) &&
+           !transpositions(A->Shape, B->Shape).empty();
+  }
+
+  /// A component's tensor as the layouts it validated are remembered: its
+  /// path with layer numbers starred, its role and position. Empty for an
+  /// op's tensors (each is searched on its own).
+  std::string layoutKey(const TensorRecord *A) const {
+    if (A->Owner != TensorOwner::ModuleCall)
+      return "";
+    const ModuleCallRecord *M = T.CallById.lookup(A->OwnerId);
+    if (!M)
+      return "";
+    return starred(M->Path).first + "\n" + A->Role + "\n" + std::to_string(A->Index);
+  }
+
+  /// The layout of \p A when something other than its values settles it:
+  /// its call's mapping rule (for the call's output), else what the
+  /// component's earlier calls validated.
+  void settleLayout(const TensorRecord *A) {
+    if (Layouts.count(A->Id))
+      return;
+    Dims S = squeezeLeading(A->Shape);
+    if (auto It = RuleLayouts.find(A->OwnerId);
+        It != RuleLayouts.end() && A->Owner == TensorOwner::ModuleCall && A->Role == "output") {
+      auto [I, J] = It->second;
+      if (size_t(J) < S.size() && S[size_t(I)] == S[size_t(J)])
+        Layouts[A->Id] = {It->second, "by the mapping"};
+      return;
+    }
+    if (auto It = Learned.find(layoutKey(A)); It != Learned.end())
+      Layouts[A->Id] = {It->second, "as the component's earlier calls"};
+  }
+
+  /// The bounded search for an open layout, run when \p A as it is departs
+  /// from \p B: every swap of two dimensions of equal extent, validated on
+  /// the tensor sums (the norms, which no layout changes, must agree) and on
+  /// sampled elements (within the threshold). Exactly one swap must pass;
+  /// none or several leave the tensor as it is. The set is closed: it only
+  /// reorders elements, so a wrong value stays wrong.
+  LayoutChoice searchLayout(const TensorRecord *A, const TensorRecord *B, const TensorRecord *C) {
+    if (A->Stats && B->Stats) {
+      double NA = std::sqrt(A->Stats->SumSq), NB = std::sqrt(B->Stats->SumSq);
+      if (!(std::abs(NA - NB) <= 0.05 * std::max(NA, NB)))
+        return {};
+    }
+    auto XT = T.values(A), XR = R.values(B);
+    std::optional<Elements> YR;
+    if (F && C)
+      YR = F->values(C);
+    if (!XT || !XR || XT->size() != XR->size() || XT->empty())
+      return {};
+    // Evenly spread elements, the same for every candidate.
+    size_t N = XR->size(), Samples = std::min<size_t>(N, 4096);
+    auto Sample = [&](const Elements &X) {
+      Elements Out(Samples);
+      for (size_t K = 0; K < Samples; ++K)
+        Out[K] = X[K * N / Samples];
+      return Out;
+    };
+    Elements SR = Sample(*XR), SY = YR && YR->size() == N ? Sample(*YR) : Elements();
+    Dims S = squeezeLeading(A->Shape);
+    std::optional<std::pair<int, int>> Found;
+    for (auto [I, J] : transpositions(A->Shape, B->Shape)) {
+      auto V = transpose(*XT, S, I, J);
+      if (!V)
+        continue;
+      auto Ratio = ratioValues(Sample(*V), A->Type, SR, B->Type, SY.empty() ? nullptr : &SY);
+      if (!Ratio || elevated(Ratio))
+        continue;
+      if (Found)
+        return {}; // two layouts agree: the values do not decide
+      Found = std::make_pair(I, J);
+    }
+    if (!Found)
+      return {};
+    return {Found, "found by a search validated on sums and sampled elements"};
+  }
 
   /// The ratio of the target's values \p XT (of dtype \p TargetType) to
   /// reference tensor \p B, with FP32 reference tensor \p C if any.
@@ -526,7 +656,7 @@ private:
     if (MergeSteps && LaterSteps.count(TargetCall))
       return std::nullopt;
     if (A->Shape.empty() || B->Shape.empty() || sharded(A, B->Shape) ||
-        transposition(A->Shape, B->Shape))
+        layoutOf(A, B->Shape))
       return std::nullopt;
     auto XT = T.rawBytes(A), XR = R.rawBytes(B);
     std::optional<StringRef> YR;
@@ -723,6 +853,16 @@ private:
     return Summed ? Sum : std::nullopt;
   }
 
+  /// The swap that puts target tensor \p A in the reference's layout (of
+  /// shape \p RefShape): the one chosen where the shapes left it open, else
+  /// the one the shapes make (none: as it is).
+  std::optional<std::pair<int, int>> layoutOf(const TensorRecord *A,
+                                              const std::vector<int64_t> &RefShape) const {
+    if (auto It = Layouts.find(A->Id); It != Layouts.end())
+      return It->second.Swap;
+    return transposition(A->Shape, RefShape);
+  }
+
   /// The target's values for tensor \p A of call \p Call. When the target
   /// served the prompt as a prefill and then decode steps against a
   /// reference that ran the whole sequence in one forward, a component's
@@ -745,7 +885,7 @@ private:
       // A layout the reference transposes ([tokens, heads, dim] against
       // [1, heads, tokens, dim]): the one swap the shapes leave, if any.
       if (V && !Gather)
-        if (auto Swap = transposition(A->Shape, RefShape))
+        if (auto Swap = layoutOf(A, RefShape))
           return transpose(*V, squeezeLeading(A->Shape), Swap->first, Swap->second);
       return V;
     }
@@ -846,6 +986,10 @@ private:
     const TensorRecord *TT = T.tensor(TC.Id, "output", 0);
     if (!TT)
       return std::nullopt;
+    // One to one: compared as a pair of tensors is.
+    if (RC.size() == 1)
+      return ratio(TT, ruleTensor(R, RC[0], Inputs[0]),
+                   FC.size() == 1 && F ? ruleTensor(*F, FC[0], Inputs[0]) : nullptr, TC.Id);
     // The reference side's shape: its parts' shapes, concatenated.
     std::vector<int64_t> RefShape;
     for (size_t K = 0; K < RC.size(); ++K) {
@@ -1060,6 +1204,8 @@ private:
       }
       C.MappedBy = Rule.Source;
       C.ConcatDim = Rule.ConcatDim;
+      if (Rule.Transpose)
+        RuleLayouts[TC.Id] = *Rule.Transpose;
       C.Ratio = ruleRatio(TC, RC, FC, Rule.ConcatDim, Inputs);
       if (llvm::is_contained(Inputs, true)) {
         // The output met another component's input (an engine's attention
@@ -1191,6 +1337,11 @@ private:
       } else {
         pair(TC, *RIt->second, C);
       }
+      if (const TensorRecord *Out = T.tensor(TC.Id, "output", 0))
+        if (auto It = Layouts.find(Out->Id); It != Layouts.end() && It->second.Swap) {
+          C.Transposed = It->second.Swap;
+          C.LayoutBy = It->second.How;
+        }
       if (C.Ratio)
         D.MaxRatio = std::max(D.MaxRatio, *C.Ratio);
       else

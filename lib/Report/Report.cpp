@@ -177,6 +177,9 @@ void printMapping(raw_ostream &OS, const Diagnosis &D) {
       Add("by " + C.MappedBy);
     if (C.ResidualPair)
       Add("(output, residual) pair summed");
+    if (C.Transposed)
+      Add("dims " + std::to_string(C.Transposed->first) + "," +
+          std::to_string(C.Transposed->second) + " swapped, " + C.LayoutBy);
     if (C.Part >= 0)
       Add("part " + std::to_string(C.Part + 1) + " of " + std::to_string(C.Parts.size()) +
           " along dim " + std::to_string(C.ConcatDim));
@@ -215,6 +218,11 @@ json::Value calibrationJSON(const Diagnosis &D, const CalibrationOrigin &Origin,
     Components.push_back(json::Object{{"target", std::move(Target)},
                                       {"reference", std::move(Refs)},
                                       {"concat_dim", C.Rule.ConcatDim},
+                                      {"transpose", C.Rule.Transpose
+                                                        ? json::Value(json::Array{
+                                                              C.Rule.Transpose->first,
+                                                              C.Rule.Transpose->second})
+                                                        : json::Value(nullptr)},
                                       {"validated_calls", C.Validated},
                                       {"largest_ratio", C.LargestRatio},
                                       {"from", C.Rule.Source}});

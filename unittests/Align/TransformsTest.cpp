@@ -107,6 +107,23 @@ TEST(Transforms, TranspositionIsChosenOnlyWhenTheShapesLeaveOne) {
   EXPECT_FALSE(transposition({4, 4}, {4, 4}));
 }
 
+TEST(Transforms, TranspositionsListWhatTheShapesLeaveOpen) {
+  using Swaps = std::vector<std::pair<int, int>>;
+  // Tokens and heads of one extent: as is, or swapped.
+  EXPECT_EQ(transpositions({4, 4, 16}, {1, 4, 4, 16}), (Swaps{{0, 1}}));
+  // All three alike.
+  EXPECT_EQ(transpositions({4, 4, 4}, {4, 4, 4}), (Swaps{{0, 1}, {0, 2}, {1, 2}}));
+  // Different shapes, one swap: the shapes decide (transposition()).
+  EXPECT_EQ(transpositions({5, 4, 16}, {1, 4, 5, 16}), (Swaps{{0, 1}}));
+  // Different shapes: at most one swap explains them (two that did would
+  // both have to move the same two dimensions), also with repeated extents.
+  EXPECT_EQ(transpositions({2, 2, 8, 2}, {2, 8, 2, 2}), (Swaps{{1, 2}}));
+  EXPECT_EQ(transpositions({8, 2, 2}, {2, 8, 2}), (Swaps{{0, 1}}));
+  // No choice at all.
+  EXPECT_TRUE(transpositions({5, 4, 16}, {1, 5, 4, 16}).empty());
+  EXPECT_TRUE(transpositions({5, 4}, {4, 5, 1}).empty());
+}
+
 TEST(Transforms, GatherShardsPutsEachTokensFeaturesRankAfterRank) {
   // Two tokens, two ranks with two features each.
   Elements R0 = {0, 1, 10, 11}, R1 = {2, 3, 12, 13};
@@ -201,6 +218,26 @@ TEST(Mapping, SeveralTargetsAgainstOneReferenceAreOneRulePerPart) {
   ASSERT_FALSE(bool(Bad));
   EXPECT_NE(llvm::toString(Bad.takeError()).find("several targets need one reference"),
             std::string::npos);
+}
+
+TEST(Mapping, ARuleMaySettleALayout) {
+  auto Rules = parseMappingRules(R"({"calibrated": {}, "components": [
+      {"target": "l.*.attn", "reference": "l.*.attn", "transpose": [0, 1]},
+      {"target": "l.*.mlp", "reference": "l.*.mlp", "transpose": null}]})",
+                                 "test");
+  ASSERT_TRUE(bool(Rules)) << llvm::toString(Rules.takeError());
+  ASSERT_EQ(Rules->size(), 2u);
+  EXPECT_EQ((*Rules)[0].Transpose, std::make_pair(0, 1));
+  EXPECT_EQ((*Rules)[0].Source, "calibration");
+  EXPECT_FALSE((*Rules)[1].Transpose);
+  for (const char *Bad : {R"({"components": [{"target": "a", "reference": "b", "transpose": [1, 1]}]})",
+                          R"({"components": [{"target": "a", "reference": "b", "transpose": [0]}]})",
+                          R"({"components": [{"target": "a", "reference": ["b", "c"],
+                                              "transpose": [0, 1]}]})"}) {
+    auto R = parseMappingRules(Bad, "test");
+    ASSERT_FALSE(bool(R)) << Bad;
+    EXPECT_NE(llvm::toString(R.takeError()).find("\"transpose\""), std::string::npos);
+  }
 }
 
 } // namespace

@@ -911,6 +911,93 @@ TEST_F(DiagnosisTest, ATransposedLayoutIsComparedElementByElement) {
   EXPECT_EQ(B.Suspects.front().Component.Path, "heads");
 }
 
+TEST_F(DiagnosisTest, AnOpenLayoutIsSettledByTheValuesAndKeptForTheComponent) {
+  using Spec = TraceBuilder::Spec;
+  // The reference's [1, heads 2, tokens 2, dim 3] against the target's
+  // [tokens 2, heads 2, dim 3]: with as many tokens as heads, the shapes
+  // agree and only the values tell the layouts apart.
+  auto Heads = [](float Layer) {
+    std::vector<float> V;
+    for (int I = 0; I < 12; ++I)
+      V.push_back(Layer * 100 + float(I * I % 7) + 0.25f * float(I));
+    return V;
+  };
+  auto TokensFirst = [](const std::vector<float> &H) {
+    std::vector<float> V(12);
+    for (int Head = 0; Head < 2; ++Head)
+      for (int Tok = 0; Tok < 2; ++Tok)
+        for (int D = 0; D < 3; ++D)
+          V[size_t((Tok * 2 + Head) * 3 + D)] = H[size_t((Head * 2 + Tok) * 3 + D)];
+    return V;
+  };
+  auto Write = [&](StringRef Name, std::vector<float> L0, std::vector<float> L1,
+                   std::vector<int64_t> Shape) {
+    TraceBuilder B(dir(Name));
+    B.call("", "", {0}, {}, {1, 2});
+    B.callSpecs("layers.0.attn", "", {}, {Spec{L0, Shape}});
+    B.callSpecs("layers.1.attn", "", {}, {Spec{L1, Shape}});
+    B.close();
+  };
+  Write("ref", Heads(0), Heads(1), {1, 2, 2, 3});
+  Write("tgt", TokensFirst(Heads(0)), TokensFirst(Heads(1)), {2, 2, 3});
+  std::vector<float> Wrong = TokensFirst(Heads(1));
+  Wrong[4] += 3;
+  Write("bad", TokensFirst(Heads(0)), Wrong, {2, 2, 3});
+  // Layer 1 returns the reference's layout where layer 0 did not: taken as
+  // it is, it would agree; the component's layout says otherwise.
+  Write("mixed", TokensFirst(Heads(0)), Heads(1), {2, 2, 3});
+
+  Diagnosis D = run("tgt", "ref");
+  EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence);
+  ASSERT_EQ(D.Curve.size(), 3u);
+  EXPECT_EQ(D.MaxRatio, 0);
+  ASSERT_TRUE(D.Curve[1].Transposed);
+  EXPECT_EQ(*D.Curve[1].Transposed, std::make_pair(0, 1));
+  EXPECT_NE(D.Curve[1].LayoutBy.find("search"), std::string::npos);
+  ASSERT_TRUE(D.Curve[2].Transposed);
+  EXPECT_EQ(D.Curve[2].LayoutBy, "as the component's earlier calls");
+  // --calibrate keeps the layout, generalized over layers.
+  std::vector<CalibratedRule> Rules = calibratedRules(D);
+  ASSERT_EQ(Rules.size(), 1u);
+  EXPECT_EQ(Rules[0].Rule.Target, "layers.*.attn");
+  EXPECT_EQ(Rules[0].Rule.Reference, std::vector<std::string>{"layers.*.attn"});
+  EXPECT_EQ(Rules[0].Rule.Transpose, std::make_pair(0, 1));
+  EXPECT_EQ(Rules[0].Validated, 2u);
+
+  Diagnosis B = run("bad", "ref");
+  ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(B.Suspects.front().Component.Path, "layers.1.attn");
+
+  Diagnosis M = run("mixed", "ref");
+  ASSERT_EQ(M.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(M.Suspects.front().Component.Path, "layers.1.attn");
+
+  // A mapping rule's layout (what --calibrate wrote) is used as it is.
+  auto T = TraceReader::open(dir("tgt")), R = TraceReader::open(dir("ref"));
+  ASSERT_TRUE(T && R);
+  DiagnoseOptions O;
+  MappingRule Rule;
+  Rule.Target = "layers.*.attn";
+  Rule.Reference = {"layers.*.attn"};
+  Rule.Transpose = std::make_pair(0, 1);
+  Rule.Source = "calibration";
+  O.Mapping = {Rule};
+  auto ByRule = diagnose(**T, **R, nullptr, O);
+  ASSERT_TRUE(bool(ByRule));
+  EXPECT_EQ(ByRule->Result, Diagnosis::Verdict::NoDivergence);
+  EXPECT_EQ(ByRule->Curve[1].LayoutBy, "by the mapping");
+  EXPECT_EQ(ByRule->Curve[2].LayoutBy, "by the mapping");
+  // A rule without one leaves the layout to the search.
+  Rule.Transpose.reset();
+  O.Mapping = {Rule};
+  auto T2 = TraceReader::open(dir("tgt")), R2 = TraceReader::open(dir("ref"));
+  ASSERT_TRUE(T2 && R2);
+  auto Searched = diagnose(**T2, **R2, nullptr, O);
+  ASSERT_TRUE(bool(Searched));
+  EXPECT_EQ(Searched->Result, Diagnosis::Verdict::NoDivergence);
+  EXPECT_NE(Searched->Curve[1].LayoutBy.find("search"), std::string::npos);
+}
+
 TEST_F(DiagnosisTest, AModuleOnlyTheTargetHasIsNoRootCauseByStructureAlone) {
   // The target's block runs an extra module of the same shapes as a
   // reference module the target lacks; the two are paired by structure

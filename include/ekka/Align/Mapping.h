@@ -37,6 +37,11 @@ struct MappingRule {
   /// is read as one such rule per target part.
   std::vector<std::string> Parts;
   int Part = -1;
+  /// The target output's layout where the shapes leave it open (equal
+  /// extents: [T, H, D] against [H, T, D] with T == H): the two dimensions
+  /// of the target's tensor, leading ones squeezed, to swap. `"transpose":
+  /// [0, 1]`; --calibrate writes what the bounded search validated.
+  std::optional<std::pair<int, int>> Transpose;
   /// Where the rule comes from: the user's file, or a built-in recipe
   /// ("recipe vllm-hf 1"). A recipe whose reference components did not run
   /// does not apply (the call is mapped by path); a user's rule then leaves

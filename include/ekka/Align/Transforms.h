@@ -70,9 +70,19 @@ std::optional<Elements> transpose(const Elements &V, llvm::ArrayRef<int64_t> S, 
 
 /// The one swap of two dimensions that turns shape \p From into \p To
 /// (leading ones squeezed on both, as dimensions of the squeezed \p From):
-/// none when the shapes already agree (also as [tokens, features]), when no
-/// swap does it, or when several do (equal extents leave the layout open).
+/// none when the shapes already agree (also as [tokens, features]) or when
+/// no swap does it.
 std::optional<std::pair<int, int>> transposition(Dims From, Dims To);
+
+/// Every swap of two dimensions the shapes allow between \p From and \p To
+/// (leading ones squeezed on both): the swaps that turn the squeezed
+/// \p From into \p To, and, when the two already agree, the swaps of two
+/// dimensions of equal extent ([T, H, D] against [H, T, D] with T == H
+/// look alike). Two shapes that differ are explained by at most one swap
+/// (transposition()'s answer). Swaps listed for shapes that agree leave the
+/// layout open: only the values can tell (the bounded search in
+/// ekka-diagnose).
+std::vector<std::pair<int, int>> transpositions(Dims From, Dims To);
 
 /// Gathers one tensor from the tensor-parallel ranks' shards (\p Ranks,
 /// rank after rank, each [tokens, Local]): each token's features, rank after

@@ -26,7 +26,9 @@ namespace ekka {
 /// every component mapped by a rule onto other paths whose ratio stayed
 /// below the threshold, generalized over layer numbers (`*` for a number
 /// that is the same segment on both sides) when every instance validated.
-/// A path mapped onto itself is not recorded: pairing by path finds it.
+/// A path mapped onto itself is recorded only with a layout the shapes left
+/// open (a "transpose" the bounded search validated); else pairing by path
+/// finds it.
 struct CalibratedRule {
   MappingRule Rule;
   unsigned Validated = 0; ///< Instances (calls) behind it.
@@ -67,6 +69,11 @@ struct ComponentRatio {
   /// reference's, along ConcatDim; this call is Parts[Part].
   std::vector<std::string> Parts;
   int Part = -1;
+  /// Its output's layout where the shapes left it open (dimensions of equal
+  /// extent): the target's dimensions (leading ones squeezed) swapped to
+  /// meet the reference's, and how that was chosen.
+  std::optional<std::pair<int, int>> Transposed;
+  std::string LayoutBy;
 };
 
 /// Inside a suspect: the first op whose output departs from the matching
