@@ -112,6 +112,10 @@ struct Side {
   std::map<int64_t, std::map<int64_t, const TensorRecord *>> OpOutputs;
   /// op id -> the captured tensors it produced or wrote in place
   std::map<int64_t, std::vector<const TensorRecord *>> OpWrites;
+  /// op id -> the kernels it launched, in launch order
+  std::map<int64_t, std::vector<const KernelRecord *>> OpKernels;
+  /// kernel id -> its captured buffer snapshots, by parameter
+  std::map<int64_t, std::map<int64_t, const TensorRecord *>> Snapshots;
   std::vector<TensorRecord> Tensors;
   DenseMap<int64_t, const ModuleCallRecord *> CallById;
   DenseMap<int64_t, const TensorRecord *> TensorById;
@@ -256,7 +260,16 @@ struct Side {
       if (X.Owner == TensorOwner::Op && (X.Role == "output" || X.Role == "mutated") &&
           !X.Shard.empty())
         OpWrites[X.OwnerId].push_back(&X);
+      if (X.Owner == TensorOwner::Kernel && !X.Shard.empty())
+        Snapshots[X.OwnerId][X.Index] = &X;
     }
+    for (const KernelRecord &K : Kernels)
+      if (K.OpId)
+        OpKernels[*K.OpId].push_back(&K);
+    for (auto &[Op, Ks] : OpKernels)
+      llvm::stable_sort(Ks, [](const KernelRecord *A, const KernelRecord *B) {
+        return A->Seq < B->Seq;
+      });
     return Error::success();
   }
 
@@ -1814,21 +1827,26 @@ private:
         F.ReferenceName = At < RO.size() ? RO[At]->Name : "";
         F.Reason = "the reference ran no " + Op->Name + " here" +
                    (F.ReferenceName.empty() ? "" : " (it ran " + F.ReferenceName + ")");
+        refineToKernel(F, Op->Id, nullptr, T.OpOutputs[Op->Id].begin()->second);
         return F;
       }
       const OpRecord *Ref = Candidates[K];
       std::optional<double> Worst;
+      const TensorRecord *Departing = nullptr;
       for (const auto &[Index, TT] : T.OpOutputs[Op->Id]) {
         auto RT = R.OpOutputs[Ref->Id].find(Index);
         if (RT == R.OpOutputs[Ref->Id].end())
           continue;
-        if (auto X = ratio(TT, RT->second, nullptr))
-          Worst = std::max(Worst.value_or(0), *X);
+        if (auto X = ratio(TT, RT->second, nullptr); X && *X > Worst.value_or(-1)) {
+          Worst = *X;
+          Departing = TT;
+        }
       }
       if (elevated(Worst)) {
         F.Ratio = Worst;
         F.ReferenceName = Ref->Name;
         F.Reason = "first op of the suspect whose output departs from the reference's";
+        refineToKernel(F, Op->Id, Ref, Departing);
         return F;
       }
     }
@@ -1913,6 +1931,7 @@ private:
     for (const KernelRecord &K : T.Kernels)
       if (K.OpId && *K.OpId == Writer->Id)
         F.Kernels.push_back(K.Name);
+    refineToKernel(F, Writer->Id, nullptr, Written);
     if (Child) {
       F.ReadBy = Child->Path.empty() ? std::string("(root)") : Child->Path;
       F.Ratio = Child->InputRatio;
@@ -1925,6 +1944,63 @@ private:
       F.Reason = "it last wrote the suspect's output";
     }
     return F;
+  }
+
+  /// Beneath op \p OpId, from its kernels' buffer snapshots (taken after
+  /// each kernel, on a GPU): the first kernel whose buffers depart from the
+  /// reference's same kernel, when \p RefOp launched the same kernels in
+  /// the same order (a kernel developer's old and new build); else the
+  /// first kernel after which a buffer held the op's departing value
+  /// \p Value — the kernel that wrote it. Nothing when no snapshot tells.
+  void refineToKernel(OpFinding &F, int64_t OpId, const OpRecord *RefOp,
+                      const TensorRecord *Value) {
+    auto TK = T.OpKernels.find(OpId);
+    if (TK == T.OpKernels.end())
+      return;
+    auto SnapshotsOf = [](const Side &S, const KernelRecord *K) {
+      auto It = S.Snapshots.find(K->Id);
+      return It == S.Snapshots.end() ? std::map<int64_t, const TensorRecord *>() : It->second;
+    };
+    auto RK = RefOp ? R.OpKernels.find(RefOp->Id) : R.OpKernels.end();
+    bool SameKernels = RK != R.OpKernels.end() && RK->second.size() == TK->second.size() &&
+                       std::equal(TK->second.begin(), TK->second.end(), RK->second.begin(),
+                                  [](const KernelRecord *A, const KernelRecord *B) {
+                                    return A->Name == B->Name;
+                                  });
+    if (SameKernels) {
+      for (size_t I = 0; I < TK->second.size(); ++I) {
+        auto Ref = SnapshotsOf(R, RK->second[I]);
+        for (const auto &[Param, X] : SnapshotsOf(T, TK->second[I])) {
+          auto Y = Ref.find(Param);
+          if (Y == Ref.end())
+            continue;
+          if (auto Ratio = ratio(X, Y->second, nullptr); elevated(Ratio)) {
+            F.Kernel = TK->second[I]->Name;
+            F.KernelRatio = Ratio;
+            F.KernelReason = "first of the op's kernels whose buffer (parameter " +
+                             std::to_string(Param) +
+                             ") departs from the reference's same kernel's";
+            return;
+          }
+        }
+      }
+    }
+    auto Wanted = Value ? T.values(Value) : std::nullopt;
+    if (!Wanted)
+      return;
+    for (const KernelRecord *K : TK->second)
+      for (const auto &[Param, X] : SnapshotsOf(T, K)) {
+        auto V = T.values(X);
+        if (V && V->size() == Wanted->size() &&
+            std::equal(V->begin(), V->end(), Wanted->begin(), [](double A, double B) {
+              return A == B || (std::isnan(A) && std::isnan(B));
+            })) {
+          F.Kernel = K->Name;
+          F.KernelReason = "the first of the op's kernels after which its buffer (parameter " +
+                           std::to_string(Param) + ") held the op's departing value: it wrote it";
+          return;
+        }
+      }
   }
 
   /// The components compared so far, for the drill-down.

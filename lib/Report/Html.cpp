@@ -91,7 +91,9 @@ void writeHtml(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
       for (const std::string &K : S.Op->Kernels) {
         SourceLocator::KernelSite Site = Sources.kernel(K);
         OS << "<p>kernel <b>" << htmlEscape(Site.Display) << "</b>"
-           << (Site.Where.empty() ? "" : " " + htmlEscape(Site.Where)) << "</p>\n";
+           << (Site.Where.empty() ? "" : " " + htmlEscape(Site.Where))
+           << (K == S.Op->Kernel ? " &larr; " + htmlEscape(S.Op->KernelReason) : "")
+           << "</p>\n";
       }
     }
     if (!L.Excerpt.empty())

@@ -85,6 +85,10 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
         if (!Site.Where.empty())
           OS << "  " << Site.Where;
         OS << "\n";
+        if (K == S.Op->Kernel)
+          OS << "    ^ " << S.Op->KernelReason
+             << (S.Op->KernelRatio ? ", R = " + ratioText(S.Op->KernelRatio) : std::string())
+             << "\n";
       }
     }
   }
@@ -112,6 +116,18 @@ json::Value componentJSON(const ComponentRatio &C) {
   return json::Value(std::move(O));
 }
 
+/// The kernel the buffer snapshots single out beneath the op, or null.
+json::Value departingKernelJSON(const OpFinding &Op, const SourceLocator &Sources) {
+  if (Op.Kernel.empty())
+    return nullptr;
+  SourceLocator::KernelSite Site = Sources.kernel(Op.Kernel);
+  return json::Object{{"name", Op.Kernel},
+                      {"display_name", Site.Display},
+                      {"source", orNull(Site.Where)},
+                      {"ratio", ratioJSON(Op.KernelRatio)},
+                      {"reason", Op.KernelReason}};
+}
+
 json::Value opJSON(const OpFinding &Op, const SourceLocator &Sources) {
   json::Array Kernels;
   for (const std::string &K : Op.Kernels) {
@@ -125,7 +141,8 @@ json::Value opJSON(const OpFinding &Op, const SourceLocator &Sources) {
                       {"ratio", ratioJSON(Op.Ratio)},
                       {"reference_op", Op.ReferenceName},
                       {"reason", Op.Reason},
-                      {"kernels", std::move(Kernels)}};
+                      {"kernels", std::move(Kernels)},
+                      {"departing_kernel", departingKernelJSON(Op, Sources)}};
 }
 
 } // namespace

@@ -120,9 +120,9 @@ public:
   }
 
   /// Adds op \p Name under call \p Path (already added), with one
-  /// captured tensor of role \p Role (`output` or `mutated`).
-  void op(const std::string &Path, const std::string &Name, const char *Role,
-          std::vector<float> Values, std::vector<int64_t> Shape) {
+  /// captured tensor of role \p Role (`output` or `mutated`); its id.
+  int64_t op(const std::string &Path, const std::string &Name, const char *Role,
+             std::vector<float> Values, std::vector<int64_t> Shape) {
     OpRecord O;
     O.Id = Writer->nextOpId();
     O.ModuleCallId = Calls.at(Path);
@@ -133,6 +133,23 @@ public:
     T.Owner = TensorOwner::Op;
     T.Shape = Shape;
     Writer->addTensor(T, std::string(reinterpret_cast<char *>(Values.data()), Values.size() * 4));
+    return O.Id;
+  }
+
+  /// Adds GPU kernel \p Name launched by op \p Op of call \p Path, with
+  /// the snapshot of the buffer its parameter \p Param pointed into.
+  void kernel(int64_t Op, const std::string &Path, const std::string &Name, int64_t Param,
+              std::vector<float> Buffer) {
+    KernelRecord K;
+    K.Id = Writer->nextKernelId();
+    K.OpId = Op;
+    K.ModuleCallId = Calls.at(Path);
+    K.Seq = KernelSeq++;
+    K.Name = Name;
+    Writer->addKernel(K);
+    TensorRecord T = record(K.Id, "argument", Param, DType::F32, int64_t(Buffer.size()));
+    T.Owner = TensorOwner::Kernel;
+    Writer->addTensor(T, std::string(reinterpret_cast<char *>(Buffer.data()), Buffer.size() * 4));
   }
 
   void close() { EXPECT_FALSE(bool(Writer->close())); }
@@ -168,7 +185,7 @@ private:
 
   std::unique_ptr<TraceWriter> Writer;
   std::map<std::string, int64_t> Calls, Outputs;
-  int64_t Seq = 0, OpSeq = 0;
+  int64_t Seq = 0, OpSeq = 0, KernelSeq = 0;
 };
 
 class DiagnosisTest : public ::testing::Test {
@@ -479,6 +496,56 @@ TEST_F(DiagnosisTest, TheLastWriterOfADepartingChildInputIsNamed) {
   EXPECT_EQ(N.Suspects[0].Component.Path, "attn");
   ASSERT_TRUE(N.Suspects[0].Op.has_value());
   EXPECT_EQ(N.Suspects[0].Op->Name, "zoo::core");
+}
+
+// Beneath the op, the kernels' buffer snapshots (a GPU trace with capture)
+// single out the kernel: against the reference's same kernels when it ran
+// them (a kernel developer's old and new build), else the one that wrote the
+// op's departing value.
+TEST_F(DiagnosisTest, TheKernelBeneathTheOpIsNamedFromItsBufferSnapshots) {
+  using Spec = TraceBuilder::Spec;
+  auto Layout = [&](StringRef Name, std::vector<float> Out, std::vector<float> Fill,
+                    bool Kernels) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("mlp", "", {{{1, 2}, {2}}}, {{Out, {2}}});
+    int64_t Op = T.op("mlp", "zoo::gemm", "output", Out, {2});
+    if (Kernels) {
+      T.kernel(Op, "mlp", "fill_kernel", 2, Fill);
+      T.kernel(Op, "mlp", "gemm_kernel", 2, Out);
+      T.kernel(Op, "mlp", "epilogue_kernel", 2, Out);
+    }
+    T.close();
+  };
+  // The reference ran the same kernels; the target's fill left ones where
+  // the reference's left zeros, and the GEMM's result departs after it.
+  Layout("ref", {3, 4}, {0, 0}, true);
+  Layout("tgt", {3, 40}, {1, 1}, true);
+  Diagnosis D = run("tgt", "ref");
+  ASSERT_EQ(D.Result, Diagnosis::Verdict::Divergence);
+  ASSERT_TRUE(D.Suspects[0].Op.has_value());
+  EXPECT_EQ(D.Suspects[0].Op->Name, "zoo::gemm");
+  EXPECT_EQ(D.Suspects[0].Op->Kernels.size(), 3u);
+  EXPECT_EQ(D.Suspects[0].Op->Kernel, "fill_kernel");
+  EXPECT_TRUE(D.Suspects[0].Op->KernelRatio.has_value());
+  // The same fill as the reference's: the GEMM is the first to depart.
+  Layout("tgt2", {3, 40}, {0, 0}, true);
+  Diagnosis G = run("tgt2", "ref");
+  ASSERT_TRUE(G.Suspects[0].Op.has_value());
+  EXPECT_EQ(G.Suspects[0].Op->Kernel, "gemm_kernel");
+  // A reference without kernels (HF on the CPU, another library): the
+  // kernel after which the buffer held the departing output wrote it.
+  Layout("cpu-ref", {3, 4}, {}, false);
+  Diagnosis W = run("tgt", "cpu-ref");
+  ASSERT_TRUE(W.Suspects[0].Op.has_value());
+  EXPECT_EQ(W.Suspects[0].Op->Kernel, "gemm_kernel");
+  EXPECT_FALSE(W.Suspects[0].Op->KernelRatio.has_value());
+  EXPECT_NE(W.Suspects[0].Op->KernelReason.find("wrote it"), std::string::npos);
+  // No snapshots: the op and its kernels, none singled out.
+  Layout("plain", {3, 40}, {}, false);
+  Diagnosis P = run("plain", "cpu-ref");
+  ASSERT_TRUE(P.Suspects[0].Op.has_value());
+  EXPECT_TRUE(P.Suspects[0].Op->Kernel.empty());
 }
 
 // A mapped child whose own output agrees but which wrote, in place, the

@@ -45,7 +45,10 @@ Diagnosis divergence() {
   Op.Name = "zoo::quant_gemm";
   Op.Ratio = 80;
   Op.Reason = "first op whose output departs";
-  Op.Kernels = {"_ZN12_GLOBAL__N_111gemm_kernelEPKfPfi"};
+  Op.Kernels = {"fill_kernel", "_ZN12_GLOBAL__N_111gemm_kernelEPKfPfi"};
+  Op.Kernel = Op.Kernels[1];
+  Op.KernelReason = "first of the op's kernels whose buffer departs";
+  Op.KernelRatio = 90;
   S.Op = Op;
   D.Suspects.push_back(S);
   return D;
@@ -64,6 +67,11 @@ TEST(Report, TheFirstLineOfTheTextIsTheAnswer) {
   EXPECT_NE(Out.find("kernel: (anonymous namespace)::gemm_kernel(float const*, float*, int)"),
             std::string::npos)
       << Out;
+  // The kernel the snapshots single out is marked, the other is not.
+  EXPECT_NE(Out.find("int)\n    ^ first of the op's kernels whose buffer departs, R = 90\n"),
+            std::string::npos)
+      << Out;
+  EXPECT_NE(Out.find("  kernel: fill_kernel\n  kernel: "), std::string::npos) << Out;
 
   Diagnosis Clean;
   Clean.MaxRatio = 1.2;
@@ -94,6 +102,11 @@ TEST(Report, JSONHasTheContractedKeysAndNoInfinity) {
   ASSERT_TRUE(Kernel);
   EXPECT_EQ(Kernel->getString("op"), "zoo::quant_gemm");
   EXPECT_EQ(Kernel->get("source")->getAsNull().has_value(), true);
+  const json::Object *Departing = Kernel->getObject("departing_kernel");
+  ASSERT_TRUE(Departing);
+  EXPECT_EQ(Departing->getString("display_name"),
+            "(anonymous namespace)::gemm_kernel(float const*, float*, int)");
+  EXPECT_EQ(Departing->getNumber("ratio"), 90);
   const json::Object *Evidence = S->getObject("evidence");
   ASSERT_TRUE(Evidence && Evidence->getArray("before") && Evidence->getArray("after"));
   EXPECT_EQ((*Evidence->getArray("after"))[0].getAsObject()->getNumber("ratio"),

@@ -91,6 +91,12 @@ struct OpFinding {
   bool LastWriter = false;
   std::string ReadBy; ///< That component (empty: the suspect's own output).
   bool WroteInPlace = false; ///< The value was an argument it wrote (`Tensor(a!)`).
+  /// Beneath the op, from its kernels' buffer snapshots (GPU traces with
+  /// capture): the kernel that departs first (one of Kernels), why, and its
+  /// ratio when compared with the reference's same kernel. Empty when no
+  /// snapshot tells.
+  std::string Kernel, KernelReason;
+  std::optional<double> KernelRatio;
 };
 
 struct Suspect {
