@@ -6,9 +6,13 @@ processes that never run a model leave nothing behind. The logic lives in
 C++ (``libekka_runtime.so``, loaded as PyTorch custom ops); this file only
 observes module calls and hands them over.
 
-Known gap: a module whose ``forward`` is called directly (``m.forward(x)``
-instead of ``m(x)``) bypasses PyTorch's hooks, so it is not a module call of
-its own; its ops are attributed to the enclosing module call.
+A module whose ``forward`` is called directly (``m.forward(x)`` instead of
+``m(x)``) bypasses PyTorch's hooks. Where that module is the outermost one
+(SGLang's model runner calls ``model.forward(...)``), its call is recovered
+from the Python stack when its first submodule is called (see
+_direct_forward). Known gap: a submodule's ``forward`` called directly by its
+parent is not a module call of its own; its ops are attributed to the
+enclosing module call (its own submodules keep their paths).
 """
 import atexit
 import inspect
@@ -165,12 +169,21 @@ def _pre_hook(module, args, kwargs=None):
     stack = getattr(local, "stack", None)
     if stack is None:
         stack = local.stack = []
+    # Only a root whose forward was called directly is open: has it returned?
+    if len(stack) == 1 and stack[0][5] is not None and not _running(stack[0][5]):
+        _close_direct(stack)
     is_root = not stack
     trees = getattr(local, "trees", None)
     if trees is None:
         trees = local.trees = {}
     tree = None
-    if is_root:
+    direct = _direct_forward(module) if is_root else None
+    if direct is not None:
+        # The outermost module's forward was called directly: its call is
+        # recovered as the root, and this module's is its child.
+        tree = _open_direct(state, local, trees, stack, *direct)
+        is_root = False
+    elif is_root:
         tree = trees.get(id(module))
         if tree is not None and tree.root() is not module:
             del trees[id(module)]  # a dead root's id, reused
@@ -208,7 +221,68 @@ def _pre_hook(module, args, kwargs=None):
     if kwargs:
         inputs += _tensors(kwargs)
     call_id = _enter(path, type(module).__name__, qualname, file, line, is_root, inputs)
-    stack.append((module, call_id, len(inputs), kwargs is not None, tree))
+    stack.append((module, call_id, len(inputs), kwargs is not None, tree, None))
+
+
+def _direct_forward(module):
+    """A module called from no other module's hooks may still run inside a
+    module whose ``forward`` was called directly, bypassing the hooks
+    (SGLang's model runner calls ``model.forward(input_ids, positions,
+    forward_batch)``; the model then calls ``self.model(...)``). That module
+    is found on this thread's Python stack: the outermost ``forward`` frame
+    whose ``self`` is a module holding ``module``. Its (frame, module), or
+    None. Only ``forward`` frames count: a long-running method of a module
+    that holds the model (a generation loop) is not one forward step."""
+    found = None
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "forward" and code.co_argcount and code.co_varnames[0] == "self":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, torch.nn.Module) and owner is not module and \
+                    any(m is module for m in owner.modules()):
+                found = (frame, owner)
+        frame = frame.f_back
+    return found
+
+
+def _running(frame):
+    """Whether `frame` is still on this thread's Python stack."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f is frame:
+            return True
+        f = f.f_back
+    return False
+
+
+def _open_direct(state, local, trees, stack, frame, owner):
+    """Enters the call of `owner`, whose forward (running in `frame`) was
+    called directly, as a root: a forward step, with the tensors among its
+    named parameters as inputs (their values now, at its first submodule's
+    call). It stays open on the stack until its frame has returned (checked
+    at the next call that would be a root, or when tracing stops). The
+    frame is held until then."""
+    local.forwards = getattr(local, "forwards", 0) + 1
+    tree = trees.get(id(owner))
+    if tree is None or tree.root() is not owner:
+        tree = trees[id(owner)] = _new_tree(trees, owner)
+    local.current = tree
+    code = frame.f_code
+    named = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
+    values = frame.f_locals
+    inputs = _tensors([values.get(name) for name in named])
+    qualname, file, line = _class_source(state, type(owner))
+    call_id = _enter(tree.path(owner) or "", type(owner).__name__, qualname, file, line, True,
+                     inputs)
+    stack.append((owner, call_id, len(inputs), True, tree, frame))
+    return tree
+
+
+def _close_direct(stack):
+    """Exits a directly called root's call (its output is not known)."""
+    _, call_id, positional, _, _, _ = stack.pop()
+    _exit(call_id, [], [], positional)
 
 
 _pre_hook_id = None  # the global pre-hook's handle id
@@ -304,7 +378,7 @@ def _post_hook(module, args, *rest):
         stack.pop()
     if not stack:
         return
-    _, call_id, positional, kwargs_seen, _ = stack.pop()
+    _, call_id, positional, kwargs_seen, _, _ = stack.pop()
     # Keyword arguments the pre-hook did not see (a module outside a named
     # tree) are recorded here, as the inputs after the positional ones.
     _exit(call_id, _tensors(output), _tensors(kwargs) if kwargs and not kwargs_seen else [],
@@ -328,6 +402,12 @@ def _unmark():
 
 def _stop():
     _unmark()
+    # A directly called root still open on this thread ends with tracing.
+    stack = getattr(_state.local, "stack", None) if _state is not None else None
+    while stack:
+        entry = stack.pop()
+        if entry[5] is not None:
+            _exit(entry[1], [], [], entry[2])
     summary = torch.ops.ekka.stop()
     if summary.startswith("error: "):
         print(f"ekka-trace: {summary}", file=sys.stderr)

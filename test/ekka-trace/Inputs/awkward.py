@@ -1,8 +1,9 @@
 """Programs that tracing must not change: a module that raises (caught),
 torch.jit.trace, torch.compile, meta tensors, a keyword input written in
 place inside the module, a submodule called on its own after its root's
-forward (as vLLM computes logits), two unrelated models taking turns, and an
-inner model run alone before its whole."""
+forward (as vLLM computes logits), two unrelated models taking turns, an
+inner model run alone before its whole, and a model whose forward is called
+directly (as SGLang's model runner does)."""
 import sys
 
 import torch
@@ -95,4 +96,11 @@ elif kind == "inner-first":
     whole = Whole()
     whole.inner(x)
     whole(x)
+elif kind == "direct":
+    m = Outer()
+    m.bad = torch.nn.Identity()
+    with torch.no_grad():
+        for _ in range(2):
+            h = m.forward(x)  # bypasses the hooks: recovered from the stack
+        m(h)
 print(kind, "ok")

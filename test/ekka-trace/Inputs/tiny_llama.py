@@ -1,5 +1,7 @@
 """A tiny HuggingFace Llama with seeded random weights: runs one forward and
-saves the logits it computed itself, for comparison with the trace."""
+saves the logits it computed itself, for comparison with the trace. With
+`direct`, the forward is called as SGLang's model runner calls it,
+`model.forward(ids)`, bypassing the module hooks of the root."""
 import sys
 
 import torch
@@ -13,6 +15,7 @@ config = transformers.LlamaConfig(
 model = transformers.LlamaForCausalLM(config).eval()
 ids = torch.arange(1, 9).unsqueeze(0)
 with torch.no_grad():
-    logits = model(ids).logits
+    run = model.forward if sys.argv[2:] == ["direct"] else model
+    logits = run(ids).logits
 save_file({"logits": logits.contiguous()}, sys.argv[1])
 print("logits", tuple(logits.shape))
