@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <string>
 #include <gtest/gtest.h>
 
 using namespace ekka;
@@ -57,6 +59,99 @@ TEST(TensorMath, NormsAndFirstDifference) {
   EXPECT_EQ(firstDifference({1, 2}, {1, 2, 3}), std::optional<size_t>(2));
   EXPECT_EQ(unitRoundoff(DType::I64), 0);
   EXPECT_EQ(unitRoundoff(DType::BF16), std::ldexp(1.0, -8));
+}
+
+/// Values in a dtype's bytes (rounded to it) and as doubles.
+struct Encoded {
+  std::string Bytes;
+  std::vector<double> Values;
+};
+Encoded encode(DType Type, const std::vector<double> &V) {
+  Encoded E;
+  for (double X : V) {
+    if (Type == DType::F64) {
+      E.Bytes.append(reinterpret_cast<const char *>(&X), 8);
+      continue;
+    }
+    float F = float(X);
+    uint32_t U;
+    std::memcpy(&U, &F, 4);
+    if (Type == DType::F32) {
+      E.Bytes.append(reinterpret_cast<const char *>(&F), 4);
+    } else if (Type == DType::BF16) {
+      uint16_t H = uint16_t(U >> 16);
+      E.Bytes.append(reinterpret_cast<const char *>(&H), 2);
+    } else { // F16: small integers and halves are exact
+      uint16_t H = 0;
+      if (F != 0) {
+        int Exp;
+        float M = std::frexp(std::fabs(F), &Exp); // [0.5, 1)
+        H = uint16_t((F < 0 ? 0x8000 : 0) | (uint16_t(Exp - 1 + 15) << 10) |
+                     uint16_t(std::lround((M * 2 - 1) * 1024)));
+      }
+      E.Bytes.append(reinterpret_cast<const char *>(&H), 2);
+    }
+  }
+  E.Values = *toDoubles(Type, E.Bytes);
+  return E;
+}
+
+// The byte-level sums (four lanes, vector units, two threads for large
+// tensors) are the plain sums of the widened values, for every dtype pair
+// and every length, tails included.
+TEST(TensorMath, ByteLevelSumsAreThePlainSums) {
+  std::mt19937 Gen(7);
+  std::uniform_int_distribution<int> Small(-8, 8);
+  for (size_t N : {size_t(0), size_t(1), size_t(3), size_t(4), size_t(5), size_t(1001),
+                   (size_t(1) << 20) + 3}) {
+    std::vector<double> T(N), R(N), Y(N);
+    for (size_t I = 0; I < N; ++I) {
+      // Halves of small integers: exact in every dtype here.
+      Y[I] = Small(Gen) * 0.5;
+      R[I] = Y[I] + (I % 3 == 0 ? 0.5 : 0);
+      T[I] = Y[I] - (I % 5 == 0 ? 1 : 0);
+    }
+    for (DType A : {DType::F32, DType::BF16, DType::F16, DType::F64})
+      for (DType B : {DType::F32, DType::BF16}) {
+        Encoded ET = encode(A, T), ER = encode(B, R), EY = encode(DType::F32, Y);
+        double TR = 0, RR = 0, TY = 0, RY = 0, YY = 0;
+        for (size_t I = 0; I < N; ++I) {
+          TR += (T[I] - R[I]) * (T[I] - R[I]);
+          RR += R[I] * R[I];
+          TY += (T[I] - Y[I]) * (T[I] - Y[I]);
+          RY += (R[I] - Y[I]) * (R[I] - Y[I]);
+          YY += Y[I] * Y[I];
+        }
+        std::string Case = "N=" + std::to_string(N) + " types " + std::to_string(int(A)) + "," +
+                           std::to_string(int(B));
+        ASSERT_EQ(ET.Values, T) << Case; // the test's values are exact
+        auto Two = ratioSums(A, ET.Bytes, B, ER.Bytes, DType::F32, "", N);
+        ASSERT_TRUE(Two.has_value()) << Case;
+        EXPECT_TRUE(Two->Finite);
+        // Exact: every product and partial sum is a small multiple of 1/4.
+        EXPECT_EQ(Two->TR, TR) << Case;
+        EXPECT_EQ(Two->RR, RR) << Case;
+        auto Three = ratioSums(A, ET.Bytes, B, ER.Bytes, DType::F32, EY.Bytes, N);
+        ASSERT_TRUE(Three.has_value()) << Case;
+        EXPECT_EQ(Three->TY, TY) << Case;
+        EXPECT_EQ(Three->RY, RY) << Case;
+        EXPECT_EQ(Three->YY, YY) << Case;
+      }
+  }
+  // Bytes of another size, a dtype it does not read: none.
+  EXPECT_FALSE(ratioSums(DType::F32, std::string(8, '\0'), DType::F32, std::string(4, '\0'),
+                         DType::F32, "", 2));
+  EXPECT_FALSE(ratioSums(DType::I64, std::string(8, '\0'), DType::I64, std::string(8, '\0'),
+                         DType::F32, "", 1));
+  // A NaN anywhere: not finite, in the vector body and in the tail.
+  for (size_t At : {size_t(1), size_t(8)}) {
+    std::vector<double> V(9, 1.0);
+    V[At] = std::nan("");
+    Encoded E = encode(DType::F32, V), One = encode(DType::F32, std::vector<double>(9, 1.0));
+    auto S = ratioSums(DType::F32, E.Bytes, DType::F32, One.Bytes, DType::F32, "", 9);
+    ASSERT_TRUE(S.has_value());
+    EXPECT_FALSE(S->Finite) << At;
+  }
 }
 
 } // namespace
