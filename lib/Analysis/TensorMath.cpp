@@ -1,5 +1,6 @@
 //===- TensorMath.cpp -----------------------------------------------------===//
 #include "ekka/Analysis/TensorMath.h"
+#include "ekka/Support/Lanes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -138,72 +139,11 @@ double norm(const std::vector<double> &A) {
 
 namespace {
 
-// Element loaders for the byte-level sums: each widens elements in
-// registers, one or four at a time (four consecutive elements to the four
-// lanes of a vector of doubles).
-// Vectors of four doubles are passed only between inlined functions of
-// this file, so GCC's note that their calling convention depends on AVX
-// does not apply.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-typedef double Double4 __attribute__((vector_size(32)));
-
-/// Four elements through the one-element loader.
-template <typename L> struct Scalar4 {
-  static Double4 at4(const char *P) {
-    return Double4{L::at(P), L::at(P + L::Size), L::at(P + 2 * L::Size),
-                   L::at(P + 3 * L::Size)};
-  }
-};
-
-/// A float or double, as stored.
-template <typename T> struct LoadAs {
-  static constexpr size_t Size = sizeof(T);
-  static double at(const char *P) {
-    T V;
-    std::memcpy(&V, P, sizeof(T));
-    return V;
-  }
-  static Double4 at4(const char *P) {
-    typedef T T4 __attribute__((vector_size(4 * sizeof(T))));
-    T4 V;
-    std::memcpy(&V, P, sizeof(V));
-    return __builtin_convertvector(V, Double4);
-  }
-};
-using LoadF32 = LoadAs<float>;
-using LoadF64 = LoadAs<double>;
-struct LoadBF16 {
-  static constexpr size_t Size = 2;
-  static double at(const char *P) {
-    uint16_t H;
-    std::memcpy(&H, P, 2);
-    uint32_t U = uint32_t(H) << 16;
-    float V;
-    std::memcpy(&V, &U, 4);
-    return V;
-  }
-  static Double4 at4(const char *P) {
-    typedef uint16_t H4 __attribute__((vector_size(8)));
-    typedef uint32_t U4 __attribute__((vector_size(16)));
-    typedef float F4 __attribute__((vector_size(16)));
-    H4 H;
-    std::memcpy(&H, P, sizeof(H));
-    U4 U = __builtin_convertvector(H, U4) << 16;
-    F4 F;
-    std::memcpy(&F, &U, sizeof(F));
-    return __builtin_convertvector(F, Double4);
-  }
-};
-struct LoadF16 : Scalar4<LoadF16> {
-  static constexpr size_t Size = 2;
-  static double at(const char *P) {
-    uint16_t H;
-    std::memcpy(&H, P, 2);
-    return halfToDouble(H);
-  }
-};
+using lanes::Double4;
+using LoadF32 = lanes::LoadAs<float>;
+using LoadF64 = lanes::LoadAs<double>;
+using LoadBF16 = lanes::LoadBF16;
+using LoadF16 = lanes::LoadBy<uint16_t, halfToDouble>;
 
 /// Calls \p F with the loader of \p Type; false when there is none.
 template <typename Fn> bool withLoader(DType Type, Fn &&F) {
@@ -216,11 +156,7 @@ template <typename Fn> bool withLoader(DType Type, Fn &&F) {
   }
 }
 
-double lanes(Double4 V) { return (V[0] + V[1]) + (V[2] + V[3]); }
-
-// Four lanes of independent sums, element I + J to lane J: the loop is
-// bound by the loads, not by the latency of one chain of additions, and a
-// vector unit takes the four lanes at once.
+// Four lanes of independent sums (ekka/Support/Lanes.h).
 template <typename A, typename B, typename C>
 RatioSums bytesSums3(const char *X, const char *R, const char *Y, size_t N) {
   // Against an FP32 reference R needs no Σ(XT−XR)².
@@ -240,9 +176,9 @@ RatioSums bytesSums3(const char *X, const char *R, const char *Y, size_t N) {
     YY[0] += YR * YR;
   }
   RatioSums S;
-  S.TY = lanes(TY);
-  S.RY = lanes(RY);
-  S.YY = lanes(YY);
+  S.TY = lanes::sum(TY);
+  S.RY = lanes::sum(RY);
+  S.YY = lanes::sum(YY);
   S.Finite = std::isfinite(S.TY + S.RY + S.YY);
   return S;
 }
@@ -261,30 +197,20 @@ template <typename A, typename B> RatioSums bytesSums2(const char *X, const char
     RR[0] += XR * XR;
   }
   RatioSums S;
-  S.TR = lanes(TR);
-  S.RR = lanes(RR);
+  S.TR = lanes::sum(TR);
+  S.RR = lanes::sum(RR);
   S.Finite = std::isfinite(S.TR + S.RR);
   return S;
 }
 
-// The same loops compiled for AVX2 and FMA, where the CPU has them (chosen
-// once, at run time): four doubles to a register instead of SSE2's two.
-// flatten inlines the loop's loaders and arithmetic into the wider target.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define EKKA_WIDE_SUMS 1
+#ifdef EKKA_WIDE
 template <typename A, typename B, typename C>
-[[gnu::target("avx2,fma"), gnu::flatten]] RatioSums bytesSums3Wide(const char *X, const char *R,
-                                                                   const char *Y, size_t N) {
+EKKA_WIDE RatioSums bytesSums3Wide(const char *X, const char *R, const char *Y, size_t N) {
   return bytesSums3<A, B, C>(X, R, Y, N);
 }
 template <typename A, typename B>
-[[gnu::target("avx2,fma"), gnu::flatten]] RatioSums bytesSums2Wide(const char *X, const char *R,
-                                                                   size_t N) {
+EKKA_WIDE RatioSums bytesSums2Wide(const char *X, const char *R, size_t N) {
   return bytesSums2<A, B>(X, R, N);
-}
-bool wideSums() {
-  static const bool Has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return Has;
 }
 #endif
 
@@ -334,8 +260,8 @@ std::optional<RatioSums> ratioSums(DType TT, llvm::StringRef XT, DType RT, llvm:
         if (Sized)
           Out = inHalves(N, [&](size_t Begin, size_t Count) {
             const char *X = XT.data() + Begin * A::Size, *R = XR.data() + Begin * B::Size;
-#ifdef EKKA_WIDE_SUMS
-            if (wideSums())
+#ifdef EKKA_WIDE
+            if (lanes::wideLanes())
               return bytesSums2Wide<A, B>(X, R, Count);
 #endif
             return bytesSums2<A, B>(X, R, Count);
@@ -348,8 +274,8 @@ std::optional<RatioSums> ratioSums(DType TT, llvm::StringRef XT, DType RT, llvm:
           Out = inHalves(N, [&](size_t Begin, size_t Count) {
             const char *X = XT.data() + Begin * A::Size, *R = XR.data() + Begin * B::Size,
                        *Y = YR.data() + Begin * C::Size;
-#ifdef EKKA_WIDE_SUMS
-            if (wideSums())
+#ifdef EKKA_WIDE
+            if (lanes::wideLanes())
               return bytesSums3Wide<A, B, C>(X, R, Y, Count);
 #endif
             return bytesSums3<A, B, C>(X, R, Y, Count);

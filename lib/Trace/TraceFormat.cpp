@@ -1,5 +1,6 @@
 //===- TraceFormat.cpp ----------------------------------------------------===//
 #include "ekka/Trace/TraceFormat.h"
+#include "ekka/Support/Lanes.h"
 
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/Format.h"
@@ -175,90 +176,97 @@ double bfloat16ToDouble(uint16_t B) {
 
 namespace {
 
-/// One branch-free pass in four lanes (short dependency chains). Min and max
-/// skip NaNs; the sums include them, as the NaN count says.
-template <typename Read> TensorStats statsOf(size_t N, Read Get) {
-  constexpr int L = 4;
-  double Sum[L] = {}, SumSq[L] = {}, Min[L], Max[L];
-  int64_t Nan[L] = {}, Inf[L] = {};
-  for (int J = 0; J < L; ++J) {
-    Min[J] = std::numeric_limits<double>::infinity();
-    Max[J] = -std::numeric_limits<double>::infinity();
-  }
-  auto Step = [&](int J, double V) {
-    Sum[J] += V;
-    SumSq[J] += V * V;
-    Min[J] = V < Min[J] ? V : Min[J];
-    Max[J] = V > Max[J] ? V : Max[J];
-    Nan[J] += V != V;
-    Inf[J] += std::abs(V) == std::numeric_limits<double>::infinity();
+/// One branch-free pass in four lanes (ekka/Support/Lanes.h) over a
+/// tensor's bytes, widened by loader \p L. Min and max skip NaNs; the sums
+/// include them, as the NaN count says.
+template <typename L> TensorStats statsOf(StringRef Bytes) {
+  using lanes::Double4;
+  using lanes::Int4;
+  const char *P = Bytes.data();
+  size_t N = Bytes.size() / L::Size;
+  const double Inf = std::numeric_limits<double>::infinity();
+  const Double4 PosInf = {Inf, Inf, Inf, Inf}, NegInf = -PosInf;
+  Double4 Sum = {}, SumSq = {}, Min = PosInf, Max = NegInf;
+  Int4 Nan = {}, Infs = {};
+  auto Step = [&](Double4 V) {
+    Sum += V;
+    SumSq += V * V;
+    Min = V < Min ? V : Min;
+    Max = V > Max ? V : Max;
+    Nan -= V != V; // a comparison's lanes are -1 where true
+    Infs -= (V == PosInf) | (V == NegInf);
   };
   size_t I = 0;
-  for (; I + L <= N; I += L)
-    for (int J = 0; J < L; ++J)
-      Step(J, Get(I + J));
-  for (; I < N; ++I)
-    Step(0, Get(I));
+  for (; I + 4 <= N; I += 4)
+    Step(L::at4(P + I * L::Size));
+  if (I < N) {
+    // The tail in the first lanes; the others hold what adds nothing.
+    Double4 V = {0, 0, 0, 0};
+    Int4 Used = {0, 0, 0, 0};
+    for (size_t J = 0; I + J < N; ++J) {
+      V[J] = L::at(P + (I + J) * L::Size);
+      Used[J] = -1;
+    }
+    Sum += V;
+    SumSq += V * V;
+    Min = (Used & (V < Min)) ? V : Min;
+    Max = (Used & (V > Max)) ? V : Max;
+    Nan -= V != V;
+    Infs -= (V == PosInf) | (V == NegInf);
+  }
   TensorStats S;
   if (N == 0)
     return S;
-  S.Min = std::numeric_limits<double>::infinity();
-  S.Max = -S.Min;
-  for (int J = 0; J < L; ++J) {
-    S.Sum += Sum[J];
-    S.SumSq += SumSq[J];
+  S.Sum = lanes::sum(Sum);
+  S.SumSq = lanes::sum(SumSq);
+  S.Min = Inf;
+  S.Max = -Inf;
+  for (int J = 0; J < 4; ++J) {
     S.Min = std::min(S.Min, Min[J]);
     S.Max = std::max(S.Max, Max[J]);
     S.NanCount += Nan[J];
-    S.InfCount += Inf[J];
+    S.InfCount += Infs[J];
   }
   if (S.NanCount == int64_t(N))
     S.Min = S.Max = std::numeric_limits<double>::quiet_NaN();
   return S;
 }
 
-template <typename T> TensorStats statsOfType(StringRef Bytes) {
-  const char *P = Bytes.data();
-  return statsOf(Bytes.size() / sizeof(T), [P](size_t I) {
-    T V;
-    std::memcpy(&V, P + I * sizeof(T), sizeof(T));
-    return double(V);
-  });
+#ifdef EKKA_WIDE
+template <typename L> EKKA_WIDE TensorStats statsOfWide(StringRef Bytes) {
+  return statsOf<L>(Bytes);
 }
+#endif
 
-template <double (*Convert)(uint16_t)> TensorStats statsOf16(StringRef Bytes) {
-  const char *P = Bytes.data();
-  return statsOf(Bytes.size() / 2, [P](size_t I) {
-    uint16_t V;
-    std::memcpy(&V, P + 2 * I, 2);
-    return Convert(V);
-  });
-}
-
-template <double (*Convert)(uint8_t)> TensorStats statsOf8(StringRef Bytes) {
-  const char *P = Bytes.data();
-  return statsOf(Bytes.size(), [P](size_t I) { return Convert(uint8_t(P[I])); });
+template <typename L> TensorStats statsWith(StringRef Bytes) {
+#ifdef EKKA_WIDE
+  if (lanes::wideLanes())
+    return statsOfWide<L>(Bytes);
+#endif
+  return statsOf<L>(Bytes);
 }
 
 } // namespace
 
 std::optional<TensorStats> statsOfBytes(DType Type, StringRef Bytes) {
+  using lanes::LoadAs;
+  using lanes::LoadBy;
   switch (Type) {
-  case DType::F32: return statsOfType<float>(Bytes);
-  case DType::F64: return statsOfType<double>(Bytes);
-  case DType::F16: return statsOf16<halfToDouble>(Bytes);
-  case DType::BF16: return statsOf16<bfloat16ToDouble>(Bytes);
-  case DType::F8E4M3: return statsOf8<float8e4m3ToDouble>(Bytes);
-  case DType::F8E5M2: return statsOf8<float8e5m2ToDouble>(Bytes);
-  case DType::I64: return statsOfType<int64_t>(Bytes);
-  case DType::I32: return statsOfType<int32_t>(Bytes);
-  case DType::I16: return statsOfType<int16_t>(Bytes);
-  case DType::I8: return statsOfType<int8_t>(Bytes);
+  case DType::F32: return statsWith<LoadAs<float>>(Bytes);
+  case DType::F64: return statsWith<LoadAs<double>>(Bytes);
+  case DType::F16: return statsWith<LoadBy<uint16_t, halfToDouble>>(Bytes);
+  case DType::BF16: return statsWith<lanes::LoadBF16>(Bytes);
+  case DType::F8E4M3: return statsWith<LoadBy<uint8_t, float8e4m3ToDouble>>(Bytes);
+  case DType::F8E5M2: return statsWith<LoadBy<uint8_t, float8e5m2ToDouble>>(Bytes);
+  case DType::I64: return statsWith<LoadAs<int64_t>>(Bytes);
+  case DType::I32: return statsWith<LoadAs<int32_t>>(Bytes);
+  case DType::I16: return statsWith<LoadAs<int16_t>>(Bytes);
+  case DType::I8: return statsWith<LoadAs<int8_t>>(Bytes);
   case DType::U8:
-  case DType::Bool: return statsOfType<uint8_t>(Bytes);
-  case DType::U16: return statsOfType<uint16_t>(Bytes);
-  case DType::U32: return statsOfType<uint32_t>(Bytes);
-  case DType::U64: return statsOfType<uint64_t>(Bytes);
+  case DType::Bool: return statsWith<LoadAs<uint8_t>>(Bytes);
+  case DType::U16: return statsWith<LoadAs<uint16_t>>(Bytes);
+  case DType::U32: return statsWith<LoadAs<uint32_t>>(Bytes);
+  case DType::U64: return statsWith<LoadAs<uint64_t>>(Bytes);
   default: return std::nullopt;
   }
 }

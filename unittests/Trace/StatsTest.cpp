@@ -1,0 +1,106 @@
+//===- StatsTest.cpp - A tensor's statistics from its bytes ---------------===//
+#include "ekka/Trace/TraceFormat.h"
+
+#include <gtest/gtest.h>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace ekka;
+
+namespace {
+
+template <typename T> std::string bytesOf(const std::vector<T> &V) {
+  return std::string(reinterpret_cast<const char *>(V.data()), V.size() * sizeof(T));
+}
+
+/// The statistics, element by element.
+TensorStats plain(const std::vector<double> &V) {
+  TensorStats S;
+  S.Min = std::numeric_limits<double>::infinity();
+  S.Max = -S.Min;
+  for (double X : V) {
+    S.Sum += X;
+    S.SumSq += X * X;
+    if (X != X) {
+      ++S.NanCount;
+      continue;
+    }
+    S.InfCount += std::isinf(X);
+    S.Min = std::min(S.Min, X);
+    S.Max = std::max(S.Max, X);
+  }
+  if (V.empty())
+    S = TensorStats();
+  else if (S.NanCount == int64_t(V.size()))
+    S.Min = S.Max = std::nan("");
+  return S;
+}
+
+void expectSame(const TensorStats &A, const TensorStats &B, const std::string &Case) {
+  auto Same = [](double X, double Y) { return X == Y || (X != X && Y != Y); };
+  EXPECT_TRUE(Same(A.Sum, B.Sum)) << Case << ": sum " << A.Sum << " vs " << B.Sum;
+  EXPECT_TRUE(Same(A.SumSq, B.SumSq)) << Case;
+  EXPECT_TRUE(Same(A.Min, B.Min)) << Case << ": min " << A.Min << " vs " << B.Min;
+  EXPECT_TRUE(Same(A.Max, B.Max)) << Case << ": max " << A.Max << " vs " << B.Max;
+  EXPECT_EQ(A.NanCount, B.NanCount) << Case;
+  EXPECT_EQ(A.InfCount, B.InfCount) << Case;
+}
+
+// Four lanes, vector units, the tail in partly used lanes: the same
+// statistics as one element after another, for every length and where the
+// NaNs and infinities fall, and for the integer types.
+TEST(Stats, TheLanesGiveThePlainStatistics) {
+  std::mt19937 Gen(3);
+  std::uniform_int_distribution<int> Small(-20, 20);
+  const double Inf = std::numeric_limits<double>::infinity();
+  for (size_t N : {size_t(0), size_t(1), size_t(2), size_t(3), size_t(4), size_t(5), size_t(7),
+                   size_t(9), size_t(1000)}) {
+    for (int Kind = 0; Kind < 4; ++Kind) {
+      std::vector<double> V(N);
+      for (double &X : V)
+        X = Small(Gen) * 0.25; // exact in every float type, sums exact too
+      if (Kind == 1 && N) // all positive: a tail lane must not bring a 0
+        for (double &X : V)
+          X = std::abs(X) + 1;
+      if (Kind == 2 && N) { // NaN and infinities, last one in the tail
+        V[N - 1] = std::nan("");
+        V[N / 2] = Inf;
+        V[0] = N > 2 ? -Inf : V[0];
+      }
+      if (Kind == 3) // all NaN
+        for (double &X : V)
+          X = std::nan("");
+      std::string Case = "N=" + std::to_string(N) + " kind " + std::to_string(Kind);
+      std::vector<float> F(V.begin(), V.end());
+      std::vector<uint16_t> B;
+      for (float X : F) {
+        uint32_t U;
+        std::memcpy(&U, &X, 4);
+        B.push_back(uint16_t(U >> 16));
+      }
+      auto SF = statsOfBytes(DType::F32, bytesOf(F));
+      auto SD = statsOfBytes(DType::F64, bytesOf(V));
+      auto SB = statsOfBytes(DType::BF16, bytesOf(B));
+      ASSERT_TRUE(SF && SD && SB);
+      TensorStats Want = plain(V);
+      expectSame(*SF, Want, Case + " f32");
+      expectSame(*SD, Want, Case + " f64");
+      expectSame(*SB, Want, Case + " bf16");
+      if (Kind == 0) {
+        std::vector<int32_t> I(N);
+        std::vector<double> ID(N);
+        for (size_t K = 0; K < N; ++K)
+          ID[K] = I[K] = int32_t(V[K] * 4);
+        auto SI = statsOfBytes(DType::I32, bytesOf(I));
+        ASSERT_TRUE(SI);
+        expectSame(*SI, plain(ID), Case + " i32");
+      }
+    }
+  }
+}
+
+} // namespace
