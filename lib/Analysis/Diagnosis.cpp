@@ -116,6 +116,10 @@ struct Side {
   std::map<int64_t, std::vector<const KernelRecord *>> OpKernels;
   /// kernel id -> its captured buffer snapshots, by parameter
   std::map<int64_t, std::map<int64_t, const TensorRecord *>> Snapshots;
+  /// op id -> its captured inputs (ekka-trace --capture-op-inputs), by index
+  std::map<int64_t, std::map<int64_t, const TensorRecord *>> OpInputs;
+  /// op id -> its captured in-place writes, by index
+  std::map<int64_t, std::map<int64_t, const TensorRecord *>> OpMutated;
   std::vector<TensorRecord> Tensors;
   DenseMap<int64_t, const ModuleCallRecord *> CallById;
   DenseMap<int64_t, const TensorRecord *> TensorById;
@@ -262,6 +266,10 @@ struct Side {
         OpWrites[X.OwnerId].push_back(&X);
       if (X.Owner == TensorOwner::Kernel && !X.Shard.empty())
         Snapshots[X.OwnerId][X.Index] = &X;
+      if (X.Owner == TensorOwner::Op && X.Role == "input" && !X.Shard.empty())
+        OpInputs[X.OwnerId][X.Index] = &X;
+      if (X.Owner == TensorOwner::Op && X.Role == "mutated" && !X.Shard.empty())
+        OpMutated[X.OwnerId][X.Index] = &X;
     }
     for (const KernelRecord &K : Kernels)
       if (K.OpId)
@@ -1769,14 +1777,99 @@ private:
   /// op at the same place (same name, same occurrence), or the first op the
   /// reference did not run.
   std::optional<OpFinding> drillDown(const ComponentRatio &C) {
-    if (auto Writer = lastWriter(C))
-      return Writer;
-    auto Paired = pairedDrillDown(C);
-    if (Paired)
-      return Paired;
-    // A suspect whose output an op of its own wrote (a fused custom op the
-    // reference computes with several others): that op.
-    return lastWriter(C, /*OfOutput=*/true);
+    auto Found = [&]() -> std::optional<OpFinding> {
+      if (auto Writer = lastWriter(C))
+        return Writer;
+      if (auto Paired = pairedDrillDown(C))
+        return Paired;
+      // A suspect whose output an op of its own wrote (a fused custom op the
+      // reference computes with several others): that op.
+      return lastWriter(C, /*OfOutput=*/true);
+    }();
+    // A KV-cache write that ran earlier and did not store what it was given
+    // comes first: what later ops read from the cache departs because of it.
+    if (auto Cache = cacheWriteDrillDown(C); Cache && (!Found || Cache->OpSeq < Found->OpSeq))
+      return Cache;
+    return Found;
+  }
+
+  /// Inside suspect \p C, the first op that wrote a paged KV cache
+  /// ([blocks, block_size, ...], written in place) other than what it was
+  /// given: the cache, un-paged by the op's slot mapping (an integer input
+  /// of one slot per token, as vLLM's reshape_and_cache takes), departs from
+  /// the op's floating input of as many elements (the keys, the values; the
+  /// i-th cache against the i-th such input). Needs the op's inputs captured
+  /// (ekka-trace --capture-op-inputs); none otherwise.
+  std::optional<OpFinding> cacheWriteDrillDown(const ComponentRatio &C) {
+    for (const OpRecord &Op : T.Ops) {
+      if (!Op.ModuleCallId || !within(*Op.ModuleCallId, C.CallId))
+        continue;
+      auto In = T.OpInputs.find(Op.Id);
+      auto Out = T.OpMutated.find(Op.Id);
+      if (In == T.OpInputs.end() || Out == T.OpMutated.end())
+        continue;
+      // The slot mapping: a one-dimensional integer input.
+      std::optional<Elements> Slots;
+      std::vector<const TensorRecord *> Given;
+      for (const auto &[Index, X] : In->second) {
+        if (unitRoundoff(X->Type) == 0 && X->Shape.size() == 1 && !Slots)
+          Slots = T.values(X);
+        else if (unitRoundoff(X->Type) != 0 && !X->Shape.empty())
+          Given.push_back(X);
+      }
+      if (!Slots || Slots->empty())
+        continue;
+      std::vector<int64_t> SlotIds(Slots->begin(), Slots->end());
+      size_t Next = 0;
+      for (const auto &[Index, Cache] : Out->second) {
+        if (Cache->Shape.size() < 3 || unitRoundoff(Cache->Type) == 0)
+          continue;
+        int64_t Row = numElements(ArrayRef<int64_t>(Cache->Shape).drop_front(2));
+        // The input written into it: one row per token.
+        const TensorRecord *X = nullptr;
+        while (Next < Given.size() && !X) {
+          const TensorRecord *Y = Given[Next++];
+          if (numElements(Y->Shape) == int64_t(SlotIds.size()) * Row)
+            X = Y;
+        }
+        if (!X)
+          break;
+        auto CacheValues = T.values(Cache), Keys = T.values(X);
+        if (!CacheValues || !Keys)
+          continue;
+        auto Stored = unpage(*CacheValues, Cache->Shape, SlotIds);
+        // Tokens without a slot (padding) were not stored.
+        Elements Wanted;
+        for (size_t K = 0; K < SlotIds.size(); ++K)
+          if (SlotIds[K] >= 0)
+            Wanted.insert(Wanted.end(), Keys->begin() + K * size_t(Row),
+                          Keys->begin() + (K + 1) * size_t(Row));
+        std::optional<double> Ratio =
+            Stored ? ratioValues(*Stored, Cache->Type, Wanted, X->Type, nullptr)
+                   : std::optional<double>(std::numeric_limits<double>::infinity());
+        if (!elevated(Ratio))
+          continue;
+        OpFinding F;
+        F.Name = Op.Name;
+        F.Schema = Op.Schema;
+        F.CallId = *Op.ModuleCallId;
+        F.OpSeq = Op.Seq;
+        F.Ratio = Ratio;
+        F.WroteInPlace = true;
+        for (const KernelRecord &K : T.Kernels)
+          if (K.OpId && *K.OpId == Op.Id)
+            F.Kernels.push_back(K.Name);
+        F.Reason = Stored ? "the paged KV cache it wrote (its in-place argument " +
+                                std::to_string(Index) +
+                                "), un-paged by its slot mapping, does not hold the values "
+                                "it was given (its input " +
+                                std::to_string(X->Index) + ")"
+                          : "its slot mapping points past the KV cache it wrote";
+        refineToKernel(F, Op.Id, nullptr, Cache);
+        return F;
+      }
+    }
+    return std::nullopt;
   }
 
   std::optional<OpFinding> pairedDrillDown(const ComponentRatio &C) {
@@ -1815,6 +1908,7 @@ private:
       OpFinding F;
       F.Name = Op->Name;
       F.Schema = Op->Schema;
+      F.OpSeq = Op->Seq;
       F.Kernels = KernelsOf(Op->Id);
       auto &Candidates = RByName[Op->Name];
       if (K >= Candidates.size()) {
@@ -1926,6 +2020,7 @@ private:
     F.Name = Writer->Name;
     F.Schema = Writer->Schema;
     F.CallId = *Writer->ModuleCallId;
+    F.OpSeq = Writer->Seq;
     F.LastWriter = true;
     F.WroteInPlace = Written->Role == "mutated";
     for (const KernelRecord &K : T.Kernels)

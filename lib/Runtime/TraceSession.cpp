@@ -39,6 +39,8 @@ CaptureOptions CaptureOptions::parse(const std::string &Text, std::string &Error
         O.OpFilter.emplace(Value);
       else if (Key == "op_stats")
         O.OpStats = Value == "1";
+      else if (Key == "op_inputs")
+        O.OpInputs = Value == "1";
       else if (Key == "steps")
         O.MaxSteps = std::stoll(Value);
       else if (Key == "budget")
@@ -346,6 +348,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
                  std::regex_search(R.Name, *S->Options.OpFilter);
   auto Inputs = Fn.inputs();
   auto Schema = Fn.operator_schema();
+  std::vector<at::Tensor> Read; // what the op reads, to capture as it is now
   for (size_t I = 0; I < Inputs.size(); ++I) {
     if (!Inputs[I].isTensor())
       continue;
@@ -354,12 +357,23 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     bool Written = Alias && Alias->isWrite();
     if (Written)
       Ctx->Mutated.push_back(Inputs[I].toTensor());
+    else if (Ctx->Capture && S->Options.OpInputs)
+      Read.push_back(Inputs[I].toTensor());
     if (Ctx->Capture) {
       Ctx->Arguments.push_back(Inputs[I].toTensor());
       Ctx->ArgumentMutable.push_back(Written);
     }
   }
   S->Writer->addOp(std::move(R));
+  if (!Read.empty()) {
+    // The inputs it reads (not those it writes: they are its `mutated`
+    // tensors at its end), before it runs: a KV-cache write's keys and slot
+    // mapping, which un-page the cache it wrote.
+    InsideEkkaScope Inside;
+    for (size_t I = 0; I < Read.size(); ++I)
+      recordTensor(*S, Read[I], TensorOwner::Op, Ctx->OpId, "input", int64_t(I), /*Stats=*/true,
+                   /*Capture=*/true);
+  }
   OpStack.push_back(Ctx.get());
   return Ctx;
 }

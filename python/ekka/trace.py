@@ -431,16 +431,22 @@ class Trace:
     from ``runtime_library`` or ``$EKKA_RUNTIME_LIB``. Processes forked
     inside the region (ranks) trace into ``rank-N/`` as under ekka-trace.
     Options are ekka-trace's: ``capture`` ("modules" or "none"),
-    ``capture_modules``, ``capture_ops`` (regular expressions), ``steps``,
+    ``capture_modules``, ``capture_ops`` (regular expressions),
+    ``capture_op_inputs`` (ekka-trace's --capture-op-inputs), ``steps``,
     ``framework``. An existing trace in the directory is an error unless
     ``force``. Not for a program already run under ekka-trace."""
 
     def __init__(self, trace_dir, capture="modules", capture_modules=None, capture_ops=None,
-                 steps=None, framework=None, force=False, runtime_library=None):
+                 steps=None, framework=None, force=False, runtime_library=None,
+                 capture_op_inputs=False):
         self.trace_dir = os.path.abspath(trace_dir)
         options = []
         if capture == "none":
             options.append("capture=none")
+        if capture_op_inputs:
+            if capture_ops is None:
+                raise ValueError("ekka.trace.Trace: capture_op_inputs needs capture_ops")
+            options.append("op_inputs=1")
         for key, value in (("modules", capture_modules), ("ops", capture_ops),
                            ("steps", steps), ("framework", framework)):
             if value is not None:

@@ -57,6 +57,12 @@ cl::opt<std::string> CaptureOps("capture-ops", cl::value_desc("REGEX"),
                                 cl::desc("Also capture the outputs of ops whose name matches "
                                          "(e.g. 'zoo::|aten::mm')"),
                                 cl::cat(TraceCategory));
+cl::opt<bool> CaptureOpInputs(
+    "capture-op-inputs",
+    cl::desc("Also capture the inputs of the ops --capture-ops selects, as they were when the "
+             "op began (a KV-cache write's keys and slot mapping: ekka-diagnose un-pages the "
+             "cache it wrote with them)"),
+    cl::cat(TraceCategory));
 cl::opt<bool> OpStats("op-stats", cl::desc("Statistics for every op's tensors, not only modules'"),
                       cl::cat(TraceCategory));
 cl::opt<int> Steps("steps", cl::init(-1), cl::value_desc("N"),
@@ -110,6 +116,8 @@ std::string captureOptions() {
     Add("ops", CaptureOps);
   if (OpStats)
     Add("op_stats", "1");
+  if (CaptureOpInputs)
+    Add("op_inputs", "1");
   if (Steps >= 0)
     Add("steps", std::to_string(Steps));
   if (BudgetMiB)
@@ -230,6 +238,9 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
     exitWithError(Tool, makeError("missing the program to trace: ekka-trace -o DIR -- CMD ARGS..."));
   if (Capture != "modules" && Capture != "none")
     exitWithError(Tool, makeError("--capture: expected modules or none, got '" + Capture + "'"));
+  if (CaptureOpInputs && CaptureOps.empty())
+    exitWithError(Tool, makeError("--capture-op-inputs needs --capture-ops REGEX (whose ops' "
+                                  "inputs to capture)"));
   for (const std::string *Re : {&CaptureModules.getValue(), &CaptureOps.getValue()})
     if (!Re->empty()) {
       // The runtime matches with std::regex (ECMAScript); check the same way.

@@ -136,6 +136,41 @@ public:
     return O.Id;
   }
 
+  /// Adds op \p Name under call \p Path with several captured tensors:
+  /// (role, values, shape, dtype F32 or I64), numbered by role in order.
+  struct OpTensor {
+    const char *Role;
+    std::vector<float> Values;
+    std::vector<int64_t> Shape;
+    DType Type = DType::F32;
+  };
+  int64_t opTensors(const std::string &Path, const std::string &Name,
+                    std::vector<OpTensor> Tensors) {
+    OpRecord O;
+    O.Id = Writer->nextOpId();
+    O.ModuleCallId = Calls.at(Path);
+    O.Seq = OpSeq++;
+    O.Name = Name;
+    Writer->addOp(O);
+    std::map<std::string, int64_t> Next;
+    for (const OpTensor &X : Tensors) {
+      TensorRecord T = record(O.Id, X.Role, Next[X.Role]++, X.Type, 0);
+      T.Owner = TensorOwner::Op;
+      T.Shape = X.Shape;
+      std::string Bytes;
+      for (float V : X.Values) {
+        if (X.Type == DType::I64) {
+          int64_t I = int64_t(V);
+          Bytes.append(reinterpret_cast<char *>(&I), 8);
+        } else {
+          Bytes.append(reinterpret_cast<char *>(&V), 4);
+        }
+      }
+      Writer->addTensor(T, Bytes);
+    }
+    return O.Id;
+  }
+
   /// Adds GPU kernel \p Name launched by op \p Op of call \p Path, with
   /// the snapshot of the buffer its parameter \p Param pointed into.
   void kernel(int64_t Op, const std::string &Path, const std::string &Name, int64_t Param,
@@ -546,6 +581,58 @@ TEST_F(DiagnosisTest, TheKernelBeneathTheOpIsNamedFromItsBufferSnapshots) {
   Diagnosis P = run("plain", "cpu-ref");
   ASSERT_TRUE(P.Suspects[0].Op.has_value());
   EXPECT_TRUE(P.Suspects[0].Op->Kernel.empty());
+}
+
+// A KV-cache write is checked by un-paging the cache it wrote with its own
+// slot mapping: what it stored must be what it was given. One that stored a
+// token in the wrong slot is named before the attention that read the cache.
+TEST_F(DiagnosisTest, AKVCacheWriteThatStoredOtherValuesIsNamedFirst) {
+  using Spec = TraceBuilder::Spec;
+  using OpTensor = TraceBuilder::OpTensor;
+  // Three tokens, two heads of two: keys and values [3, 2, 2]; a cache of
+  // 4 blocks of 2 slots, [4, 2, 2, 2]; the tokens in slots 5, 1 and 6.
+  std::vector<float> K = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  std::vector<float> V(12);
+  for (size_t I = 0; I < 12; ++I)
+    V[I] = K[I] * -0.5f;
+  std::vector<float> Slots = {5, 1, 6};
+  auto Page = [&](const std::vector<float> &X, std::vector<float> Where) {
+    std::vector<float> Cache(4 * 2 * 4, 0);
+    for (size_t T = 0; T < 3; ++T)
+      for (size_t E = 0; E < 4; ++E)
+        Cache[size_t(Where[T]) * 4 + E] = X[T * 4 + E];
+    return Cache;
+  };
+  auto Layout = [&](StringRef Name, bool Engine, std::vector<float> KeySlots,
+                    std::vector<float> Out) {
+    TraceBuilder B(dir(Name));
+    B.call("", "", {0}, {}, {1, 2, 3});
+    B.callSpecs("attn", "", {{{1, 2, 3}, {3}}}, {{Out, {3}}});
+    if (Engine) {
+      B.opTensors("attn", "zoo::reshape_and_cache",
+                  {OpTensor{"input", K, {3, 2, 2}}, OpTensor{"input", V, {3, 2, 2}},
+                   OpTensor{"input", Slots, {3}, DType::I64},
+                   OpTensor{"mutated", Page(K, KeySlots), {4, 2, 2, 2}},
+                   OpTensor{"mutated", Page(V, Slots), {4, 2, 2, 2}}});
+      B.op("attn", "zoo::paged_attention", "output", Out, {3});
+    }
+    B.close();
+  };
+  Layout("ref", false, {}, {1, 2, 3});
+  // The attention departs in both; only one stored a key in the wrong slot.
+  Layout("tgt", true, Slots, {1, 2, 30});
+  Layout("bad", true, {5, 1, 7}, {1, 2, 30});
+  Diagnosis D = run("tgt", "ref");
+  ASSERT_EQ(D.Result, Diagnosis::Verdict::Divergence);
+  ASSERT_TRUE(D.Suspects[0].Op.has_value());
+  EXPECT_EQ(D.Suspects[0].Op->Name, "zoo::paged_attention");
+  Diagnosis B = run("bad", "ref");
+  ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
+  ASSERT_TRUE(B.Suspects[0].Op.has_value());
+  EXPECT_EQ(B.Suspects[0].Op->Name, "zoo::reshape_and_cache");
+  EXPECT_NE(B.Suspects[0].Op->Reason.find("un-paged by its slot mapping"), std::string::npos)
+      << B.Suspects[0].Op->Reason;
+  EXPECT_TRUE(B.Suspects[0].Op->WroteInPlace);
 }
 
 // A mapped child whose own output agrees but which wrote, in place, the

@@ -87,6 +87,7 @@ struct OpFinding {
   std::string Reason;
   /// The target module call the op ran in (its innermost), 0 if unknown.
   int64_t CallId = 0;
+  int64_t OpSeq = -1; ///< The op's place in the target's execution order.
   /// Found as the last writer of a tensor a later component read.
   bool LastWriter = false;
   std::string ReadBy; ///< That component (empty: the suspect's own output).

@@ -27,6 +27,7 @@ struct CaptureOptions {
   std::optional<std::regex> ModuleFilter; ///< Only module paths matching.
   std::optional<std::regex> OpFilter;     ///< Capture outputs of ops matching.
   bool OpStats = false;              ///< Statistics of every op's tensors.
+  bool OpInputs = false;             ///< Capture the inputs of captured ops too.
   int64_t MaxSteps = -1;             ///< Capture only the first N steps.
   uint64_t ByteBudget = 0;           ///< Stop capturing past this many bytes (0: none).
   std::string Framework;             ///< A label: "hf", "vllm", "zoo" ...
