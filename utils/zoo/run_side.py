@@ -118,7 +118,8 @@ def main():
         # One Python start instead of three: the sides are traced one after
         # the other, each into its own trace, as three ekka-trace runs would.
         from ekka.trace import Trace
-        with Trace(os.path.join(DIR, "target"), capture_ops="^zoo::", force=True):
+        with Trace(os.path.join(DIR, "target"), capture_ops="^zoo::", capture_op_inputs=True,
+                   force=True):
             run_target(case, device)
         for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
             with Trace(os.path.join(DIR, f"reference-{name}"), force=True):

@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from cases import CASES, BY_ID  # noqa: E402
+from cases import CASES, BY_ID, EXTRA_CASES  # noqa: E402
 
 BUILD = os.environ.get("EKKA_BUILD_DIR", os.path.join(ROOT, "build"))
 BIN = os.path.join(BUILD, "bin")
@@ -102,7 +102,7 @@ def trace_case(case, work, device="cpu", separate=False):
         sh([py, side, "all", case.id, work] + where, "tracing the engine and the reference", env)
         return
     trace = [tool("ekka-trace"), "--force"]
-    sh(trace + ["-o", f"{work}/target", "--capture-ops", "^zoo::", "--",
+    sh(trace + ["-o", f"{work}/target", "--capture-ops", "^zoo::", "--capture-op-inputs", "--",
                 py, side, "target", case.id, work] + where, "tracing the engine", env)
     for dtype in ("bf16", "fp32"):
         sh(trace + ["-o", f"{work}/reference-{dtype}", "--", py, side, "reference", case.id,
@@ -156,10 +156,15 @@ def score(case, report, seconds):
 
 
 def cmd_list(args):
-    for c in CASES:
+    def line(c):
         truth = "no divergence" if c.clean else ", ".join(c.accepted)
         kernel = f" (kernel {c.kernel})" if c.kernel else ""
         print(f"{c.id:22} {c.source:26} {c.model:20} -> {truth}{kernel}")
+    for c in CASES:
+        line(c)
+    print("extra cases (not in ZOO.md, not in the benchmark's totals):")
+    for c in EXTRA_CASES:
+        line(c)
 
 
 def find_case(name):

@@ -159,6 +159,11 @@ void reshapeAndCache(const at::Tensor &Key, const at::Tensor &Value, at::Tensor 
   DeviceGuard Guard(Key.device());
   int64_t BlockSize = KeyCache.size(1);
   at::Tensor Slots = SlotMapping.to(at::kLong).contiguous();
+  if (bug("kv-cache-write-slot") && Slots.numel() > 0) {
+    // The planted bug: the write's last token goes one slot past its own.
+    Slots = Slots.clone();
+    Slots[-1] += 1;
+  }
 #ifdef ZOO_WITH_CUDA
   if (Key.is_cuda()) {
     TORCH_CHECK(KeyCache.is_contiguous() && ValueCache.is_contiguous() &&
