@@ -1,0 +1,482 @@
+//===- Compare.cpp - Alignment of tensors and the error ratio -------------===//
+#include "Diagnoser.h"
+
+#include "ekka/Align/Transforms.h"
+#include "ekka/Support/Error.h"
+#include "ekka/Support/Progress.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+using namespace llvm;
+
+namespace ekka {
+namespace detail {
+
+std::optional<double> Diagnoser::ratio(const TensorRecord *A, const TensorRecord *B,
+                                       const TensorRecord *C, int64_t TargetCall) {
+  if (!A || !B)
+    return std::nullopt;
+  // A module's output is the next one's input: the same three tensors
+  // compared again give the same ratio. Remembered when the target's
+  // values depend on the tensors alone (no steps merged, no shards).
+  bool Memo = !MergeSteps && Peers.empty();
+  std::tuple<int64_t, int64_t, int64_t> Key;
+  if (Memo) {
+    const TensorRecord *PA = producer(T, A), *PB = producer(R, B),
+                       *PC = C ? producer(*F, C) : nullptr;
+    Memo = PA && PB && (!C || PC);
+    if (Memo) {
+      Key = {PA->Id, PB->Id, PC ? PC->Id : -1};
+      if (auto It = Ratios.find(Key); It != Ratios.end())
+        return It->second;
+    }
+  }
+  bool Open = layoutOpen(A, B, TargetCall);
+  if (Open)
+    settleLayout(A);
+  auto Compare = [&] {
+    auto Out = ratioFromBytes(A, B, C, TargetCall);
+    if (!Out)
+      Out = ratioOf(targetValues(A, TargetCall, B->Shape), A->Type, B, C);
+    return Out;
+  };
+  auto Out = Compare();
+  if (Open && !Layouts.count(A->Id)) {
+    // Nothing settled this layout: as is, unless the values say otherwise.
+    LayoutChoice Choice;
+    if (elevated(Out))
+      Choice = searchLayout(A, B, C);
+    Layouts[A->Id] = Choice;
+    if (!elevated(Out) || Choice.Swap) // validated: later calls follow it
+      if (std::string K = layoutKey(A); !K.empty())
+        Learned.try_emplace(K, Choice.Swap);
+    if (Choice.Swap)
+      Out = Compare();
+  }
+  if (Memo)
+    Ratios[Key] = Out;
+  return Out;
+}
+
+bool Diagnoser::layoutOpen(const TensorRecord *A, const TensorRecord *B, int64_t Call) const {
+  if (A->Shape.empty() || B->Shape.empty() || sharded(A, B->Shape) ||
+      (MergeSteps && LaterSteps.count(Call)))
+    return false;
+  return squeezeLeading(A->Shape) == squeezeLeading(B->Shape) &&
+         !transpositions(A->Shape, B->Shape).empty();
+}
+
+std::string Diagnoser::layoutKey(const TensorRecord *A) const {
+  if (A->Owner != TensorOwner::ModuleCall)
+    return "";
+  const ModuleCallRecord *M = T.CallById.lookup(A->OwnerId);
+  if (!M)
+    return "";
+  return starred(M->Path).first + "\n" + A->Role + "\n" + std::to_string(A->Index);
+}
+
+void Diagnoser::settleLayout(const TensorRecord *A) {
+  if (Layouts.count(A->Id))
+    return;
+  Dims S = squeezeLeading(A->Shape);
+  if (auto It = RuleLayouts.find(A->OwnerId);
+      It != RuleLayouts.end() && A->Owner == TensorOwner::ModuleCall && A->Role == "output") {
+    auto [I, J] = It->second;
+    if (size_t(J) < S.size() && S[size_t(I)] == S[size_t(J)])
+      Layouts[A->Id] = {It->second, "by the mapping"};
+    return;
+  }
+  if (auto It = Learned.find(layoutKey(A)); It != Learned.end())
+    Layouts[A->Id] = {It->second, "as the component's earlier calls"};
+}
+
+Diagnoser::LayoutChoice Diagnoser::searchLayout(const TensorRecord *A, const TensorRecord *B,
+                                                const TensorRecord *C) {
+  if (A->Stats && B->Stats) {
+    double NA = std::sqrt(A->Stats->SumSq), NB = std::sqrt(B->Stats->SumSq);
+    if (!(std::abs(NA - NB) <= 0.05 * std::max(NA, NB)))
+      return {};
+  }
+  auto XT = T.values(A), XR = R.values(B);
+  std::optional<Elements> YR;
+  if (F && C)
+    YR = F->values(C);
+  if (!XT || !XR || XT->size() != XR->size() || XT->empty())
+    return {};
+  // Evenly spread elements, the same for every candidate.
+  size_t N = XR->size(), Samples = std::min<size_t>(N, 4096);
+  auto Sample = [&](const Elements &X) {
+    Elements Out(Samples);
+    for (size_t K = 0; K < Samples; ++K)
+      Out[K] = X[K * N / Samples];
+    return Out;
+  };
+  Elements SR = Sample(*XR), SY = YR && YR->size() == N ? Sample(*YR) : Elements();
+  Dims S = squeezeLeading(A->Shape);
+  std::optional<std::pair<int, int>> Found;
+  for (auto [I, J] : transpositions(A->Shape, B->Shape)) {
+    auto V = transpose(*XT, S, I, J);
+    if (!V)
+      continue;
+    auto Ratio = ratioValues(Sample(*V), A->Type, SR, B->Type, SY.empty() ? nullptr : &SY);
+    if (!Ratio || elevated(Ratio))
+      continue;
+    if (Found)
+      return {}; // two layouts agree: the values do not decide
+    Found = std::make_pair(I, J);
+  }
+  if (!Found)
+    return {};
+  return {Found, "found by a search validated on sums and sampled elements"};
+}
+
+std::optional<double> Diagnoser::ratioOf(std::optional<std::vector<double>> XT, DType TargetType,
+                                         const TensorRecord *B, const TensorRecord *C) {
+  auto XR = R.values(B);
+  if (!XT || !XR)
+    return std::nullopt;
+  std::optional<Elements> YR;
+  if (F && C)
+    YR = F->values(C);
+  return ratioValues(*XT, TargetType, *XR, B->Type, YR ? &*YR : nullptr);
+}
+
+double Diagnoser::ratioFromSums(const RatioSums &S, bool WithFP32, DType TargetType,
+                                DType RefType) const {
+  if (WithFP32) {
+    double Den = std::max(std::sqrt(S.RY), unitRoundoff(RefType) * std::sqrt(S.YY));
+    return std::sqrt(S.TY) / (Den + 1e-30);
+  }
+  if (S.TR == 0)
+    return 0.0;
+  return std::sqrt(S.TR) /
+         (O.NoiseUnits * std::max(unitRoundoff(RefType), unitRoundoff(TargetType)) *
+              std::sqrt(S.RR) +
+          1e-30);
+}
+
+std::optional<double> Diagnoser::ratioFromBytes(const TensorRecord *A, const TensorRecord *B,
+                                                const TensorRecord *C, int64_t TargetCall) {
+  if (MergeSteps && LaterSteps.count(TargetCall))
+    return std::nullopt;
+  if (A->Shape.empty() || B->Shape.empty() || sharded(A, B->Shape) || layoutOf(A, B->Shape))
+    return std::nullopt;
+  auto XT = T.rawBytes(A), XR = R.rawBytes(B);
+  std::optional<StringRef> YR;
+  if (C && F) {
+    YR = F->rawBytes(C);
+    if (!YR)
+      return std::nullopt;
+  }
+  int64_t N = numElements(B->Shape);
+  if (!XT || !XR || N <= 0 || numElements(A->Shape) != N || (C && numElements(C->Shape) != N))
+    return std::nullopt;
+  auto S = ratioSums(A->Type, *XT, B->Type, *XR, C ? C->Type : DType::F32, YR ? *YR : StringRef(),
+                     size_t(N));
+  if (!S || !S->Finite)
+    return std::nullopt;
+  return ratioFromSums(*S, YR.has_value(), A->Type, B->Type);
+}
+
+std::optional<double> Diagnoser::ratioValues(const Elements &XT, DType TargetType,
+                                             const Elements &XR, DType RefType,
+                                             const Elements *YR) const {
+  if (XT.size() != XR.size() || XT.empty())
+    return std::nullopt;
+  if (YR && YR->size() != XT.size())
+    YR = nullptr;
+  // The common case, every value finite: all sums in one pass.
+  if (RatioSums S = ratioSums(XT, XR, YR); S.Finite)
+    return ratioFromSums(S, YR != nullptr, TargetType, RefType);
+  // A NaN or infinity where the reference has none (or the reverse) is a
+  // divergence whatever the scale: R = infinity.
+  if (std::isinf(distance(XT, XR)))
+    return std::numeric_limits<double>::infinity();
+  if (YR) {
+    double Floor = unitRoundoff(RefType) * norm(*YR);
+    double Den = std::max(distance(XR, *YR), Floor);
+    if (std::isinf(Den))
+      Den = Floor; // the reference's own NaNs: measure against roundoff
+    return distance(XT, *YR) / (Den + 1e-30);
+  }
+  double Den = O.NoiseUnits * std::max(unitRoundoff(RefType), unitRoundoff(TargetType)) * norm(XR);
+  double Num = distance(XT, XR);
+  if (Num == 0)
+    return 0.0;
+  return Num / (Den + 1e-30);
+}
+
+std::optional<double> Diagnoser::callRatio(const ModuleCallRecord &TC, const ModuleCallRecord &RC,
+                                           const ModuleCallRecord *FC, StringRef Role,
+                                           bool *AllCompared, bool *ResidualPair) {
+  std::optional<double> Worst;
+  if (AllCompared)
+    *AllCompared = true;
+  RoleTensors TT = roleTensors(T, TC.Id, Role), RT = roleTensors(R, RC.Id, Role);
+  RoleTensors FT = FC ? roleTensors(*F, FC->Id, Role) : RoleTensors();
+  // Only integer inputs (token ids, positions) on both sides: nothing
+  // floating flows in, nothing to depart (the root's ids are checked
+  // first, as inputs).
+  if (Role == "input" && TT.empty() && RT.empty() && T.ByCall.count(TC.Id))
+    return 0.0;
+  bool Summed = false;
+  int64_t First = 0;
+  if (auto Pair = residualPairRatio(TC, Role, TT, RT, FT, Summed)) {
+    if (ResidualPair)
+      *ResidualPair = Summed;
+    Worst = Pair;
+    First = 2; // the pair stood for the reference's first tensor
+  }
+  for (const auto &[Index, X] : TT) {
+    if (Index < First)
+      continue;
+    int64_t RefIndex = Index - (First ? 1 : 0);
+    if (auto Ratio = ratio(X, at(RT, RefIndex), at(FT, RefIndex), TC.Id))
+      Worst = std::max(Worst.value_or(0), *Ratio);
+    else if (AllCompared && Role == "input")
+      *AllCompared = false;
+  }
+  return Worst;
+}
+
+std::vector<const TensorRecord *> Diagnoser::uncomparedInputs(const ComponentRatio &C) {
+  std::vector<const TensorRecord *> Out;
+  const ModuleCallRecord *RC = refCall(C.CallId);
+  if (!RC)
+    return Out;
+  RoleTensors TT = roleTensors(T, C.CallId, "input"), RT = roleTensors(R, RC->Id, "input");
+  for (const auto &[Index, X] : TT)
+    if (!ratio(X, at(RT, Index), nullptr, C.CallId))
+      Out.push_back(X);
+  return Out;
+}
+
+const TensorRecord *Diagnoser::departingInput(const ComponentRatio &C) {
+  const ModuleCallRecord *RC = refCall(C.CallId);
+  RoleTensors TT = roleTensors(T, C.CallId, "input");
+  if (RC) {
+    RoleTensors RT = roleTensors(R, RC->Id, "input");
+    RoleTensors FT;
+    if (const ModuleCallRecord *FC = fp32Call(RC))
+      FT = roleTensors(*F, FC->Id, "input");
+    for (const auto &[Index, X] : TT)
+      if (elevated(ratio(X, at(RT, Index), at(FT, Index), C.CallId)))
+        return X;
+  }
+  return TT.empty() ? nullptr : TT.begin()->second;
+}
+
+Diagnoser::RoleTensors Diagnoser::roleTensors(const Side &S, int64_t Call, StringRef Role) {
+  RoleTensors Out;
+  auto C = S.ByCall.find(Call);
+  if (C == S.ByCall.end())
+    return Out;
+  auto R = C->second.find(Role.str());
+  if (R == C->second.end())
+    return Out;
+  if (Role != "input")
+    return R->second;
+  int64_t N = 0;
+  for (const auto &[Index, X] : R->second)
+    if (unitRoundoff(X->Type) != 0)
+      Out[N++] = X;
+  return Out;
+}
+
+std::optional<double> Diagnoser::residualPairRatio(const ModuleCallRecord &TC, StringRef Role,
+                                                   const RoleTensors &TT, const RoleTensors &RT,
+                                                   const RoleTensors &FT, bool &Summed) {
+  const TensorRecord *A = at(TT, 0), *B = at(TT, 1), *Ref = at(RT, 0);
+  if (!A || !B || !Ref)
+    return std::nullopt;
+  if (A->Shape != B->Shape || unitRoundoff(A->Type) == 0 || unitRoundoff(Ref->Type) == 0)
+    return std::nullopt;
+  // The reference has no second tensor of that shape in that place.
+  if (const TensorRecord *Ref1 = at(RT, 1); Ref1 && Ref1->Shape == Ref->Shape)
+    return std::nullopt;
+  if (Role == "output" && TT.size() != 2)
+    return std::nullopt;
+  const TensorRecord *Fp = at(FT, 0);
+  auto First = targetValues(A, TC.Id, Ref->Shape);
+  auto Second = targetValues(B, TC.Id, Ref->Shape);
+  std::optional<double> Alone = ratioOf(First, A->Type, Ref, Fp), Sum;
+  if (First && Second && First->size() == Second->size()) {
+    std::vector<double> Added = *First;
+    for (size_t I = 0; I < Added.size(); ++I)
+      Added[I] += (*Second)[I];
+    Sum = ratioOf(std::move(Added), A->Type, Ref, Fp);
+  }
+  // Only the sum is a reading of its own; when the first tensor alone is
+  // closer, the tensors are compared one by one as usual (so that a second
+  // input that matches nothing still counts as not compared).
+  Summed = Sum && (!Alone || *Sum < *Alone);
+  return Summed ? Sum : std::nullopt;
+}
+
+std::optional<std::vector<double>> Diagnoser::targetValues(const TensorRecord *A, int64_t Call,
+                                                           const std::vector<int64_t> &RefShape) {
+  // A tensor-parallel shard: gathered from the ranks first.
+  bool Gather = sharded(A, RefShape);
+  if (RefShape.empty() || A->Shape.empty()) // a scalar (a loss, a scale): as it is
+    return T.values(A);
+  int64_t Ranks = int64_t(Peers.size() + 1), RefFeatures = tokenMajor(RefShape).back();
+  int64_t Local = Gather ? RefFeatures / Ranks : RefFeatures;
+  auto Values = [&](const TensorRecord *X) { return Gather ? gathered(X, Local) : T.values(X); };
+  auto Steps = LaterSteps.find(Call);
+  if (!MergeSteps || Steps == LaterSteps.end()) {
+    auto V = Values(A);
+    // A layout the reference transposes ([tokens, heads, dim] against
+    // [1, heads, tokens, dim]): the one swap the shapes leave, if any.
+    if (V && !Gather)
+      if (auto Swap = layoutOf(A, RefShape))
+        return transpose(*V, squeezeLeading(A->Shape), Swap->first, Swap->second);
+    return V;
+  }
+  std::vector<const TensorRecord *> Parts = {A};
+  for (const ModuleCallRecord *Later : Steps->second)
+    if (const TensorRecord *X = T.tensor(Later->Id, A->Role, A->Index))
+      Parts.push_back(X);
+  size_t Rank = A->Shape.size();
+  // [tokens, hidden] meets [1, tokens, hidden]: a serving engine flattens
+  // the batch of one sequence.
+  std::vector<int64_t> Ref = RefShape;
+  while (Ref.size() > Rank && Ref.front() == 1)
+    Ref.erase(Ref.begin());
+  // A head reshape ([tokens, heads * dim] against [tokens, heads, dim]):
+  // both sides as [tokens, features].
+  bool Reshaped = Rank != Ref.size() || Gather;
+  if (Reshaped) {
+    Ref = tokenMajor(Ref);
+    Rank = Ref.size();
+  }
+  auto ShapeOf = [&](const TensorRecord *X) {
+    std::vector<int64_t> S = Reshaped ? rowsOf(X->Shape, Local) : X->Shape;
+    if (Gather && S.size() == 2)
+      S[1] *= Ranks;
+    return S;
+  };
+  if (Rank != Ref.size() || ShapeOf(A).size() != Rank)
+    return std::nullopt;
+  std::optional<size_t> Dim;
+  for (size_t D = 0; D < Rank && !Dim; ++D) {
+    int64_t Sum = 0;
+    bool Others = true;
+    for (const TensorRecord *X : Parts) {
+      std::vector<int64_t> S = ShapeOf(X);
+      if (S.size() != Rank)
+        return std::nullopt;
+      Sum += S[D];
+      for (size_t E = 0; E < Rank; ++E)
+        Others &= E == D || S[E] == Ref[E];
+    }
+    if (Others && Sum == Ref[D])
+      Dim = D;
+  }
+  if (!Dim)
+    return std::nullopt; // the steps do not add up to the reference: not comparable
+  std::vector<std::vector<double>> Merged;
+  std::vector<std::vector<int64_t>> Shapes;
+  for (const TensorRecord *X : Parts) {
+    auto V = Values(X);
+    if (!V)
+      return std::nullopt;
+    Merged.push_back(std::move(*V));
+    Shapes.push_back(ShapeOf(X));
+  }
+  return concatenate(Merged, Shapes, int(*Dim));
+}
+
+void Diagnoser::groupSteps() {
+  auto Steps = [](const Side &S) {
+    int64_t Max = 0;
+    for (const ModuleCallRecord &M : S.Calls)
+      Max = std::max(Max, M.Step);
+    return Max;
+  };
+  MergeSteps = Steps(R) == 1 && Steps(T) > 1;
+  if (!MergeSteps)
+    return;
+  for (const ModuleCallRecord &M : T.Calls) {
+    if (M.Step == 1)
+      continue;
+    auto [Step, Path, Occurrence] = T.KeyOf.lookup(M.Id);
+    auto First = T.ByKey.find(std::make_tuple(int64_t(1), Path, Occurrence));
+    if (First != T.ByKey.end())
+      LaterSteps[First->second->Id].push_back(&M);
+  }
+}
+
+std::vector<const TensorRecord *> Diagnoser::peerTensors(const TensorRecord *X) const {
+  std::vector<const TensorRecord *> Out;
+  if (Peers.empty() || !X || X->Owner != TensorOwner::ModuleCall)
+    return Out;
+  auto Key = T.KeyOf.lookup(X->OwnerId);
+  for (Side *P : Peers) {
+    auto It = P->ByKey.find(Key);
+    const TensorRecord *Y =
+        It == P->ByKey.end() ? nullptr : P->tensor(It->second->Id, X->Role, X->Index);
+    if (!Y)
+      return {};
+    Out.push_back(Y);
+  }
+  return Out;
+}
+
+bool Diagnoser::replicated(const TensorRecord *X) const {
+  auto Ps = peerTensors(X);
+  const TensorRecord *A = producer(T, X);
+  for (size_t I = 0; I < Ps.size(); ++I) {
+    const TensorRecord *B = producer(*Peers[I], Ps[I]);
+    if (!A || !B || !A->Stats || !B->Stats)
+      continue;
+    auto Same = [](double X, double Y) { return X == Y || (X != X && Y != Y); };
+    if (!Same(A->Stats->Sum, B->Stats->Sum) || !Same(A->Stats->SumSq, B->Stats->SumSq) ||
+        !Same(A->Stats->Min, B->Stats->Min) || !Same(A->Stats->Max, B->Stats->Max))
+      return false;
+  }
+  return true;
+}
+
+bool Diagnoser::sharded(const TensorRecord *X, const std::vector<int64_t> &RefShape) const {
+  if (Peers.empty() || !X || X->Shape.empty() || RefShape.empty() ||
+      unitRoundoff(X->Type) == 0) // ids and positions are never shards
+    return false;
+  // Features only: the tokens may be one of several steps' share.
+  int64_t Ranks = int64_t(Peers.size() + 1), Features = tokenMajor(RefShape).back();
+  return Features % Ranks == 0 && !rowsOf(X->Shape, Features / Ranks).empty() &&
+         !peerTensors(X).empty();
+}
+
+std::optional<std::vector<double>> Diagnoser::gathered(const TensorRecord *X, int64_t Local) const {
+  auto Ps = peerTensors(X);
+  auto V = T.values(X);
+  if (!V || Ps.empty())
+    return std::nullopt;
+  std::vector<Elements> Values;
+  Values.push_back(std::move(*V));
+  for (size_t I = 0; I < Ps.size(); ++I) {
+    auto W = Peers[I]->values(Ps[I]);
+    if (!W)
+      return std::nullopt;
+    Values.push_back(std::move(*W));
+  }
+  return gatherShards(Values, Local, GatherParts);
+}
+
+} // namespace detail
+} // namespace ekka
