@@ -231,20 +231,44 @@ std::optional<Elements> unpad(const Elements &V, ArrayRef<int64_t> S, const Elem
   return Out;
 }
 
+/// Un-pages rows of \p RowSize units (elements, or bytes) from \p Cache,
+/// appending each slot's row to \p Out.
+template <typename Range, typename Out>
+static bool unpageRows(const Range &Cache, ArrayRef<int64_t> CacheShape, size_t RowSize,
+                       ArrayRef<int64_t> Slots, Out &Rows) {
+  int64_t Capacity = CacheShape[0] * CacheShape[1];
+  for (int64_t Slot : Slots) {
+    if (Slot < 0)
+      continue; // a padding token (vLLM's slot -1): nothing was cached
+    if (Slot >= Capacity || (size_t(Slot) + 1) * RowSize > size_t(Cache.size()))
+      return false;
+    Rows.insert(Rows.end(), Cache.begin() + size_t(Slot) * RowSize,
+                Cache.begin() + (size_t(Slot) + 1) * RowSize);
+  }
+  return true;
+}
+
 std::optional<Elements> unpage(const Elements &Cache, ArrayRef<int64_t> CacheShape,
                                ArrayRef<int64_t> Slots) {
   if (CacheShape.size() < 2 || int64_t(Cache.size()) != numElements(CacheShape))
     return std::nullopt;
-  int64_t Capacity = CacheShape[0] * CacheShape[1], Row = numElements(CacheShape.drop_front(2));
   Elements Out;
-  Out.reserve(Slots.size() * size_t(Row));
-  for (int64_t Slot : Slots) {
-    if (Slot < 0)
-      continue; // a padding token (vLLM's slot -1): nothing was cached
-    if (Slot >= Capacity)
-      return std::nullopt;
-    Out.insert(Out.end(), Cache.begin() + Slot * Row, Cache.begin() + (Slot + 1) * Row);
-  }
+  size_t Row = size_t(numElements(CacheShape.drop_front(2)));
+  Out.reserve(Slots.size() * Row);
+  if (!unpageRows(Cache, CacheShape, Row, Slots, Out))
+    return std::nullopt;
+  return Out;
+}
+
+std::optional<std::string> unpageBytes(StringRef Cache, ArrayRef<int64_t> CacheShape,
+                                       size_t ElementSize, ArrayRef<int64_t> Slots) {
+  if (CacheShape.size() < 2 || Cache.size() != size_t(numElements(CacheShape)) * ElementSize)
+    return std::nullopt;
+  std::string Out;
+  size_t Row = size_t(numElements(CacheShape.drop_front(2))) * ElementSize;
+  Out.reserve(Slots.size() * Row);
+  if (!unpageRows(Cache, CacheShape, Row, Slots, Out))
+    return std::nullopt;
   return Out;
 }
 

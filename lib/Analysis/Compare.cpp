@@ -46,9 +46,29 @@ std::optional<double> Diagnoser::ratio(const TensorRecord *A, const TensorRecord
         return It->second;
     }
   }
-  bool Open = layoutOpen(A, B, TargetCall);
-  if (Open)
-    settleLayout(A);
+  // The layout: the one swap the shapes force, else, where they leave it
+  // open, a mapping rule's, what the component's earlier calls validated,
+  // or as it is unless a backed search validates a swap.
+  std::string Component = layoutKey(A);
+  bool Aligned = !A->Shape.empty() && !B->Shape.empty() && !sharded(A, B->Shape) &&
+                 !(MergeSteps && LaterSteps.count(TargetCall));
+  if (Aligned && !Component.empty())
+    if (auto Forced = transposition(A->Shape, B->Shape))
+      Learned.try_emplace(Component, Forced); // what the shapes said, for its open calls
+  bool Open = Aligned && layoutOpen(A, B);
+  std::pair<int64_t, int64_t> Pair{A->Id, B->Id};
+  LayoutChoice Choice;
+  bool Settled = false;
+  if (Open) {
+    if (auto It = Layouts.find(Pair); It != Layouts.end()) {
+      Choice = It->second;
+      Settled = true;
+    } else if (auto S = settledLayout(A)) {
+      Choice = *S;
+      Settled = true;
+    }
+    Current = Choice.Swap;
+  }
   auto Compare = [&] {
     auto Out = ratioFromBytes(A, B, C, TargetCall);
     if (!Out)
@@ -56,27 +76,38 @@ std::optional<double> Diagnoser::ratio(const TensorRecord *A, const TensorRecord
     return Out;
   };
   auto Out = Compare();
-  if (Open && !Layouts.count(A->Id)) {
-    // Nothing settled this layout: as is, unless the values say otherwise.
-    LayoutChoice Choice;
-    if (elevated(Out))
-      Choice = searchLayout(A, B, C);
-    Layouts[A->Id] = Choice;
-    if (!elevated(Out) || Choice.Swap) // validated: later calls follow it
-      if (std::string K = layoutKey(A); !K.empty())
-        Learned.try_emplace(K, Choice.Swap);
-    if (Choice.Swap)
-      Out = Compare();
+  if (Open && !Settled) {
+    if (!elevated(Out)) {
+      if (!Component.empty())
+        Learned.try_emplace(Component, std::nullopt); // as it is, validated
+    } else if (!Component.empty() && !SearchFailed.count(Component)) {
+      // Departs as it is: a swap the strides back, validated on samples,
+      // then on every element.
+      LayoutChoice Found = searchLayout(A, B, C);
+      std::optional<double> Swapped;
+      if (Found.Swap) {
+        Current = Found.Swap;
+        Swapped = Compare();
+      }
+      if (Swapped && !elevated(Swapped)) {
+        Choice = Found;
+        Out = Swapped;
+        Learned.try_emplace(Component, Found.Swap);
+      } else {
+        SearchFailed.insert(Component); // its later calls are not searched again
+      }
+    }
+    Layouts[Pair] = Choice;
   }
+  if (Open && Choice.Swap && !Choice.How.empty() && A->Role == "output")
+    Chosen.try_emplace(A->Id, Choice);
+  Current.reset();
   if (Memo)
     Ratios[Key] = Out;
   return Out;
 }
 
-bool Diagnoser::layoutOpen(const TensorRecord *A, const TensorRecord *B, int64_t Call) const {
-  if (A->Shape.empty() || B->Shape.empty() || sharded(A, B->Shape) ||
-      (MergeSteps && LaterSteps.count(Call)))
-    return false;
+bool Diagnoser::layoutOpen(const TensorRecord *A, const TensorRecord *B) const {
   return squeezeLeading(A->Shape) == squeezeLeading(B->Shape) &&
          !transpositions(A->Shape, B->Shape).empty();
 }
@@ -90,19 +121,31 @@ std::string Diagnoser::layoutKey(const TensorRecord *A) const {
   return starred(M->Path).first + "\n" + A->Role + "\n" + std::to_string(A->Index);
 }
 
-void Diagnoser::settleLayout(const TensorRecord *A) {
-  if (Layouts.count(A->Id))
-    return;
+std::optional<Diagnoser::LayoutChoice> Diagnoser::settledLayout(const TensorRecord *A) const {
   Dims S = squeezeLeading(A->Shape);
   if (auto It = RuleLayouts.find(A->OwnerId);
       It != RuleLayouts.end() && A->Owner == TensorOwner::ModuleCall && A->Role == "output") {
     auto [I, J] = It->second;
     if (size_t(J) < S.size() && S[size_t(I)] == S[size_t(J)])
-      Layouts[A->Id] = {It->second, "by the mapping"};
-    return;
+      return LayoutChoice{It->second, "by the mapping"};
+    return LayoutChoice{};
   }
   if (auto It = Learned.find(layoutKey(A)); It != Learned.end())
-    Layouts[A->Id] = {It->second, "as the component's earlier calls"};
+    return LayoutChoice{It->second, "as the component's earlier calls"};
+  return std::nullopt;
+}
+
+/// Whether tensor \p X's recorded strides lay dimensions \p I and \p J
+/// (of its shape, leading ones squeezed) out in memory the other way round:
+/// X is a transposed view (HF's `.transpose(1, 2)` of [1, T, H, D]).
+static bool stridesSwap(const TensorRecord *X, int I, int J) {
+  if (X->Strides.size() != X->Shape.size())
+    return false;
+  size_t Lead = X->Shape.size() - squeezeLeading(X->Shape).size();
+  size_t P = Lead + size_t(I), Q = Lead + size_t(J);
+  if (Q >= X->Shape.size() || X->Shape[P] < 2 || X->Shape[Q] < 2)
+    return false;
+  return X->Strides[P] < X->Strides[Q];
 }
 
 Diagnoser::LayoutChoice Diagnoser::searchLayout(const TensorRecord *A, const TensorRecord *B,
@@ -130,6 +173,9 @@ Diagnoser::LayoutChoice Diagnoser::searchLayout(const TensorRecord *A, const Ten
   Dims S = squeezeLeading(A->Shape);
   std::optional<std::pair<int, int>> Found;
   for (auto [I, J] : transpositions(A->Shape, B->Shape)) {
+    // Only what one of the two programs did in memory.
+    if (!stridesSwap(A, I, J) && !stridesSwap(B, I, J))
+      continue;
     auto V = transpose(*XT, S, I, J);
     if (!V)
       continue;
@@ -142,7 +188,8 @@ Diagnoser::LayoutChoice Diagnoser::searchLayout(const TensorRecord *A, const Ten
   }
   if (!Found)
     return {};
-  return {Found, "found by a search validated on sums and sampled elements"};
+  return {Found, "found by a search (a transposed view by the strides) validated on sums "
+                 "and sampled elements"};
 }
 
 std::optional<double> Diagnoser::ratioOf(std::optional<std::vector<double>> XT, DType TargetType,

@@ -130,6 +130,13 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
       continue;
     if (!Rule.Parts.empty())
       return applyPartRule(TC, Rule, *Stars, C);
+    // A rule onto the call's own path (what --calibrate writes for a layout
+    // the shapes left open): paired by path, as without it, with its layout.
+    if (Rule.Reference.size() == 1 && substitute(Rule.Reference[0], *Stars) == TC.Path) {
+      if (Rule.Transpose)
+        RuleLayouts[TC.Id] = *Rule.Transpose;
+      return false;
+    }
     bool Recipe = Rule.Source != "mapping file";
     auto Key = T.KeyOf.lookup(TC.Id);
     // A recipe translates between two frameworks' names; where the

@@ -19,6 +19,7 @@
 #include "llvm/ADT/StringRef.h"
 
 #include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -62,37 +63,46 @@ private:
     std::optional<std::pair<int, int>> Swap;
     std::string How;
   };
-  /// By target tensor id, once chosen.
-  DenseMap<int64_t, LayoutChoice> Layouts;
-  /// What the calls of a component validated, by layoutKey(): its later
-  /// calls follow it, so a bug in one layer is not explained away by a
-  /// layout its other layers did not need.
+  /// By (target tensor, reference tensor), once chosen.
+  std::map<std::pair<int64_t, int64_t>, LayoutChoice> Layouts;
+  /// Target output tensors whose open layout a rule, an earlier call or the
+  /// search swapped, for the report.
+  DenseMap<int64_t, LayoutChoice> Chosen;
+  /// The layout of the comparison in progress where it was open (unset:
+  /// what the shapes say).
+  std::optional<std::optional<std::pair<int, int>>> Current;
+  /// What the calls of a component validated or their shapes forced, by
+  /// layoutKey(): its later open calls follow it, so a bug in one layer is
+  /// not explained away by a layout its other calls did not have.
   std::map<std::string, std::optional<std::pair<int, int>>> Learned;
+  /// Components whose search found nothing: not searched again.
+  std::set<std::string> SearchFailed;
   /// Target call -> its mapping rule's "transpose".
   DenseMap<int64_t, std::pair<int, int>> RuleLayouts;
 
   /// Whether the layout of target tensor \p A against reference tensor
   /// \p B is open: their shapes agree, and dimensions of equal extent could
-  /// have been swapped. Not for shards and merged steps (their own
-  /// alignment), nor scalars.
-  bool layoutOpen(const TensorRecord *A, const TensorRecord *B, int64_t Call) const;
+  /// have been swapped.
+  bool layoutOpen(const TensorRecord *A, const TensorRecord *B) const;
 
   /// A component's tensor as the layouts it validated are remembered: its
   /// path with layer numbers starred, its role and position. Empty for an
-  /// op's tensors (each is searched on its own).
+  /// op's and a kernel's tensors, which are compared as they are.
   std::string layoutKey(const TensorRecord *A) const;
 
   /// The layout of \p A when something other than its values settles it:
   /// its call's mapping rule (for the call's output), else what the
-  /// component's earlier calls validated.
-  void settleLayout(const TensorRecord *A);
+  /// component's earlier calls validated or their shapes forced.
+  std::optional<LayoutChoice> settledLayout(const TensorRecord *A) const;
 
   /// The bounded search for an open layout, run when \p A as it is departs
-  /// from \p B: every swap of two dimensions of equal extent, validated on
-  /// the tensor sums (the norms, which no layout changes, must agree) and on
-  /// sampled elements (within the threshold). Exactly one swap must pass;
-  /// none or several leave the tensor as it is. The set is closed: it only
-  /// reorders elements, so a wrong value stays wrong.
+  /// from \p B and nothing settled it: the swaps of two dimensions of equal
+  /// extent that one of the tensors' recorded strides shows (a transposed
+  /// view: what one program did in memory), validated on the tensor sums
+  /// (the norms, which no layout changes, must agree) and on sampled
+  /// elements (within the threshold). Exactly one swap must pass; none or
+  /// several leave the tensor as it is. The caller then validates it on every
+  /// element. The set is closed: it only reorders elements.
   LayoutChoice searchLayout(const TensorRecord *A, const TensorRecord *B, const TensorRecord *C);
 
   /// The ratio of the target's values \p XT (of dtype \p TargetType) to
@@ -171,12 +181,13 @@ private:
                                           const RoleTensors &FT, bool &Summed);
 
   /// The swap that puts target tensor \p A in the reference's layout (of
-  /// shape \p RefShape): the one chosen where the shapes left it open, else
-  /// the one the shapes make (none: as it is).
+  /// shape \p RefShape): the one chosen for the comparison in progress
+  /// where the shapes left it open, else the one the shapes make (none: as
+  /// it is).
   std::optional<std::pair<int, int>> layoutOf(const TensorRecord *A,
                                               const std::vector<int64_t> &RefShape) const {
-    if (auto It = Layouts.find(A->Id); It != Layouts.end())
-      return It->second.Swap;
+    if (Current)
+      return *Current;
     return transposition(A->Shape, RefShape);
   }
 
@@ -412,6 +423,12 @@ private:
   /// first kernel after which a buffer held the op's departing value
   /// \p Value — the kernel that wrote it. Nothing when no snapshot tells.
   void refineToKernel(OpFinding &F, int64_t OpId, const OpRecord *RefOp, const TensorRecord *Value);
+
+  /// The kernels op \p OpId launched, in launch order.
+  std::vector<std::string> kernelNames(int64_t OpId) const;
+
+  /// The same values, a NaN equal to a NaN.
+  static bool sameValues(const Elements &A, const Elements &B);
 
   /// The components compared so far, for the drill-down.
   std::vector<ComponentRatio> CurveSoFar;

@@ -213,7 +213,7 @@ void Diagnoser::computeRatios(Diagnosis &D) {
       pair(TC, *RIt->second, C);
     }
     if (const TensorRecord *Out = T.tensor(TC.Id, "output", 0))
-      if (auto It = Layouts.find(Out->Id); It != Layouts.end() && It->second.Swap) {
+      if (auto It = Chosen.find(Out->Id); It != Chosen.end()) {
         C.Transposed = It->second.Swap;
         C.LayoutBy = It->second.How;
       }

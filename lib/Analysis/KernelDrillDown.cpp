@@ -64,6 +64,12 @@ std::optional<OpFinding> Diagnoser::drillDown(const ComponentRatio &C) {
   return Found;
 }
 
+/// "first", "second", ... for a 0-based position.
+static std::string ordinal(int64_t I) {
+  static const char *Words[] = {"first", "second", "third", "fourth", "fifth"};
+  return I >= 0 && I < 5 ? Words[I] : std::to_string(I + 1) + "th";
+}
+
 std::optional<OpFinding> Diagnoser::cacheWriteDrillDown(const ComponentRatio &C) {
   for (const OpRecord &Op : T.Ops) {
     if (!Op.ModuleCallId || !within(*Op.ModuleCallId, C.CallId))
@@ -84,30 +90,43 @@ std::optional<OpFinding> Diagnoser::cacheWriteDrillDown(const ComponentRatio &C)
     if (!Slots || Slots->empty())
       continue;
     std::vector<int64_t> SlotIds(Slots->begin(), Slots->end());
-    size_t Next = 0;
+    size_t Tokens = SlotIds.size(), Next = 0;
     for (const auto &[Index, Cache] : Out->second) {
-      if (Cache->Shape.size() < 3 || unitRoundoff(Cache->Type) == 0)
+      // [blocks, block_size, per-token dims...]; an fp8 cache holds scaled
+      // values (its scales are other inputs): not compared.
+      if (Cache->Shape.size() < 3 || unitRoundoff(Cache->Type) == 0 ||
+          dtypeSize(Cache->Type) < 2)
         continue;
-      int64_t Row = numElements(ArrayRef<int64_t>(Cache->Shape).drop_front(2));
-      // The input written into it: one row per token.
+      ArrayRef<int64_t> PerToken = ArrayRef<int64_t>(Cache->Shape).drop_front(2);
+      int64_t Row = numElements(PerToken);
+      // The input written into it: the same per-token dims, at least one row
+      // per slot (an engine may pad its tokens beyond the slots it maps).
       const TensorRecord *X = nullptr;
       while (Next < Given.size() && !X) {
         const TensorRecord *Y = Given[Next++];
-        if (numElements(Y->Shape) == int64_t(SlotIds.size()) * Row)
+        ArrayRef<int64_t> YS(Y->Shape);
+        bool SameRow = YS.size() == PerToken.size() + 1 ? YS.drop_front() == PerToken
+                                                         : YS.size() == 2 && YS[1] == Row;
+        if (SameRow && YS[0] >= int64_t(Tokens))
           X = Y;
       }
       if (!X)
         break;
-      auto CacheValues = T.values(Cache), Keys = T.values(X);
-      if (!CacheValues || !Keys)
+      auto Bytes = T.rawBytes(Cache);
+      auto Keys = T.values(X);
+      if (!Bytes || !Keys)
         continue;
-      auto Stored = unpage(*CacheValues, Cache->Shape, SlotIds);
-      // Tokens without a slot (padding) were not stored.
+      // Un-paged from the bytes: only the slots' rows are read.
+      auto Rows = unpageBytes(*Bytes, Cache->Shape, dtypeSize(Cache->Type), SlotIds);
+      bool Past = !Rows;
       Elements Wanted;
-      for (size_t K = 0; K < SlotIds.size(); ++K)
-        if (SlotIds[K] >= 0)
+      for (size_t K = 0; K < Tokens; ++K)
+        if (SlotIds[K] >= 0) // a padding token: not stored
           Wanted.insert(Wanted.end(), Keys->begin() + K * size_t(Row),
                         Keys->begin() + (K + 1) * size_t(Row));
+      auto Stored = Past ? std::nullopt : toDoubles(Cache->Type, *Rows);
+      if (!Past && !Stored)
+        continue;
       std::optional<double> Ratio =
           Stored ? ratioValues(*Stored, Cache->Type, Wanted, X->Type, nullptr)
                  : std::optional<double>(std::numeric_limits<double>::infinity());
@@ -120,14 +139,11 @@ std::optional<OpFinding> Diagnoser::cacheWriteDrillDown(const ComponentRatio &C)
       F.OpSeq = Op.Seq;
       F.Ratio = Ratio;
       F.WroteInPlace = true;
-      for (const KernelRecord &K : T.Kernels)
-        if (K.OpId && *K.OpId == Op.Id)
-          F.Kernels.push_back(K.Name);
-      F.Reason = Stored ? "the paged KV cache it wrote (its in-place argument " +
-                              std::to_string(Index) +
-                              "), un-paged by its slot mapping, does not hold the values "
-                              "it was given (its input " +
-                              std::to_string(X->Index) + ")"
+      F.Kernels = kernelNames(Op.Id);
+      F.Reason = Stored ? "the paged KV cache it wrote (the " + ordinal(Index) +
+                              " tensor it writes in place), un-paged by its slot mapping, "
+                              "does not hold the values it was given (the " +
+                              ordinal(X->Index) + " tensor it reads)"
                         : "its slot mapping points past the KV cache it wrote";
       refineToKernel(F, Op.Id, nullptr, Cache);
       return F;
@@ -153,13 +169,6 @@ std::optional<OpFinding> Diagnoser::pairedDrillDown(const ComponentRatio &C) {
   for (const OpRecord *Op : RO)
     RByName[Op->Name].push_back(Op);
   std::map<std::string, unsigned> Seen;
-  auto KernelsOf = [&](int64_t OpId) {
-    std::vector<std::string> Names;
-    for (const KernelRecord &K : T.Kernels)
-      if (K.OpId && *K.OpId == OpId)
-        Names.push_back(K.Name);
-    return Names;
-  };
   // Occurrences are counted over every op the suspect ran, captured or
   // not, as they are over the reference's.
   std::map<int64_t, unsigned> Occurrence;
@@ -173,7 +182,7 @@ std::optional<OpFinding> Diagnoser::pairedDrillDown(const ComponentRatio &C) {
     F.Name = Op->Name;
     F.Schema = Op->Schema;
     F.OpSeq = Op->Seq;
-    F.Kernels = KernelsOf(Op->Id);
+    F.Kernels = kernelNames(Op->Id);
     auto &Candidates = RByName[Op->Name];
     if (K >= Candidates.size()) {
       // What the reference ran at the same place among the call's ops.
@@ -185,15 +194,19 @@ std::optional<OpFinding> Diagnoser::pairedDrillDown(const ComponentRatio &C) {
       F.ReferenceName = At < RO.size() ? RO[At]->Name : "";
       F.Reason = "the reference ran no " + Op->Name + " here" +
                  (F.ReferenceName.empty() ? "" : " (it ran " + F.ReferenceName + ")");
-      refineToKernel(F, Op->Id, nullptr, T.OpOutputs[Op->Id].begin()->second);
+      const auto &Outputs = T.OpOutputs.find(Op->Id)->second; // captured: capturedOps
+      refineToKernel(F, Op->Id, nullptr, Outputs.begin()->second);
       return F;
     }
     const OpRecord *Ref = Candidates[K];
     std::optional<double> Worst;
     const TensorRecord *Departing = nullptr;
-    for (const auto &[Index, TT] : T.OpOutputs[Op->Id]) {
-      auto RT = R.OpOutputs[Ref->Id].find(Index);
-      if (RT == R.OpOutputs[Ref->Id].end())
+    auto RefOutputs = R.OpOutputs.find(Ref->Id);
+    if (RefOutputs == R.OpOutputs.end())
+      continue; // the reference's op ran, its output was not captured
+    for (const auto &[Index, TT] : T.OpOutputs.find(Op->Id)->second) {
+      auto RT = RefOutputs->second.find(Index);
+      if (RT == RefOutputs->second.end())
         continue;
       if (auto X = ratio(TT, RT->second, nullptr); X && *X > Worst.value_or(-1)) {
         Worst = *X;
@@ -258,10 +271,7 @@ std::optional<OpFinding> Diagnoser::writerOf(const ComponentRatio &C, const Tens
     for (const TensorRecord *X : W->second) {
       auto V = T.values(X);
       // The same values; a NaN the child was given is the writer's NaN.
-      if (V && V->size() == Wanted->size() &&
-          std::equal(V->begin(), V->end(), Wanted->begin(), [](double A, double B) {
-            return A == B || (std::isnan(A) && std::isnan(B));
-          })) {
+      if (V && sameValues(*V, *Wanted)) {
         Writer = &Op;
         Written = X;
         break;
@@ -277,9 +287,7 @@ std::optional<OpFinding> Diagnoser::writerOf(const ComponentRatio &C, const Tens
   F.OpSeq = Writer->Seq;
   F.LastWriter = true;
   F.WroteInPlace = Written->Role == "mutated";
-  for (const KernelRecord &K : T.Kernels)
-    if (K.OpId && *K.OpId == Writer->Id)
-      F.Kernels.push_back(K.Name);
+  F.Kernels = kernelNames(Writer->Id);
   refineToKernel(F, Writer->Id, nullptr, Written);
   if (Child) {
     F.ReadBy = Child->Path.empty() ? std::string("(root)") : Child->Path;
@@ -300,27 +308,43 @@ void Diagnoser::refineToKernel(OpFinding &F, int64_t OpId, const OpRecord *RefOp
   auto TK = T.OpKernels.find(OpId);
   if (TK == T.OpKernels.end())
     return;
+  const std::vector<const KernelRecord *> &Mine = TK->second;
   auto SnapshotsOf = [](const Side &S, const KernelRecord *K) {
     auto It = S.Snapshots.find(K->Id);
     return It == S.Snapshots.end() ? std::map<int64_t, const TensorRecord *>() : It->second;
   };
+  auto Name = [&](size_t I, std::string Why, std::optional<double> Ratio) {
+    F.Kernel = Mine[I]->Name;
+    F.KernelIndex = int(I);
+    F.KernelReason = std::move(Why);
+    F.KernelRatio = Ratio;
+  };
   auto RK = RefOp ? R.OpKernels.find(RefOp->Id) : R.OpKernels.end();
   bool SameKernels =
-      RK != R.OpKernels.end() && RK->second.size() == TK->second.size() &&
-      std::equal(TK->second.begin(), TK->second.end(), RK->second.begin(),
+      RK != R.OpKernels.end() && RK->second.size() == Mine.size() &&
+      std::equal(Mine.begin(), Mine.end(), RK->second.begin(),
                  [](const KernelRecord *A, const KernelRecord *B) { return A->Name == B->Name; });
   if (SameKernels) {
-    for (size_t I = 0; I < TK->second.size(); ++I) {
+    // The buffers the op writes, after each kernel; one the reference's
+    // kernel left as its previous kernel had it was not written there (its
+    // content, perhaps still uninitialized memory, says nothing).
+    for (size_t I = 0; I < Mine.size(); ++I) {
       auto Ref = SnapshotsOf(R, RK->second[I]);
-      for (const auto &[Param, X] : SnapshotsOf(T, TK->second[I])) {
+      auto RefBefore = I ? SnapshotsOf(R, RK->second[I - 1]) : decltype(Ref)();
+      for (const auto &[Param, X] : SnapshotsOf(T, Mine[I])) {
         auto Y = Ref.find(Param);
-        if (Y == Ref.end())
+        if (X->Role != "mutated" || Y == Ref.end())
           continue;
+        if (auto Before = RefBefore.find(Param); Before != RefBefore.end()) {
+          auto Now = R.values(Y->second), Then = R.values(Before->second);
+          if (Now && Then && sameValues(*Now, *Then))
+            continue;
+        }
         if (auto Ratio = ratio(X, Y->second, nullptr); elevated(Ratio)) {
-          F.Kernel = TK->second[I]->Name;
-          F.KernelRatio = Ratio;
-          F.KernelReason = "first of the op's kernels whose buffer (parameter " +
-                           std::to_string(Param) + ") departs from the reference's same kernel's";
+          Name(I,
+               "first of the op's kernels whose buffer (parameter " + std::to_string(Param) +
+                   ") departs from the reference's same kernel's",
+               Ratio);
           return;
         }
       }
@@ -329,19 +353,31 @@ void Diagnoser::refineToKernel(OpFinding &F, int64_t OpId, const OpRecord *RefOp
   auto Wanted = Value ? T.values(Value) : std::nullopt;
   if (!Wanted)
     return;
-  for (const KernelRecord *K : TK->second)
-    for (const auto &[Param, X] : SnapshotsOf(T, K)) {
+  for (size_t I = 0; I < Mine.size(); ++I)
+    for (const auto &[Param, X] : SnapshotsOf(T, Mine[I])) {
       auto V = T.values(X);
-      if (V && V->size() == Wanted->size() &&
-          std::equal(V->begin(), V->end(), Wanted->begin(), [](double A, double B) {
-            return A == B || (std::isnan(A) && std::isnan(B));
-          })) {
-        F.Kernel = K->Name;
-        F.KernelReason = "the first of the op's kernels after which its buffer (parameter " +
-                         std::to_string(Param) + ") held the op's departing value: it wrote it";
+      if (V && sameValues(*V, *Wanted)) {
+        Name(I,
+             "the first of the op's kernels after which its buffer (parameter " +
+                 std::to_string(Param) + ") held the op's departing value",
+             std::nullopt);
         return;
       }
     }
+}
+
+std::vector<std::string> Diagnoser::kernelNames(int64_t OpId) const {
+  std::vector<std::string> Out;
+  if (auto It = T.OpKernels.find(OpId); It != T.OpKernels.end())
+    for (const KernelRecord *K : It->second)
+      Out.push_back(K->Name);
+  return Out;
+}
+
+bool Diagnoser::sameValues(const Elements &A, const Elements &B) {
+  return A.size() == B.size() && std::equal(A.begin(), A.end(), B.begin(), [](double X, double Y) {
+           return X == Y || (std::isnan(X) && std::isnan(Y));
+         });
 }
 
 } // namespace detail

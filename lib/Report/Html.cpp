@@ -88,11 +88,11 @@ void writeHtml(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
       if (std::string Where = Sources.op(S.Op->Name); !Where.empty())
         OS << ", " << htmlEscape(Where);
       OS << "</p>\n";
-      for (const std::string &K : S.Op->Kernels) {
-        SourceLocator::KernelSite Site = Sources.kernel(K);
+      for (size_t I = 0; I < S.Op->Kernels.size(); ++I) {
+        SourceLocator::KernelSite Site = Sources.kernel(S.Op->Kernels[I]);
         OS << "<p>kernel <b>" << htmlEscape(Site.Display) << "</b>"
            << (Site.Where.empty() ? "" : " " + htmlEscape(Site.Where))
-           << (K == S.Op->Kernel ? " &larr; " + htmlEscape(S.Op->KernelReason) : "")
+           << (int(I) == S.Op->KernelIndex ? " &larr; " + htmlEscape(S.Op->KernelReason) : "")
            << "</p>\n";
       }
     }

@@ -79,13 +79,14 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
       OS << " (" << S.Op->Reason << ")\n";
       if (std::string Where = Sources.op(S.Op->Name); !Where.empty())
         OS << "  op source: " << Where << "\n";
-      for (const std::string &K : S.Op->Kernels) {
+      for (size_t I = 0; I < S.Op->Kernels.size(); ++I) {
+        const std::string &K = S.Op->Kernels[I];
         SourceLocator::KernelSite Site = Sources.kernel(K);
         OS << "  kernel: " << Site.Display;
         if (!Site.Where.empty())
           OS << "  " << Site.Where;
         OS << "\n";
-        if (K == S.Op->Kernel)
+        if (int(I) == S.Op->KernelIndex)
           OS << "    ^ " << S.Op->KernelReason
              << (S.Op->KernelRatio ? ", R = " + ratioText(S.Op->KernelRatio) : std::string())
              << "\n";
@@ -122,6 +123,7 @@ json::Value departingKernelJSON(const OpFinding &Op, const SourceLocator &Source
     return nullptr;
   SourceLocator::KernelSite Site = Sources.kernel(Op.Kernel);
   return json::Object{{"name", Op.Kernel},
+                      {"index", Op.KernelIndex},
                       {"display_name", Site.Display},
                       {"source", orNull(Site.Where)},
                       {"ratio", ratioJSON(Op.KernelRatio)},

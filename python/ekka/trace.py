@@ -246,11 +246,19 @@ def _direct_forward(module):
     return found
 
 
-def _running(frame):
-    """Whether `frame` is still on this thread's Python stack."""
+# The key under which a directly called root's forward frame is marked (in
+# its frame's locals, which hold it while the frame lives): the shim holds
+# the mark, not the frame, so nothing of the frame outlives its return.
+_ROOT_MARK = "__ekka_direct_root__"
+
+
+def _running(marker):
+    """Whether the forward frame marked with `marker` (its code, the mark)
+    is still on this thread's Python stack."""
+    code, mark = marker
     f = sys._getframe(2)
     while f is not None:
-        if f is frame:
+        if f.f_code is code and f.f_locals.get(_ROOT_MARK) is mark:
             return True
         f = f.f_back
     return False
@@ -261,8 +269,8 @@ def _open_direct(state, local, trees, stack, frame, owner):
     called directly, as a root: a forward step, with the tensors among its
     named parameters as inputs (their values now, at its first submodule's
     call). It stays open on the stack until its frame has returned (checked
-    at the next call that would be a root, or when tracing stops). The
-    frame is held until then."""
+    at the next call that would be a root, or when tracing stops); the frame
+    is marked in its locals, not held."""
     local.forwards = getattr(local, "forwards", 0) + 1
     tree = trees.get(id(owner))
     if tree is None or tree.root() is not owner:
@@ -272,10 +280,13 @@ def _open_direct(state, local, trees, stack, frame, owner):
     named = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
     values = frame.f_locals
     inputs = _tensors([values.get(name) for name in named])
+    mark = object()
+    values[_ROOT_MARK] = mark
     qualname, file, line = _class_source(state, type(owner))
     call_id = _enter(tree.path(owner) or "", type(owner).__name__, qualname, file, line, True,
                      inputs)
-    stack.append((owner, call_id, len(inputs), True, tree, frame))
+    stack.append((owner, call_id, len(inputs), True, tree, (code, mark)))
+    del frame, values
     return tree
 
 

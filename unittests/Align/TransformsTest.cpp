@@ -170,6 +170,16 @@ TEST(Transforms, UnpageReadsTheTokensSlotsInOrder) {
   // A padding token's slot -1 has nothing cached.
   EXPECT_EQ(*unpage(Cache, S, {1, -1, 2}), (Elements{10, 20}));
   EXPECT_FALSE(unpage(Elements{1}, S, {0}));
+  // The same from the bytes: two-byte elements, two features a slot.
+  Dims S2 = {3, 2, 2};
+  std::string Bytes;
+  for (int I = 0; I < 12; ++I)
+    Bytes.append({char(I), char(100 + I)});
+  auto B = unpageBytes(Bytes, S2, 2, {4, -1, 1});
+  ASSERT_TRUE(B);
+  EXPECT_EQ(*B, Bytes.substr(4 * 4, 4) + Bytes.substr(1 * 4, 4));
+  EXPECT_FALSE(unpageBytes(Bytes, S2, 2, {6}));
+  EXPECT_FALSE(unpageBytes(Bytes.substr(1), S2, 2, {0}));
 }
 
 TEST(Mapping, PathsMatchWithStarsForOneSegment) {

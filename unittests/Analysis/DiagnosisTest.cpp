@@ -79,6 +79,7 @@ public:
     std::vector<int64_t> Shape;
     DType Type = DType::F32;
     std::string From;
+    std::vector<int64_t> Strides; ///< As recorded (a view's); empty: none
   };
 
   /// Adds call Path with the given inputs and outputs.
@@ -88,6 +89,7 @@ public:
     auto Add = [&](const Spec &X, const char *Role, int64_t Index) {
       TensorRecord T = record(C.Id, Role, Index, X.Type, 0);
       T.Shape = X.Shape;
+      T.Strides = X.Strides;
       if (!X.From.empty()) {
         T.SourceId = Outputs.at(X.From);
         Writer->addTensor(T);
@@ -172,9 +174,10 @@ public:
   }
 
   /// Adds GPU kernel \p Name launched by op \p Op of call \p Path, with
-  /// the snapshot of the buffer its parameter \p Param pointed into.
-  void kernel(int64_t Op, const std::string &Path, const std::string &Name, int64_t Param,
-              std::vector<float> Buffer) {
+  /// the snapshot of the buffer its parameter \p Param pointed into (one
+  /// the op writes, `mutated`, or reads, `argument`).
+  int64_t kernel(int64_t Op, const std::string &Path, const std::string &Name, int64_t Param,
+                 std::vector<float> Buffer, const char *Role = "mutated") {
     KernelRecord K;
     K.Id = Writer->nextKernelId();
     K.OpId = Op;
@@ -182,7 +185,14 @@ public:
     K.Seq = KernelSeq++;
     K.Name = Name;
     Writer->addKernel(K);
-    TensorRecord T = record(K.Id, "argument", Param, DType::F32, int64_t(Buffer.size()));
+    snapshot(K.Id, Param, std::move(Buffer), Role);
+    return K.Id;
+  }
+
+  /// Another buffer snapshot of kernel \p Kernel.
+  void snapshot(int64_t Kernel, int64_t Param, std::vector<float> Buffer,
+                const char *Role = "mutated") {
+    TensorRecord T = record(Kernel, Role, Param, DType::F32, int64_t(Buffer.size()));
     T.Owner = TensorOwner::Kernel;
     Writer->addTensor(T, std::string(reinterpret_cast<char *>(Buffer.data()), Buffer.size() * 4));
   }
@@ -540,13 +550,15 @@ TEST_F(DiagnosisTest, TheLastWriterOfADepartingChildInputIsNamed) {
 TEST_F(DiagnosisTest, TheKernelBeneathTheOpIsNamedFromItsBufferSnapshots) {
   using Spec = TraceBuilder::Spec;
   auto Layout = [&](StringRef Name, std::vector<float> Out, std::vector<float> Fill,
-                    bool Kernels) {
+                    bool Kernels, std::vector<float> Read = {9, 9}) {
     TraceBuilder T(dir(Name));
     T.call("", "", {0}, {}, {1, 2});
     T.callSpecs("mlp", "", {{{1, 2}, {2}}}, {{Out, {2}}});
     int64_t Op = T.op("mlp", "zoo::gemm", "output", Out, {2});
     if (Kernels) {
-      T.kernel(Op, "mlp", "fill_kernel", 2, Fill);
+      int64_t Fills = T.kernel(Op, "mlp", "fill_kernel", 2, Fill);
+      // A buffer the op only reads: not where a kernel departs.
+      T.snapshot(Fills, 0, Read, "argument");
       T.kernel(Op, "mlp", "gemm_kernel", 2, Out);
       T.kernel(Op, "mlp", "epilogue_kernel", 2, Out);
     }
@@ -564,7 +576,7 @@ TEST_F(DiagnosisTest, TheKernelBeneathTheOpIsNamedFromItsBufferSnapshots) {
   EXPECT_EQ(D.Suspects[0].Op->Kernel, "fill_kernel");
   EXPECT_TRUE(D.Suspects[0].Op->KernelRatio.has_value());
   // The same fill as the reference's: the GEMM is the first to depart.
-  Layout("tgt2", {3, 40}, {0, 0}, true);
+  Layout("tgt2", {3, 40}, {0, 0}, true, {7, 7});
   Diagnosis G = run("tgt2", "ref");
   ASSERT_TRUE(G.Suspects[0].Op.has_value());
   EXPECT_EQ(G.Suspects[0].Op->Kernel, "gemm_kernel");
@@ -575,7 +587,9 @@ TEST_F(DiagnosisTest, TheKernelBeneathTheOpIsNamedFromItsBufferSnapshots) {
   ASSERT_TRUE(W.Suspects[0].Op.has_value());
   EXPECT_EQ(W.Suspects[0].Op->Kernel, "gemm_kernel");
   EXPECT_FALSE(W.Suspects[0].Op->KernelRatio.has_value());
-  EXPECT_NE(W.Suspects[0].Op->KernelReason.find("wrote it"), std::string::npos);
+  EXPECT_NE(W.Suspects[0].Op->KernelReason.find("held the op's departing value"),
+            std::string::npos);
+  EXPECT_EQ(W.Suspects[0].Op->KernelIndex, 1);
   // No snapshots: the op and its kernels, none singled out.
   Layout("plain", {3, 40}, {}, false);
   Diagnosis P = run("plain", "cpu-ref");
@@ -1085,14 +1099,17 @@ TEST_F(DiagnosisTest, AnOpenLayoutIsSettledByTheValuesAndKeptForTheComponent) {
     return V;
   };
   auto Write = [&](StringRef Name, std::vector<float> L0, std::vector<float> L1,
-                   std::vector<int64_t> Shape) {
+                   std::vector<int64_t> Shape, std::vector<int64_t> Strides = {}) {
     TraceBuilder B(dir(Name));
     B.call("", "", {0}, {}, {1, 2});
-    B.callSpecs("layers.0.attn", "", {}, {Spec{L0, Shape}});
-    B.callSpecs("layers.1.attn", "", {}, {Spec{L1, Shape}});
+    B.callSpecs("layers.0.attn", "", {}, {Spec{L0, Shape, DType::F32, "", Strides}});
+    B.callSpecs("layers.1.attn", "", {}, {Spec{L1, Shape, DType::F32, "", Strides}});
     B.close();
   };
-  Write("ref", Heads(0), Heads(1), {1, 2, 2, 3});
+  // HF's heads-first tensor is a transposed view of [1, tokens, heads, dim]:
+  // its strides say so, and back the search.
+  Write("ref", Heads(0), Heads(1), {1, 2, 2, 3}, {12, 3, 6, 1});
+  Write("contiguous-ref", Heads(0), Heads(1), {1, 2, 2, 3});
   Write("tgt", TokensFirst(Heads(0)), TokensFirst(Heads(1)), {2, 2, 3});
   std::vector<float> Wrong = TokensFirst(Heads(1));
   Wrong[4] += 3;
@@ -1125,6 +1142,14 @@ TEST_F(DiagnosisTest, AnOpenLayoutIsSettledByTheValuesAndKeptForTheComponent) {
   Diagnosis M = run("mixed", "ref");
   ASSERT_EQ(M.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(M.Suspects.front().Component.Path, "layers.1.attn");
+
+  // Neither side a transposed view: no program swapped anything in memory,
+  // so nothing is searched (a kernel that wrote its output the other way
+  // round is not explained away), and the first layer departs.
+  Diagnosis N = run("tgt", "contiguous-ref");
+  ASSERT_EQ(N.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(N.Suspects.front().Component.Path, "layers.0.attn");
+  EXPECT_FALSE(N.Curve[1].Transposed);
 
   // A mapping rule's layout (what --calibrate wrote) is used as it is.
   auto T = TraceReader::open(dir("tgt")), R = TraceReader::open(dir("ref"));

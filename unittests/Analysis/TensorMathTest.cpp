@@ -1,5 +1,6 @@
 //===- TensorMathTest.cpp -------------------------------------------------===//
 #include "ekka/Analysis/TensorMath.h"
+#include "ekka/Support/Lanes.h"
 
 #include <cmath>
 #include <cstring>
@@ -98,8 +99,15 @@ Encoded encode(DType Type, const std::vector<double> &V) {
 
 // The byte-level sums (four lanes, vector units, two threads for large
 // tensors) are the plain sums of the widened values, for every dtype pair
-// and every length, tails included.
-TEST(TensorMath, ByteLevelSumsAreThePlainSums) {
+// and every length, tails included; in the baseline build of the loop and
+// in its AVX2 clone (where this CPU has it).
+class ByteLevelSums : public ::testing::TestWithParam<int> {
+  void SetUp() override { lanes::wideOverride() = GetParam(); }
+  void TearDown() override { lanes::wideOverride() = -1; }
+};
+INSTANTIATE_TEST_SUITE_P(TensorMath, ByteLevelSums, ::testing::Values(0, 1));
+
+TEST_P(ByteLevelSums, AreThePlainSums) {
   std::mt19937 Gen(7);
   std::uniform_int_distribution<int> Small(-8, 8);
   for (size_t N : {size_t(0), size_t(1), size_t(3), size_t(4), size_t(5), size_t(1001),

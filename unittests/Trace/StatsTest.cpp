@@ -1,5 +1,6 @@
 //===- StatsTest.cpp - A tensor's statistics from its bytes ---------------===//
 #include "ekka/Trace/TraceFormat.h"
+#include "ekka/Support/Lanes.h"
 
 #include <gtest/gtest.h>
 #include <cmath>
@@ -52,8 +53,15 @@ void expectSame(const TensorStats &A, const TensorStats &B, const std::string &C
 
 // Four lanes, vector units, the tail in partly used lanes: the same
 // statistics as one element after another, for every length and where the
-// NaNs and infinities fall, and for the integer types.
-TEST(Stats, TheLanesGiveThePlainStatistics) {
+// NaNs and infinities fall, and for the integer types; in the baseline
+// build of the loop and in its AVX2 clone (where this CPU has it).
+class Stats : public ::testing::TestWithParam<int> {
+  void SetUp() override { lanes::wideOverride() = GetParam(); }
+  void TearDown() override { lanes::wideOverride() = -1; }
+};
+INSTANTIATE_TEST_SUITE_P(Lanes, Stats, ::testing::Values(0, 1));
+
+TEST_P(Stats, TheLanesGiveThePlainStatistics) {
   std::mt19937 Gen(3);
   std::uniform_int_distribution<int> Small(-20, 20);
   const double Inf = std::numeric_limits<double>::infinity();
@@ -101,6 +109,34 @@ TEST(Stats, TheLanesGiveThePlainStatistics) {
       }
     }
   }
+}
+
+// The other loaders: half and float8 element by element, the 1- and 8-byte
+// integers through vector conversions.
+TEST_P(Stats, EveryDTypeIsRead) {
+  const double Inf = std::numeric_limits<double>::infinity();
+  // half: 1, -2, 0.5, infinity, NaN, 0.25 (five elements: a tail)
+  std::vector<uint16_t> Half = {0x3c00, 0xc000, 0x3800, 0x7c00, 0x7e00, 0x3400};
+  auto H = statsOfBytes(DType::F16, bytesOf(Half));
+  ASSERT_TRUE(H);
+  expectSame(*H, plain({1, -2, 0.5, Inf, std::nan(""), 0.25}), "f16");
+  // e4m3fn: 1, 448, -0.5, NaN
+  std::vector<uint8_t> E4 = {0x38, 0x7e, 0xb0, 0x7f};
+  auto F8 = statsOfBytes(DType::F8E4M3, bytesOf(E4));
+  ASSERT_TRUE(F8);
+  expectSame(*F8, plain({1, 448, -0.5, std::nan("")}), "e4m3");
+  std::vector<int8_t> I8 = {-3, 5, 127, -128, 0};
+  auto SI8 = statsOfBytes(DType::I8, bytesOf(I8));
+  ASSERT_TRUE(SI8);
+  expectSame(*SI8, plain({-3, 5, 127, -128, 0}), "i8");
+  std::vector<uint64_t> U64 = {1, uint64_t(1) << 40, 7, 0, 3};
+  auto SU = statsOfBytes(DType::U64, bytesOf(U64));
+  ASSERT_TRUE(SU);
+  expectSame(*SU, plain({1, std::ldexp(1.0, 40), 7, 0, 3}), "u64");
+  std::vector<uint8_t> Bools = {1, 0, 1};
+  auto SB = statsOfBytes(DType::Bool, bytesOf(Bools));
+  ASSERT_TRUE(SB);
+  expectSame(*SB, plain({1, 0, 1}), "bool");
 }
 
 } // namespace

@@ -16,9 +16,11 @@
 #define EKKA_ALIGN_TRANSFORMS_H
 
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -107,6 +109,12 @@ std::optional<Elements> unpad(const Elements &V, llvm::ArrayRef<int64_t> S, cons
 /// a slot is past the cache.
 std::optional<Elements> unpage(const Elements &Cache, llvm::ArrayRef<int64_t> CacheShape,
                              llvm::ArrayRef<int64_t> Slots);
+
+/// The same over a cache's captured bytes, \p ElementSize bytes an element:
+/// only the slots' rows are read (a cache is large), and the tokens' entries
+/// come back as bytes, in order.
+std::optional<std::string> unpageBytes(llvm::StringRef Cache, llvm::ArrayRef<int64_t> CacheShape,
+                                       size_t ElementSize, llvm::ArrayRef<int64_t> Slots);
 
 } // namespace ekka
 

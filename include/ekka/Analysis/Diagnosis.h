@@ -97,6 +97,7 @@ struct OpFinding {
   /// ratio when compared with the reference's same kernel. Empty when no
   /// snapshot tells.
   std::string Kernel, KernelReason;
+  int KernelIndex = -1; ///< Kernel's place in Kernels (a kernel may run twice).
   std::optional<double> KernelRatio;
 };
 

@@ -99,10 +99,16 @@ struct LoadBy : Scalar4<LoadBy<Bits, Convert>> {
 /// The attribute of a loop's AVX2 and FMA clone (flatten: the loaders and
 /// arithmetic it calls are compiled for that target too).
 #define EKKA_WIDE [[gnu::target("avx2,fma"), gnu::flatten]]
-/// Whether this CPU runs the clones.
+/// Tests run both builds of a loop: -1 (the default) leaves the choice to
+/// the CPU, 0 forces the baseline, 1 the clone where the CPU has it.
+inline int &wideOverride() {
+  static int Override = -1;
+  return Override;
+}
+/// Whether the clones run here.
 inline bool wideLanes() {
   static const bool Has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return Has;
+  return wideOverride() < 0 ? Has : wideOverride() && Has;
 }
 #endif
 
