@@ -121,23 +121,6 @@ public:
     }
   }
 
-  /// Adds op \p Name under call \p Path (already added), with one
-  /// captured tensor of role \p Role (`output` or `mutated`); its id.
-  int64_t op(const std::string &Path, const std::string &Name, const char *Role,
-             std::vector<float> Values, std::vector<int64_t> Shape) {
-    OpRecord O;
-    O.Id = Writer->nextOpId();
-    O.ModuleCallId = Calls.at(Path);
-    O.Seq = OpSeq++;
-    O.Name = Name;
-    Writer->addOp(O);
-    TensorRecord T = record(O.Id, Role, 0, DType::F32, 0);
-    T.Owner = TensorOwner::Op;
-    T.Shape = Shape;
-    Writer->addTensor(T, std::string(reinterpret_cast<char *>(Values.data()), Values.size() * 4));
-    return O.Id;
-  }
-
   /// Adds op \p Name under call \p Path with several captured tensors:
   /// (role, values, shape, dtype F32 or I64), numbered by role in order.
   struct OpTensor {
@@ -146,6 +129,13 @@ public:
     std::vector<int64_t> Shape;
     DType Type = DType::F32;
   };
+  /// Adds op \p Name under call \p Path (already added), with one
+  /// captured tensor of role \p Role (`output` or `mutated`); its id.
+  int64_t op(const std::string &Path, const std::string &Name, const char *Role,
+             std::vector<float> Values, std::vector<int64_t> Shape) {
+    return opTensors(Path, Name, {OpTensor{Role, std::move(Values), std::move(Shape)}});
+  }
+
   int64_t opTensors(const std::string &Path, const std::string &Name,
                     std::vector<OpTensor> Tensors) {
     OpRecord O;
