@@ -54,9 +54,10 @@ cl::opt<std::string> HtmlFile("html", cl::value_desc("FILE"), cl::cat(Category),
 cl::opt<std::string> MappingFile(
     "mapping", cl::value_desc("FILE"), cl::cat(Category),
     cl::desc("A JSON file mapping target components onto reference ones (renamed, fused: "
-             "qkv_proj onto q_proj,k_proj,v_proj; many-to-one; a reference's ':input'); see "
-             "docs/Diagnose.md. Without one, names the recipes and paths leave open are paired "
-             "by tensor evidence and structure"));
+             "qkv_proj onto q_proj,k_proj,v_proj; many-to-one; a reference's ':input'; a "
+             "\"transpose\" for a layout the shapes leave open); see docs/Diagnose.md. Without "
+             "one, names the recipes and paths leave open are paired by tensor evidence and "
+             "structure"));
 cl::opt<bool> NoRecipes(
     "no-recipes", cl::cat(Category),
     cl::desc("Do not use the built-in recipes that map serving engines' naming (vLLM, SGLang: "
