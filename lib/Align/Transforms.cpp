@@ -168,6 +168,26 @@ std::vector<std::pair<int, int>> transpositions(Dims From, Dims To) {
   return Out;
 }
 
+std::optional<std::pair<int, int>> viewSwap(ArrayRef<int64_t> S, ArrayRef<int64_t> Strides) {
+  if (S.size() != Strides.size())
+    return std::nullopt;
+  // The dimensions that matter, in memory order (largest stride first).
+  std::vector<size_t> Dim;
+  for (size_t I = 0; I < S.size(); ++I)
+    if (S[I] > 1)
+      Dim.push_back(I);
+  std::vector<size_t> Memory = Dim;
+  std::stable_sort(Memory.begin(), Memory.end(),
+                   [&](size_t A, size_t B) { return Strides[A] > Strides[B]; });
+  std::vector<size_t> Out;
+  for (size_t K = 0; K < Dim.size(); ++K)
+    if (Memory[K] != Dim[K])
+      Out.push_back(K);
+  if (Out.size() != 2 || Memory[Out[0]] != Dim[Out[1]] || Memory[Out[1]] != Dim[Out[0]])
+    return std::nullopt;
+  return std::make_pair(int(Dim[Out[0]]), int(Dim[Out[1]]));
+}
+
 std::optional<std::pair<int, int>> transposition(Dims From, Dims To) {
   if (squeezeLeading(From) == squeezeLeading(To) || tokenMajor(From) == tokenMajor(To))
     return std::nullopt;

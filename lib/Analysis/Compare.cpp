@@ -69,10 +69,16 @@ std::optional<double> Diagnoser::ratio(const TensorRecord *A, const TensorRecord
     }
     Current = Choice.Swap;
   }
+  // A reference view read in its memory order, where only that meets the
+  // target's layout.
+  RefSwap = memoryOrder(A, B);
   auto Compare = [&] {
-    auto Out = ratioFromBytes(A, B, C, TargetCall);
+    std::optional<double> Out;
+    if (!RefSwap)
+      Out = ratioFromBytes(A, B, C, TargetCall);
     if (!Out)
-      Out = ratioOf(targetValues(A, TargetCall, B->Shape), A->Type, B, C);
+      Out = ratioOf(targetValues(A, TargetCall, RefSwap ? swapped(B->Shape, *RefSwap) : B->Shape),
+                    A->Type, B, C);
     return Out;
   };
   auto Out = Compare();
@@ -102,9 +108,23 @@ std::optional<double> Diagnoser::ratio(const TensorRecord *A, const TensorRecord
   if (Open && Choice.Swap && !Choice.How.empty() && A->Role == "output")
     Chosen.try_emplace(A->Id, Choice);
   Current.reset();
+  RefSwap.reset();
   if (Memo)
     Ratios[Key] = Out;
   return Out;
+}
+
+std::optional<std::pair<int, int>> Diagnoser::memoryOrder(const TensorRecord *A,
+                                                          const TensorRecord *B) const {
+  if (A->Shape.empty() || B->Shape.empty())
+    return std::nullopt;
+  auto Swap = viewSwap(B->Shape, B->Strides);
+  if (!Swap || sameFeatures(A->Shape, B->Shape) || transposition(A->Shape, B->Shape))
+    return std::nullopt;
+  std::vector<int64_t> Memory = swapped(B->Shape, *Swap);
+  if (!sameFeatures(A->Shape, Memory) && !transposition(A->Shape, Memory))
+    return std::nullopt;
+  return Swap;
 }
 
 bool Diagnoser::layoutOpen(const TensorRecord *A, const TensorRecord *B) const {
@@ -195,11 +215,18 @@ Diagnoser::LayoutChoice Diagnoser::searchLayout(const TensorRecord *A, const Ten
 std::optional<double> Diagnoser::ratioOf(std::optional<std::vector<double>> XT, DType TargetType,
                                          const TensorRecord *B, const TensorRecord *C) {
   auto XR = R.values(B);
+  if (XR && RefSwap)
+    XR = transpose(*XR, B->Shape, RefSwap->first, RefSwap->second);
   if (!XT || !XR)
     return std::nullopt;
   std::optional<Elements> YR;
-  if (F && C)
+  if (F && C) {
     YR = F->values(C);
+    // The FP32 run of the same program: the same view.
+    if (YR && RefSwap)
+      YR = C->Shape == B->Shape ? transpose(*YR, C->Shape, RefSwap->first, RefSwap->second)
+                                : std::nullopt;
+  }
   return ratioValues(*XT, TargetType, *XR, B->Type, YR ? &*YR : nullptr);
 }
 

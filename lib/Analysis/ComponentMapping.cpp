@@ -107,7 +107,8 @@ std::string Diagnoser::structureDiffers(const ModuleCallRecord &TC, const Module
     if (Role == "input" && OutputSharded && !replicated(A))
       return "same path, but a different computation: its first input is a "
              "tensor-parallel shard as large as the reference's whole input";
-    if (!sameFeatures(A->Shape, B->Shape) && !transposition(A->Shape, B->Shape))
+    if (!sameFeatures(A->Shape, B->Shape) && !transposition(A->Shape, B->Shape) &&
+        !memoryOrder(A, B))
       return ("same path, but a different computation: its first " + Role + " has " +
               Twine(A->Shape.back()) + " features against the reference's " +
               Twine(B->Shape.back()))
@@ -344,7 +345,8 @@ bool Diagnoser::comparableShapes(const TensorRecord *A, const TensorRecord *B, i
           N += numElements(X->Shape);
   if (sharded(A, B->Shape))
     N *= int64_t(Peers.size() + 1);
-  else if (!sameFeatures(A->Shape, B->Shape) && !transposition(A->Shape, B->Shape))
+  else if (!sameFeatures(A->Shape, B->Shape) && !transposition(A->Shape, B->Shape) &&
+           !memoryOrder(A, B))
     return false;
   return N == numElements(B->Shape);
 }

@@ -75,6 +75,23 @@ private:
   /// layoutKey(): its later open calls follow it, so a bug in one layer is
   /// not explained away by a layout its other calls did not have.
   std::map<std::string, std::optional<std::pair<int, int>>> Learned;
+  /// The reference's tensor read in its memory order for the comparison in
+  /// progress (the swap its strides show), when only that meets the target.
+  std::optional<std::pair<int, int>> RefSwap;
+
+  /// When reference tensor \p B, as the program laid it out, is not
+  /// comparable with target tensor \p A but its memory order is (a view
+  /// such as Gemma-3's heads-first `q_norm` input against an engine's
+  /// [tokens, heads * dim]): the swap that reads B in its memory order.
+  std::optional<std::pair<int, int>> memoryOrder(const TensorRecord *A,
+                                                 const TensorRecord *B) const;
+
+  /// \p S with dimensions \p Swap exchanged.
+  static std::vector<int64_t> swapped(std::vector<int64_t> S, std::pair<int, int> Swap) {
+    std::swap(S[size_t(Swap.first)], S[size_t(Swap.second)]);
+    return S;
+  }
+
   /// Components whose search found nothing: not searched again.
   std::set<std::string> SearchFailed;
   /// Target call -> its mapping rule's "transpose".

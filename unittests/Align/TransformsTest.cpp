@@ -124,6 +124,19 @@ TEST(Transforms, TranspositionsListWhatTheShapesLeaveOpen) {
   EXPECT_TRUE(transpositions({5, 4}, {4, 5, 1}).empty());
 }
 
+TEST(Transforms, AViewsStridesShowItsMemoryOrder) {
+  using Swap = std::optional<std::pair<int, int>>;
+  // HF's q.view(1, T, H, D).transpose(1, 2): [1, H=4, T=37, D=16].
+  EXPECT_EQ(viewSwap({1, 4, 37, 16}, {2368, 16, 64, 1}), (Swap{{1, 2}}));
+  // In order, or no strides: nothing to swap.
+  EXPECT_EQ(viewSwap({1, 4, 37, 16}, {2368, 592, 16, 1}), Swap());
+  EXPECT_EQ(viewSwap({4, 37}, {}), Swap());
+  // A dimension of extent 1 does not count, wherever its stride.
+  EXPECT_EQ(viewSwap({4, 1, 37}, {1, 999, 4}), (Swap{{0, 2}}));
+  // Another permutation than one swap (a rotation of three): none.
+  EXPECT_EQ(viewSwap({2, 3, 4}, {1, 8, 2}), Swap());
+}
+
 TEST(Transforms, GatherShardsPutsEachTokensFeaturesRankAfterRank) {
   // Two tokens, two ranks with two features each.
   Elements R0 = {0, 1, 10, 11}, R1 = {2, 3, 12, 13};

@@ -1167,6 +1167,46 @@ TEST_F(DiagnosisTest, AnOpenLayoutIsSettledByTheValuesAndKeptForTheComponent) {
   EXPECT_NE(Searched->Curve[1].LayoutBy.find("search"), std::string::npos);
 }
 
+// A reference view that only its memory order makes comparable: Gemma-3
+// normalizes q heads first ([1, heads, tokens, dim], a transposed view of
+// [1, tokens, heads, dim]) where an engine holds [tokens, heads * dim].
+TEST_F(DiagnosisTest, AReferenceViewIsReadInItsMemoryOrderWhereOnlyThatMeetsTheTarget) {
+  using Spec = TraceBuilder::Spec;
+  // Tokens 4, heads 2, dim 3: the value of (token t, head h, d) is 100 t + 10 h + d.
+  std::vector<float> TokensFirst, HeadsFirst;
+  for (int T = 0; T < 4; ++T)
+    for (int H = 0; H < 2; ++H)
+      for (int D = 0; D < 3; ++D)
+        TokensFirst.push_back(float(100 * T + 10 * H + D + 1));
+  for (int H = 0; H < 2; ++H)
+    for (int T = 0; T < 4; ++T)
+      for (int D = 0; D < 3; ++D)
+        HeadsFirst.push_back(float(100 * T + 10 * H + D + 1));
+  {
+    TraceBuilder R(dir("ref"));
+    R.call("", "", {0}, {}, {1, 2, 3, 4});
+    R.callSpecs("q_norm", "", {}, {Spec{HeadsFirst, {1, 2, 4, 3}, DType::F32, "", {24, 3, 6, 1}}});
+    R.close();
+  }
+  auto Target = [&](StringRef Name, std::vector<float> Out) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2, 3, 4});
+    T.callSpecs("q_norm", "", {}, {Spec{Out, {4, 6}}});
+    T.close();
+  };
+  Target("tgt", TokensFirst);
+  std::vector<float> Bad = TokensFirst;
+  Bad[7] += 50;
+  Target("bad", Bad);
+  Diagnosis D = run("tgt", "ref");
+  EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence);
+  EXPECT_EQ(D.Uncompared, 0u);
+  EXPECT_EQ(D.MaxRatio, 0);
+  Diagnosis B = run("bad", "ref");
+  ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(B.Suspects.front().Component.Path, "q_norm");
+}
+
 TEST_F(DiagnosisTest, AModuleOnlyTheTargetHasIsNoRootCauseByStructureAlone) {
   // The target's block runs an extra module of the same shapes as a
   // reference module the target lacks; the two are paired by structure

@@ -86,6 +86,14 @@ std::optional<std::pair<int, int>> transposition(Dims From, Dims To);
 /// ekka-diagnose).
 std::vector<std::pair<int, int>> transpositions(Dims From, Dims To);
 
+/// The one swap of two dimensions (of the full shape \p S) that recorded
+/// strides \p Strides show: a transposed view, its memory holding those two
+/// dimensions the other way round (HF's `.transpose(1, 2)` of
+/// [1, tokens, heads, dim]). None for a tensor laid out in order, for
+/// dimensions of extent 1, or for any other permutation.
+std::optional<std::pair<int, int>> viewSwap(llvm::ArrayRef<int64_t> S,
+                                            llvm::ArrayRef<int64_t> Strides);
+
 /// Gathers one tensor from the tensor-parallel ranks' shards (\p Ranks,
 /// rank after rank, each [tokens, Local]): each token's features, rank after
 /// rank. With \p Parts (the features of the parts of a fused tensor, such as
