@@ -261,6 +261,19 @@ protected:
     return std::move(*D);
   }
 
+  /// Target \p Good agrees exactly with \p Reference in every call, and
+  /// \p Bad is blamed at \p Path.
+  void expectAlignedAndBlamed(StringRef Good, StringRef Bad, StringRef Reference,
+                              StringRef Path) {
+    Diagnosis D = run(Good, Reference);
+    EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence);
+    EXPECT_EQ(D.Uncompared, 0u);
+    EXPECT_EQ(D.MaxRatio, 0);
+    Diagnosis B = run(Bad, Reference);
+    ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
+    EXPECT_EQ(B.Suspects.front().Component.Path, Path);
+  }
+
   SmallString<128> Root;
 };
 
@@ -1060,13 +1073,7 @@ TEST_F(DiagnosisTest, ATransposedLayoutIsComparedElementByElement) {
   };
   Target("tgt", {1, 4, 2, 5, 3, 6});
   Target("bad", {1, 4, 2, 5, 3, 7});
-  Diagnosis D = run("tgt", "ref");
-  EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence);
-  EXPECT_EQ(D.Uncompared, 0u);
-  EXPECT_EQ(D.MaxRatio, 0);
-  Diagnosis B = run("bad", "ref");
-  ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
-  EXPECT_EQ(B.Suspects.front().Component.Path, "heads");
+  expectAlignedAndBlamed("tgt", "bad", "ref", "heads");
 }
 
 TEST_F(DiagnosisTest, AnOpenLayoutIsSettledByTheValuesAndKeptForTheComponent) {
@@ -1198,13 +1205,7 @@ TEST_F(DiagnosisTest, AReferenceViewIsReadInItsMemoryOrderWhereOnlyThatMeetsTheT
   std::vector<float> Bad = TokensFirst;
   Bad[7] += 50;
   Target("bad", Bad);
-  Diagnosis D = run("tgt", "ref");
-  EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence);
-  EXPECT_EQ(D.Uncompared, 0u);
-  EXPECT_EQ(D.MaxRatio, 0);
-  Diagnosis B = run("bad", "ref");
-  ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
-  EXPECT_EQ(B.Suspects.front().Component.Path, "q_norm");
+  expectAlignedAndBlamed("tgt", "bad", "ref", "q_norm");
 }
 
 TEST_F(DiagnosisTest, AModuleOnlyTheTargetHasIsNoRootCauseByStructureAlone) {
