@@ -49,13 +49,17 @@ std::optional<double> Diagnoser::ratio(const TensorRecord *A, const TensorRecord
   // The layout: the one swap the shapes force, else, where they leave it
   // open, a mapping rule's, what the component's earlier calls validated,
   // or as it is unless a backed search validates a swap.
-  std::string Component = layoutKey(A);
   bool Aligned = !A->Shape.empty() && !B->Shape.empty() && !sharded(A, B->Shape) &&
                  !(MergeSteps && LaterSteps.count(TargetCall));
-  if (Aligned && !Component.empty())
-    if (auto Forced = transposition(A->Shape, B->Shape))
-      Learned.try_emplace(Component, Forced); // what the shapes said, for its open calls
-  bool Open = Aligned && layoutOpen(A, B);
+  std::optional<std::pair<int, int>> Forced;
+  if (Aligned)
+    Forced = transposition(A->Shape, B->Shape);
+  bool Open = Aligned && !Forced && layoutOpen(A, B);
+  // The component, as its layouts are remembered (named only when needed:
+  // this is the comparison's every call).
+  std::string Component = Forced || Open ? layoutKey(A) : std::string();
+  if (Forced && !Component.empty())
+    Learned.try_emplace(Component, Forced); // what the shapes said, for its open calls
   std::pair<int64_t, int64_t> Pair{A->Id, B->Id};
   LayoutChoice Choice;
   bool Settled = false;
@@ -116,10 +120,12 @@ std::optional<double> Diagnoser::ratio(const TensorRecord *A, const TensorRecord
 
 std::optional<std::pair<int, int>> Diagnoser::memoryOrder(const TensorRecord *A,
                                                           const TensorRecord *B) const {
-  if (A->Shape.empty() || B->Shape.empty())
+  // Comparable as laid out (the common case, decided first): nothing to do.
+  if (A->Shape.empty() || B->Shape.empty() || sameFeatures(A->Shape, B->Shape) ||
+      transposition(A->Shape, B->Shape))
     return std::nullopt;
   auto Swap = viewSwap(B->Shape, B->Strides);
-  if (!Swap || sameFeatures(A->Shape, B->Shape) || transposition(A->Shape, B->Shape))
+  if (!Swap)
     return std::nullopt;
   std::vector<int64_t> Memory = swapped(B->Shape, *Swap);
   if (!sameFeatures(A->Shape, Memory) && !transposition(A->Shape, Memory))
@@ -155,17 +161,13 @@ std::optional<Diagnoser::LayoutChoice> Diagnoser::settledLayout(const TensorReco
   return std::nullopt;
 }
 
-/// Whether tensor \p X's recorded strides lay dimensions \p I and \p J
-/// (of its shape, leading ones squeezed) out in memory the other way round:
-/// X is a transposed view (HF's `.transpose(1, 2)` of [1, T, H, D]).
+/// Whether tensor \p X's recorded strides show it as a transposed view
+/// (viewSwap) of dimensions \p I and \p J of its shape, leading ones
+/// squeezed (HF's `.transpose(1, 2)` of [1, T, H, D]).
 static bool stridesSwap(const TensorRecord *X, int I, int J) {
-  if (X->Strides.size() != X->Shape.size())
-    return false;
-  size_t Lead = X->Shape.size() - squeezeLeading(X->Shape).size();
-  size_t P = Lead + size_t(I), Q = Lead + size_t(J);
-  if (Q >= X->Shape.size() || X->Shape[P] < 2 || X->Shape[Q] < 2)
-    return false;
-  return X->Strides[P] < X->Strides[Q];
+  auto Swap = viewSwap(X->Shape, X->Strides);
+  int Lead = int(X->Shape.size() - squeezeLeading(X->Shape).size());
+  return Swap && *Swap == std::make_pair(Lead + I, Lead + J);
 }
 
 Diagnoser::LayoutChoice Diagnoser::searchLayout(const TensorRecord *A, const TensorRecord *B,

@@ -149,11 +149,6 @@ TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
   if (T.numel() == 0 && !Bytes)
     return [](TensorRecord &R, std::optional<std::string> &) { R.Stats = TensorStats(); };
   const c10::impl::DeviceGuardImplInterface *Device = c10::impl::getDeviceGuardImpl(T.device().type());
-  if (streamCapturing(Device->getStream(T.device()))) {
-    // Eager mode is required (docs/Tracing.md); under a graph capture the
-    // record stays, without statistics or bytes, and is counted as lost.
-    return [&Lost](TensorRecord &, std::optional<std::string> &) { ++Lost; };
-  }
   at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
   at::Tensor Host = at::empty(Source.sizes(),
                               Source.options().device(at::kCPU).pinned_memory(true));

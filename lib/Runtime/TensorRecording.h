@@ -28,7 +28,8 @@ std::string tensorBytes(const at::Tensor &T);
 /// order (so, as it is now, even if an op later changes it in place). The
 /// completion, run on the trace writer's thread, waits for that copy and
 /// fills in the record. A failure there leaves the record without them and
-/// counts it in \p Lost.
+/// counts it in \p Lost. Not for a stream capturing a CUDA graph
+/// (capturingGraph(): the caller asks first).
 TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
                                        std::atomic<int64_t> &Lost);
 

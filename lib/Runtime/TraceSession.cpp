@@ -160,9 +160,12 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   R.Role = Role;
   R.Index = Index;
   uint64_t Size = uint64_t(T.numel()) * T.element_size();
-  // Under a CUDA graph capture nothing is read back (deviceReadback counts
-  // it lost); its bytes must not use up the capture budget either.
-  if (T.is_cuda() && Capture && capturingGraph(T))
+  // Under a CUDA graph capture nothing is read back (a read-back would
+  // become part of the graph): the record stays, without statistics or
+  // bytes, counted as lost, and its bytes do not use up the capture budget.
+  // Asked once per tensor.
+  bool Capturing = T.is_cuda() && (Capture || Stats) && capturingGraph(T);
+  if (Capturing)
     Capture = false;
   bool Captured = Capture && withinCaptureBudget(S, Size);
   std::optional<std::string> Data;
@@ -173,8 +176,11 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
     // Captured bytes give the statistics too, computed there.
     if (!Captured)
       Use = TraceWriter::BytesUse::StatsOnly;
-    S.Writer->addTensor(std::move(R), deviceReadback(T, Captured, S.LostReadbacks),
-                        Captured ? Size : 0, Use);
+    TraceWriter::Completion Done =
+        Capturing ? TraceWriter::Completion([&Lost = S.LostReadbacks](
+                        TensorRecord &, std::optional<std::string> &) { ++Lost; })
+                  : deviceReadback(T, Captured, S.LostReadbacks);
+    S.Writer->addTensor(std::move(R), std::move(Done), Captured ? Size : 0, Use);
     return Id;
   }
   if (Captured) {
