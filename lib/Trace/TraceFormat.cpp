@@ -176,60 +176,116 @@ double bfloat16ToDouble(uint16_t B) {
 
 namespace {
 
-/// One branch-free pass in four lanes (ekka/Support/Lanes.h) over a
-/// tensor's bytes, widened by loader \p L. Min and max skip NaNs; the sums
-/// include them, as the NaN count says.
-template <typename L> TensorStats statsOf(StringRef Bytes) {
-  using lanes::Double4;
-  using lanes::Int4;
-  const char *P = Bytes.data();
-  size_t N = Bytes.size() / L::Size;
-  const double Inf = std::numeric_limits<double>::infinity();
-  const Double4 PosInf = {Inf, Inf, Inf, Inf}, NegInf = -PosInf;
-  Double4 Sum = {}, SumSq = {}, Min = PosInf, Max = NegInf;
-  Int4 Nan = {}, Infs = {};
-  auto Step = [&](Double4 V) {
+/// The running sum, sum of squares, min and max of a chain of four lanes
+/// (ekka/Support/Lanes.h). Min and max skip NaNs (a comparison with one is
+/// false); the sums take them in.
+struct Running {
+  lanes::Double4 Sum, SumSq, Min, Max;
+
+  static Running start() {
+    const double Inf = std::numeric_limits<double>::infinity();
+    Running R;
+    R.Sum = R.SumSq = lanes::Double4{0, 0, 0, 0};
+    R.Min = lanes::Double4{Inf, Inf, Inf, Inf};
+    R.Max = -R.Min;
+    return R;
+  }
+  void add(lanes::Double4 V) {
     Sum += V;
     SumSq += V * V;
     Min = V < Min ? V : Min;
     Max = V > Max ? V : Max;
-    Nan -= V != V; // a comparison's lanes are -1 where true
-    Infs -= (V == PosInf) | (V == NegInf);
-  };
-  size_t I = 0;
-  for (; I + 4 <= N; I += 4)
-    Step(L::at4(P + I * L::Size));
-  if (I < N) {
-    // The tail in the first lanes; the others hold what adds nothing.
-    Double4 V = {0, 0, 0, 0};
-    Int4 Used = {0, 0, 0, 0};
-    for (size_t J = 0; I + J < N; ++J) {
-      V[J] = L::at(P + (I + J) * L::Size);
+  }
+  /// The last \p N < 4 elements in the first lanes: the others add nothing.
+  template <typename L> lanes::Double4 addTail(const char *P, size_t N) {
+    lanes::Double4 V = {0, 0, 0, 0};
+    lanes::Int4 Used = {0, 0, 0, 0};
+    for (size_t J = 0; J < N; ++J) {
+      V[J] = L::at(P + J * L::Size);
       Used[J] = -1;
     }
     Sum += V;
     SumSq += V * V;
     Min = (Used & (V < Min)) ? V : Min;
     Max = (Used & (V > Max)) ? V : Max;
+    return V;
+  }
+  void merge(const Running &O) {
+    Sum += O.Sum;
+    SumSq += O.SumSq;
+    Min = O.Min < Min ? O.Min : Min;
+    Max = O.Max > Max ? O.Max : Max;
+  }
+  void into(TensorStats &S) const {
+    S.Sum = lanes::sum(Sum);
+    S.SumSq = lanes::sum(SumSq);
+    S.Min = std::min(std::min(Min[0], Min[1]), std::min(Min[2], Min[3]));
+    S.Max = std::max(std::max(Max[0], Max[1]), std::max(Max[2], Max[3]));
+  }
+};
+
+/// The common case in one pass: two chains of four lanes (eight elements
+/// a step, so that the additions' latency overlaps), no counting. A NaN or
+/// an infinity makes a sum NaN or infinite, so finite sums prove there is
+/// none; otherwise false, and the counting pass runs.
+template <typename L> bool statsWithoutSpecials(const char *P, size_t N, TensorStats &S) {
+  Running A = Running::start(), B = Running::start();
+  size_t I = 0;
+  for (; I + 8 <= N; I += 8) {
+    A.add(L::at4(P + I * L::Size));
+    B.add(L::at4(P + (I + 4) * L::Size));
+  }
+  if (I + 4 <= N) {
+    A.add(L::at4(P + I * L::Size));
+    I += 4;
+  }
+  if (I < N)
+    B.addTail<L>(P + I * L::Size, N - I);
+  A.merge(B);
+  A.into(S);
+  return std::isfinite(S.Sum) && std::isfinite(S.SumSq);
+}
+
+/// One pass in four lanes that also counts NaNs and infinities (a
+/// comparison's lanes are -1 where true).
+template <typename L> TensorStats statsCounting(const char *P, size_t N) {
+  using lanes::Double4;
+  using lanes::Int4;
+  const double Inf = std::numeric_limits<double>::infinity();
+  const Double4 PosInf = {Inf, Inf, Inf, Inf}, NegInf = -PosInf;
+  Running R = Running::start();
+  Int4 Nan = {0, 0, 0, 0}, Infs = {0, 0, 0, 0};
+  auto Count = [&](Double4 V) {
     Nan -= V != V;
     Infs -= (V == PosInf) | (V == NegInf);
+  };
+  size_t I = 0;
+  for (; I + 4 <= N; I += 4) {
+    Double4 V = L::at4(P + I * L::Size);
+    R.add(V);
+    Count(V);
   }
+  if (I < N)
+    Count(R.addTail<L>(P + I * L::Size, N - I)); // unused lanes hold 0
   TensorStats S;
-  if (N == 0)
-    return S;
-  S.Sum = lanes::sum(Sum);
-  S.SumSq = lanes::sum(SumSq);
-  S.Min = Inf;
-  S.Max = -Inf;
+  R.into(S);
   for (int J = 0; J < 4; ++J) {
-    S.Min = std::min(S.Min, Min[J]);
-    S.Max = std::max(S.Max, Max[J]);
     S.NanCount += Nan[J];
     S.InfCount += Infs[J];
   }
   if (S.NanCount == int64_t(N))
     S.Min = S.Max = std::numeric_limits<double>::quiet_NaN();
   return S;
+}
+
+/// A tensor's statistics from its bytes, widened by loader \p L.
+template <typename L> TensorStats statsOf(StringRef Bytes) {
+  const char *P = Bytes.data();
+  size_t N = Bytes.size() / L::Size;
+  TensorStats S;
+  if (N == 0 || statsWithoutSpecials<L>(P, N, S))
+    return S;
+  return statsCounting<L>(P, N);
 }
 
 #ifdef EKKA_WIDE

@@ -65,8 +65,10 @@ TEST_P(Stats, TheLanesGiveThePlainStatistics) {
   std::mt19937 Gen(3);
   std::uniform_int_distribution<int> Small(-20, 20);
   const double Inf = std::numeric_limits<double>::infinity();
+  // Eight elements a step in two chains, then four, then a partial tail.
   for (size_t N : {size_t(0), size_t(1), size_t(2), size_t(3), size_t(4), size_t(5), size_t(7),
-                   size_t(9), size_t(1000)}) {
+                   size_t(8), size_t(9), size_t(11), size_t(12), size_t(13), size_t(15),
+                   size_t(1000), size_t(1003), size_t(1005)}) {
     for (int Kind = 0; Kind < 4; ++Kind) {
       std::vector<double> V(N);
       for (double &X : V)
@@ -108,6 +110,20 @@ TEST_P(Stats, TheLanesGiveThePlainStatistics) {
         expectSame(*SI, plain(ID), Case + " i32");
       }
     }
+  }
+}
+
+// Finite elements whose squares overflow a double: the sums alone cannot
+// tell them from infinities, and the counting pass says there are none.
+TEST_P(Stats, AnOverflowingSumOfSquaresIsNoInfinity) {
+  for (size_t N : {size_t(3), size_t(16), size_t(21)}) {
+    std::vector<double> V(N, 1e200);
+    V[N / 2] = -1e300;
+    auto S = statsOfBytes(DType::F64, bytesOf(V));
+    ASSERT_TRUE(S);
+    expectSame(*S, plain(V), "N=" + std::to_string(N));
+    EXPECT_EQ(S->InfCount, 0);
+    EXPECT_TRUE(std::isinf(S->SumSq));
   }
 }
 
