@@ -10,6 +10,7 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <chrono>
 #include <pthread.h>
 
 using namespace llvm;
@@ -260,18 +261,35 @@ TraceWriter::~TraceWriter() {
     consumeError(close());
 }
 
+namespace {
+/// The writer's thread is woken by this many queued records, or by captured
+/// bytes, and otherwise looks at the queue every WriterPeriod: the
+/// program's thread does not pay a wake-up (a system call, and a thread
+/// switch on a busy machine) for every op.
+constexpr size_t WakeRecords = 4096;
+constexpr std::chrono::milliseconds WriterPeriod(20);
+/// A program that records faster than SQLite takes rows (a loop of tiny
+/// ops) waits once this many records are queued, as it does for bytes.
+constexpr size_t MaxQueuedRecords = 1 << 18;
+} // namespace
+
 void TraceWriter::enqueue(Item I, uint64_t Bytes) {
   std::unique_lock<std::mutex> Lock(Mutex);
   if (Closing)
     return; // closed: late records (a callback still running) are dropped
   // Back-pressure: a program that captures faster than the disk takes waits
   // here rather than growing the queue without bound.
-  Drained.wait(Lock, [&] {
-    return Closing || QueuedBytes == 0 || QueuedBytes + Bytes <= 2 * Options.ShardBytes;
-  });
+  auto Room = [&] {
+    return Closing || ((QueuedBytes == 0 || QueuedBytes + Bytes <= 2 * Options.ShardBytes) &&
+                       Queue.size() < MaxQueuedRecords);
+  };
+  if (!Room()) {
+    Wake.notify_one();
+    Drained.wait(Lock, Room);
+  }
   Queue.push_back(std::move(I));
   QueuedBytes += Bytes;
-  if (Queue.size() == 1)
+  if (Bytes || Queue.size() == WakeRecords)
     Wake.notify_one();
 }
 
@@ -299,7 +317,11 @@ void TraceWriter::run() {
     bool Last;
     {
       std::unique_lock<std::mutex> Lock(Mutex);
-      Wake.wait(Lock, [&] { return Closing || !Queue.empty(); });
+      Wake.wait_for(Lock, WriterPeriod, [&] {
+        return Closing || QueuedBytes || Queue.size() >= WakeRecords;
+      });
+      if (Queue.empty() && !Closing)
+        continue;
       Batch.swap(Queue);
       QueuedBytes = 0;
       Last = Closing;
