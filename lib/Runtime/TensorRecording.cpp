@@ -87,8 +87,11 @@ TensorStats tensorStats(const at::Tensor &T) {
   if (T.numel() == 0)
     return S;
   if (T.device().is_cpu() && T.layout() == at::kStrided) {
-    // One pass over the bytes, as the writer does for what it is handed.
-    at::Tensor C = T.detach().contiguous();
+    // One pass over the bytes, as the writer does for what it is handed:
+    // on the program's thread, where the tensor was just written and sits
+    // in the cache (reading it costs less than a copy for the writer's
+    // thread would, whose fresh pages the kernel must first clear).
+    at::Tensor C = T.is_contiguous() ? T : T.detach().contiguous();
     if (auto Type = traceDType(C)) {
       llvm::StringRef Bytes(static_cast<const char *>(C.const_data_ptr()),
                             size_t(C.numel()) * C.element_size());

@@ -80,10 +80,14 @@ struct ProducedTensor {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> Impl;
   int64_t Version;
   int64_t TensorId;
+  /// Its statistics, where they were computed on this thread.
+  std::optional<TensorStats> Stats;
 };
 
 /// The process-wide state. Hot paths take no lock but the writer's queue.
 struct Session {
+  /// Distinct for every session of the process (a pointer may be reused).
+  uint64_t Serial = 0;
   std::unique_ptr<TraceWriter> Writer;
   CaptureOptions Options;
   std::string OptionsText;
@@ -142,9 +146,13 @@ bool stepCaptured(Session &S) {
 }
 
 /// Records \p T; returns its tensor id, or 0 if it cannot be recorded.
+/// \p Known: statistics already computed for the same tensor, unchanged
+/// since; \p Computed receives those computed here, on this thread.
 int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t OwnerId,
                      const char *Role, int64_t Index, bool Stats, bool Capture,
-                     std::optional<int64_t> SourceId = std::nullopt) {
+                     std::optional<int64_t> SourceId = std::nullopt,
+                     const std::optional<TensorStats> &Known = std::nullopt,
+                     std::optional<TensorStats> *Computed = nullptr) {
   if (!T.defined())
     return 0;
   TensorRecord R;
@@ -186,13 +194,10 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   if (Captured) {
     // The statistics are computed from the bytes, on the writer's thread.
     Data = tensorBytes(T);
-  } else if (Stats && T.device().is_cpu()) {
-    // A copy is cheaper here than the statistics: they are computed on the
-    // writer's thread.
-    Data = tensorBytes(T);
-    Use = TraceWriter::BytesUse::StatsOnly;
   } else if (Stats) {
-    R.Stats = tensorStats(T); // on the device, one transfer of six numbers
+    R.Stats = Known ? *Known : tensorStats(T);
+    if (Computed)
+      *Computed = R.Stats;
   }
   S.Writer->addTensor(std::move(R), std::move(Data), Use);
   return Id;
@@ -221,18 +226,42 @@ Provenance provenanceOf(const at::Tensor &T) {
   return P;
 }
 
-/// An op's schema as text, formatted once per operator and thread: printing
-/// a FunctionSchema for every call would dominate the observer's cost.
-const std::string &schemaText(const at::RecordFunction &Fn) {
-  thread_local std::unordered_map<std::string, std::string> Cache;
-  auto [It, Inserted] = Cache.try_emplace(std::string(Fn.name()));
-  if (Inserted)
-    if (auto Schema = Fn.operator_schema()) {
-      std::ostringstream OS;
-      OS << *Schema;
-      It->second = OS.str();
-    }
-  return It->second;
+/// What the observer needs to know of an operator (a name and overload),
+/// worked out once per thread: its schema as text, which of its arguments
+/// it writes (`Tensor(a!)`), and whether the session's op filter takes it.
+/// Copying or printing a FunctionSchema, or running the filter, at every
+/// call would dominate the observer's cost.
+struct OpKind {
+  std::string Schema;
+  std::vector<bool> Written;  ///< By argument position.
+  uint64_t FilteredIn = 0;    ///< The session Captured was decided for.
+  bool Captured = false;
+};
+
+OpKind &opKind(const at::RecordFunction &Fn) {
+  thread_local std::unordered_map<std::string, OpKind> Kinds;
+  thread_local std::string Key;
+  Key.assign(Fn.name());
+  Key += '\n'; // in no name: the overload follows
+  Key += Fn.overload_name();
+  auto It = Kinds.find(Key);
+  if (It != Kinds.end())
+    return It->second;
+  auto Schema = Fn.operator_schema();
+  if (!Schema) {
+    // A scope named by a string (record_function): no operator, and a
+    // name that may be new at every call, so nothing is kept of it.
+    thread_local OpKind Unnamed;
+    Unnamed = OpKind();
+    return Unnamed;
+  }
+  OpKind K;
+  std::ostringstream OS;
+  OS << *Schema;
+  K.Schema = OS.str();
+  for (const c10::Argument &A : Schema->arguments())
+    K.Written.push_back(A.alias_info() && A.alias_info()->isWrite());
+  return Kinds.emplace(Key, std::move(K)).first->second;
 }
 
 /// A copy of a buffer a kernel was given, taken right after the kernel on
@@ -349,18 +378,19 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     R.ModuleCallId = Call;
   R.Seq = S->OpSeq++;
   R.Name = std::string(Name);
-  R.Schema = schemaText(Fn);
-  Ctx->Capture = S->Options.OpFilter && stepCaptured(*S) &&
-                 std::regex_search(R.Name, *S->Options.OpFilter);
+  OpKind &Kind = opKind(Fn);
+  R.Schema = Kind.Schema;
+  if (S->Options.OpFilter && Kind.FilteredIn != S->Serial) {
+    Kind.Captured = std::regex_search(R.Name, *S->Options.OpFilter);
+    Kind.FilteredIn = S->Serial;
+  }
+  Ctx->Capture = S->Options.OpFilter && Kind.Captured && stepCaptured(*S);
   auto Inputs = Fn.inputs();
-  auto Schema = Fn.operator_schema();
   std::vector<at::Tensor> Read; // what the op reads, to capture as it is now
   for (size_t I = 0; I < Inputs.size(); ++I) {
     if (!Inputs[I].isTensor())
       continue;
-    const c10::AliasInfo *Alias =
-        Schema && I < Schema->arguments().size() ? Schema->arguments()[I].alias_info() : nullptr;
-    bool Written = Alias && Alias->isWrite();
+    bool Written = I < Kind.Written.size() && Kind.Written[I];
     if (Written)
       Ctx->Mutated.push_back(Inputs[I].toTensor());
     else if (Ctx->Capture && S->Options.OpInputs)
@@ -581,6 +611,8 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
   if (!Writer)
     return llvm::toString(Writer.takeError());
   auto *S = new Session();
+  static uint64_t Sessions = 0;
+  S->Serial = ++Sessions;
   S->Writer = std::move(*Writer);
   S->Options = std::move(Options);
   S->OptionsText = OptionsText;
@@ -675,14 +707,22 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
                 /*AtExit=*/true, FirstTensor);
   for (size_t I = 0; I < Outputs.size(); ++I) {
     const at::Tensor &T = Outputs[I];
+    // A module often returns what its last submodule returned (a model its
+    // final norm's output, an MLP its down projection's): the statistics
+    // of that record hold for this one.
+    std::optional<TensorStats> Known, Computed;
+    if (T.defined())
+      if (auto It = Producers.find(T.unsafeGetTensorImpl()); It != Producers.end())
+        if (provenanceOf(T).Source)
+          Known = It->second.Stats;
     int64_t TensorId = recordTensor(*S, T, TensorOwner::ModuleCall, Id, "output", int64_t(I),
-                                    /*Stats=*/true, Capture);
+                                    /*Stats=*/true, Capture, std::nullopt, Known, &Computed);
     if (TensorId && T.defined())
       Producers.insert_or_assign(
           T.unsafeGetTensorImpl(),
           ProducedTensor{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
                              T.getIntrusivePtr()),
-                         T._version(), TensorId});
+                         T._version(), TensorId, Computed});
   }
   // A forward of the root is over: its tensors feed nothing later.
   if (CallStack.empty())

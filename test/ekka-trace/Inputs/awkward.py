@@ -2,8 +2,10 @@
 torch.jit.trace, torch.compile, meta tensors, a keyword input written in
 place inside the module, a submodule called on its own after its root's
 forward (as vLLM computes logits), two unrelated models taking turns, an
-inner model run alone before its whole, and a model whose forward is called
-directly (as SGLang's model runner does)."""
+inner model run alone before its whole, a model whose forward is called
+directly (as SGLang's model runner does), two overloads of one op, and
+modules that return their submodule's output, as it is or changed in
+place."""
 import sys
 
 import torch
@@ -103,4 +105,28 @@ elif kind == "direct":
         for _ in range(2):
             h = m.forward(x)  # bypasses the hooks: recovered from the stack
         m(h)
+elif kind == "overloads":
+    class Adds(torch.nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            torch.add(x, x, out=out)  # aten::add.out, which writes `out`
+            return torch.add(out, x)  # aten::add.Tensor
+
+    Adds()(x)
+elif kind == "returns-child":
+    class Same(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    class Doubled(Same):
+        def forward(self, x):
+            return self.lin(x).mul_(2)
+
+    with torch.no_grad():
+        Same()(x)
+        Doubled()(x)
 print(kind, "ok")
