@@ -104,12 +104,11 @@ TensorStats tensorStats(const at::Tensor &T) {
   return statsOfSix(statsOnDevice(T).cpu());
 }
 
-std::string tensorBytes(const at::Tensor &T) {
+void tensorBytes(const at::Tensor &T, std::string &Out) {
   at::RecordFunctionGuard NoRecord(false);
   c10::NoGradGuard NoGrad;
-  at::Tensor C = T.detach().to(at::kCPU).contiguous();
-  const char *P = static_cast<const char *>(C.data_ptr());
-  return std::string(P, P + C.numel() * C.element_size());
+  at::Tensor C = T.device().is_cpu() && T.is_contiguous() ? T : T.detach().to(at::kCPU).contiguous();
+  Out.assign(static_cast<const char *>(C.const_data_ptr()), size_t(C.numel()) * C.element_size());
 }
 
 namespace {

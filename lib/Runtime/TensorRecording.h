@@ -19,9 +19,10 @@ std::optional<DType> traceDType(const at::Tensor &T);
 bool describeTensor(const at::Tensor &T, TensorRecord &R);
 /// Sum, sum of squares, min, max (in double precision) and NaN/Inf counts.
 TensorStats tensorStats(const at::Tensor &T);
-/// A contiguous CPU copy of \p T's bytes: what it holds now, even if an op
-/// later changes it in place.
-std::string tensorBytes(const at::Tensor &T);
+/// A contiguous CPU copy of \p T's bytes, into \p Out (whose memory is
+/// reused where it is large enough): what it holds now, even if an op later
+/// changes it in place.
+void tensorBytes(const at::Tensor &T, std::string &Out);
 
 /// For a tensor on a GPU: its statistics (or, with \p Bytes, its bytes)
 /// copied to pinned host memory without blocking the program, in stream

@@ -193,7 +193,8 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   }
   if (Captured) {
     // The statistics are computed from the bytes, on the writer's thread.
-    Data = tensorBytes(T);
+    Data = S.Writer->takeBuffer(Size);
+    tensorBytes(T, *Data);
   } else if (Stats) {
     R.Stats = Known ? *Known : tensorStats(T);
     if (Computed)

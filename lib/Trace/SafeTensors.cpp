@@ -13,19 +13,32 @@ namespace ekka {
 
 void SafeTensorsWriter::add(StringRef Name, DType Type, ArrayRef<int64_t> Shape,
                             StringRef Bytes) {
+  add(Name, Type, Shape, Bytes.str());
+}
+
+void SafeTensorsWriter::add(StringRef Name, DType Type, ArrayRef<int64_t> Shape,
+                            std::string &&Bytes) {
   SafeTensorInfo Info;
   Info.Name = Name.str();
   Info.Type = Type;
   Info.Shape.assign(Shape.begin(), Shape.end());
-  Info.Begin = Data.size();
-  Data.append(Bytes.begin(), Bytes.end());
-  Info.End = Data.size();
+  Info.Begin = DataSize;
+  DataSize += Bytes.size();
+  Info.End = DataSize;
   Infos.push_back(std::move(Info));
+  Data.push_back(std::move(Bytes));
 }
 
 void SafeTensorsWriter::clear() {
   Infos.clear();
   Data.clear();
+  DataSize = 0;
+}
+
+std::vector<std::string> SafeTensorsWriter::takeBuffers() {
+  std::vector<std::string> Buffers = std::move(Data);
+  clear();
+  return Buffers;
 }
 
 Error SafeTensorsWriter::writeTo(StringRef Path,
@@ -56,7 +69,8 @@ Error SafeTensorsWriter::writeTo(StringRef Path,
     support::endian::write64le(Length, HeaderText.size());
     OS.write(Length, 8);
     OS << HeaderText;
-    OS.write(Data.data(), Data.size());
+    for (const std::string &Bytes : Data)
+      OS.write(Bytes.data(), Bytes.size());
     OS.close();
     if (OS.has_error()) {
       EC = OS.error();

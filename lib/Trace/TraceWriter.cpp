@@ -35,8 +35,9 @@ std::string dim3(const uint32_t D[3]) {
 /// tensor rows waiting for it.
 class TraceWriter::Backend {
 public:
-  Backend(std::string Dir, std::unique_ptr<SQLiteDatabase> Db, uint64_t ShardBytes)
-      : Db(std::move(Db)), Dir(std::move(Dir)), ShardBytes(ShardBytes) {}
+  Backend(TraceWriter &Owner, std::string Dir, std::unique_ptr<SQLiteDatabase> Db,
+          uint64_t ShardBytes)
+      : Db(std::move(Db)), Owner(Owner), Dir(std::move(Dir)), ShardBytes(ShardBytes) {}
 
   Error prepare() {
     auto Prep = [&](SQLiteStatement &S, StringRef SQL) -> Error {
@@ -94,7 +95,8 @@ public:
     ++Counts.Shards;
     Counts.CapturedBytes += Shard.dataBytes();
     Counts.CapturedTensors += Pending.size();
-    Shard.clear();
+    for (std::string &Buffer : Shard.takeBuffers())
+      Owner.recycle(std::move(Buffer));
     if (Error E = Db->exec("BEGIN"))
       return E;
     for (TensorRecord &R : Pending) {
@@ -158,11 +160,15 @@ private:
     }
     if (T.Data && !T.Record.Stats)
       T.Record.Stats = statsOfBytes(T.Record.Type, *T.Data);
-    if (!T.Data || T.Use == BytesUse::StatsOnly)
+    if (!T.Data || T.Use == BytesUse::StatsOnly) {
+      if (T.Data)
+        Owner.recycle(std::move(*T.Data));
       return insertTensor(T.Record);
-    // Captured: the row waits for its shard to be on disk.
+    }
+    // Captured: the row waits for its shard to be on disk; the shard keeps
+    // the buffer itself until then.
     T.Record.Key = "t" + std::to_string(T.Record.Id);
-    Shard.add(T.Record.Key, T.Record.Type, T.Record.Shape, *T.Data);
+    Shard.add(T.Record.Key, T.Record.Type, T.Record.Shape, std::move(*T.Data));
     Pending.push_back(std::move(T.Record));
     return Error::success();
   }
@@ -198,6 +204,7 @@ private:
     return Tensor.run();
   }
 
+  TraceWriter &Owner;
   std::string Dir;
   uint64_t ShardBytes;
   SQLiteStatement Meta, Call, Op, Kernel, Tensor;
@@ -243,7 +250,7 @@ Expected<std::unique_ptr<TraceWriter>> TraceWriter::create(StringRef Dir,
   if (Error E = (*Db)->exec(traceSchema()))
     return E;
   std::unique_ptr<TraceWriter> W(new TraceWriter(Dir.str(), Options));
-  W->Storage = std::make_unique<Backend>(Dir.str(), std::move(*Db), Options.ShardBytes);
+  W->Storage = std::make_unique<Backend>(*W, Dir.str(), std::move(*Db), Options.ShardBytes);
   if (Error E = W->Storage->prepare())
     return E;
   W->setMeta("format", "ekka-trace " + std::to_string(TraceFormatMajor) + "." +
@@ -291,6 +298,36 @@ void TraceWriter::enqueue(Item I, uint64_t Bytes) {
   QueuedBytes += Bytes;
   if (Bytes || Queue.size() == WakeRecords)
     Wake.notify_one();
+}
+
+std::string TraceWriter::takeBuffer(size_t Bytes) {
+  {
+    std::lock_guard<std::mutex> Lock(PoolMutex);
+    // The smallest that holds them.
+    auto Best = Pool.end();
+    for (auto It = Pool.begin(); It != Pool.end(); ++It)
+      if (It->capacity() >= Bytes && (Best == Pool.end() || It->capacity() < Best->capacity()))
+        Best = It;
+    if (Best != Pool.end()) {
+      std::string Buffer = std::move(*Best);
+      *Best = std::move(Pool.back());
+      Pool.pop_back();
+      PoolBytes -= Buffer.capacity();
+      return Buffer;
+    }
+  }
+  std::string Buffer;
+  Buffer.reserve(Bytes);
+  return Buffer;
+}
+
+void TraceWriter::recycle(std::string &&Buffer) {
+  std::lock_guard<std::mutex> Lock(PoolMutex);
+  if (PoolBytes + Buffer.capacity() > 2 * Options.ShardBytes)
+    return; // freed
+  PoolBytes += Buffer.capacity();
+  Buffer.clear();
+  Pool.push_back(std::move(Buffer));
 }
 
 void TraceWriter::setMeta(StringRef Key, StringRef Value) {

@@ -45,6 +45,31 @@ TEST_F(SafeTensorsTest, RoundTrip) {
   EXPECT_EQ((*F)->metadata().at("format"), "ekka-trace");
 }
 
+// Buffers handed over are written as they are, after copied ones, and
+// given back afterwards.
+TEST_F(SafeTensorsTest, KeptBuffersAreWrittenAndGivenBack) {
+  float A[16] = {1, 2}; // more than a string holds in itself
+  SafeTensorsWriter W;
+  W.add("a", DType::F32, {16}, StringRef(reinterpret_cast<char *>(A), sizeof(A)));
+  std::string B(reinterpret_cast<char *>(A), sizeof(A));
+  B[0] = 7;
+  const char *Kept = B.data();
+  W.add("b", DType::F32, {16}, std::move(B));
+  EXPECT_EQ(W.dataBytes(), 2 * sizeof(A));
+  ASSERT_FALSE(bool(W.writeTo(path("x.safetensors"))));
+  auto F = SafeTensorsFile::open(path("x.safetensors"));
+  ASSERT_TRUE(bool(F)) << toString(F.takeError());
+  EXPECT_EQ((*F)->bytes(*(*F)->find("a")), StringRef(reinterpret_cast<char *>(A), sizeof(A)));
+  StringRef Second = (*F)->bytes(*(*F)->find("b"));
+  ASSERT_EQ(Second.size(), sizeof(A));
+  EXPECT_EQ(Second[0], 7);
+  std::vector<std::string> Back = W.takeBuffers();
+  ASSERT_EQ(Back.size(), 2u);
+  EXPECT_EQ(Back[1].data(), Kept);
+  EXPECT_TRUE(W.empty());
+  EXPECT_EQ(W.dataBytes(), 0u);
+}
+
 TEST_F(SafeTensorsTest, TruncatedFileIsAClearError) {
   float A[64] = {};
   SafeTensorsWriter W;

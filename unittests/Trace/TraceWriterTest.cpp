@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <thread>
 
 using namespace ekka;
@@ -183,6 +184,49 @@ TEST_F(TraceTest, SmallShardsRollOver) {
     ++Checked;
   }
   EXPECT_EQ(Checked, 3u);
+}
+
+// A captured tensor's buffer, once its shard is written, is handed out
+// again for the next capture (its pages are the process's already), and
+// what was written from it stays as it was.
+TEST_F(TraceTest, AWrittenBufferIsReusedForTheNextCapture) {
+  TraceWriterOptions O;
+  O.ShardBytes = 8; // every capture is written at once
+  auto W = TraceWriter::create(Dir, O);
+  ASSERT_TRUE(bool(W));
+  std::string First = (*W)->takeBuffer(4096);
+  First.assign(floats({1, 2, 3, 4}));
+  const char *Memory = First.data();
+  TensorRecord R;
+  R.Id = (*W)->nextTensorId();
+  R.OwnerId = 1;
+  R.Role = "output";
+  R.Shape = {4};
+  R.Strides = {1};
+  R.Device = "cpu";
+  (*W)->addTensor(R, std::move(First));
+  std::string Again;
+  for (int Try = 0; Try < 500 && Again.data() != Memory; ++Try) {
+    Again = (*W)->takeBuffer(16);
+    if (Again.data() != Memory)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(Again.data(), Memory) << "the written buffer never came back";
+  EXPECT_TRUE(Again.empty());
+  Again.assign(floats({9, 9, 9, 9}));
+  R.Id = (*W)->nextTensorId();
+  (*W)->addTensor(R, std::move(Again));
+  ASSERT_FALSE(bool((*W)->close()));
+  auto Reader = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(Reader));
+  auto Tensors = (*Reader)->tensors();
+  ASSERT_TRUE(bool(Tensors));
+  ASSERT_EQ(Tensors->size(), 2u);
+  for (const TensorRecord &T : *Tensors) {
+    auto Bytes = (*Reader)->tensorBytes(T);
+    ASSERT_TRUE(bool(Bytes)) << toString(Bytes.takeError());
+    EXPECT_EQ(*Bytes, T.Id == 1 ? floats({1, 2, 3, 4}) : floats({9, 9, 9, 9}));
+  }
 }
 
 TEST_F(TraceTest, ExistingTraceNeedsForce) {

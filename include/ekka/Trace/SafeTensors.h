@@ -38,7 +38,11 @@ public:
   /// Appends a tensor. \p Bytes must hold exactly product(Shape) elements.
   void add(llvm::StringRef Name, DType Type, llvm::ArrayRef<int64_t> Shape,
            llvm::StringRef Bytes);
-  uint64_t dataBytes() const { return Data.size(); }
+  /// The same, keeping \p Bytes as they are until the file is written (no
+  /// copy); takeBuffers() gives them back.
+  void add(llvm::StringRef Name, DType Type, llvm::ArrayRef<int64_t> Shape,
+           std::string &&Bytes);
+  uint64_t dataBytes() const { return DataSize; }
   size_t size() const { return Infos.size(); }
   bool empty() const { return Infos.empty(); }
 
@@ -48,10 +52,14 @@ public:
   llvm::Error writeTo(llvm::StringRef Path,
                       const std::map<std::string, std::string> &Metadata = {}) const;
   void clear();
+  /// The buffers the tensors were kept in, for reuse; the writer is empty
+  /// afterwards.
+  std::vector<std::string> takeBuffers();
 
 private:
   std::vector<SafeTensorInfo> Infos;
-  std::string Data;
+  std::vector<std::string> Data; ///< The tensors' bytes, in file order.
+  uint64_t DataSize = 0;
 };
 
 /// A safetensors file mapped into memory, its header validated.

@@ -85,6 +85,11 @@ public:
   /// provide.
   void addTensor(TensorRecord R, Completion Complete, uint64_t Bytes, BytesUse Use);
 
+  /// A buffer to hold \p Bytes bytes of a tensor to capture (handed back
+  /// through addTensor): one whose bytes the writer has already written,
+  /// reused, so that its pages are the process's already; or a new one.
+  std::string takeBuffer(size_t Bytes);
+
   /// Writes everything still queued and the last shard, then stops the
   /// background thread. The first write error (a full disk) is returned;
   /// what was written before it is kept.
@@ -115,6 +120,8 @@ private:
   TraceWriter(std::string Dir, TraceWriterOptions Options);
   void enqueue(Item I, uint64_t Bytes);
   void run();
+  /// Keeps a written buffer for takeBuffer, up to twice a shard's bytes.
+  void recycle(std::string &&Buffer);
 
   std::string Dir;
   TraceWriterOptions Options;
@@ -126,6 +133,10 @@ private:
   uint64_t QueuedBytes = 0;
   bool Closing = false;
   std::thread Worker;
+
+  std::mutex PoolMutex; ///< Guards Pool and PoolBytes.
+  std::vector<std::string> Pool;
+  uint64_t PoolBytes = 0;
 
   mutable std::mutex CountsMutex; ///< Guards Counts and FailureMessage.
   TraceCounts Counts;
