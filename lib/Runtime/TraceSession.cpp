@@ -80,8 +80,10 @@ struct ProducedTensor {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> Impl;
   int64_t Version;
   int64_t TensorId;
-  /// Its statistics, where they were computed on this thread.
+  /// Its statistics, where they were computed on this thread, and how
+  /// many ops this thread had begun then.
   std::optional<TensorStats> Stats;
+  uint64_t OpsBefore = 0;
 };
 
 /// The process-wide state. Hot paths take no lock but the writer's queue.
@@ -118,6 +120,7 @@ thread_local std::vector<OpenCall> CallStack;
 thread_local std::unordered_map<const c10::TensorImpl *, ProducedTensor> Producers;
 struct OpContext;
 thread_local std::vector<OpContext *> OpStack; ///< Ops running on this thread.
+thread_local uint64_t OpsBegun = 0;             ///< Ops of the program this thread began.
 thread_local bool InsideEkka = false;
 
 /// Marks the thread as inside Ekka (our own tensor ops are not recorded)
@@ -208,6 +211,10 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
 struct Provenance {
   std::optional<int64_t> Source; ///< The recorded module output it still is.
   bool ChangedInPlace = false;   ///< It was one, but an op has written to it since.
+  /// That record's statistics, if no op at all ran since: then not even
+  /// a write that leaves the version counter alone (through `.data`, a
+  /// NumPy view, a C extension) can have changed the values.
+  std::optional<TensorStats> Stats;
 };
 
 Provenance provenanceOf(const at::Tensor &T) {
@@ -220,10 +227,13 @@ Provenance provenanceOf(const at::Tensor &T) {
   auto Alive = It->second.Impl.lock();
   if (Alive.get() != T.unsafeGetTensorImpl())
     return P;
-  if (T._version() != It->second.Version)
+  if (T._version() != It->second.Version) {
     P.ChangedInPlace = true;
-  else
+  } else {
     P.Source = It->second.TensorId;
+    if (It->second.OpsBefore == OpsBegun)
+      P.Stats = It->second.Stats;
+  }
   return P;
 }
 
@@ -372,6 +382,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   std::string_view Name = Fn.name();
   if (Name.substr(0, 6) == "ekka::")
     return nullptr;
+  ++OpsBegun;
   auto Ctx = std::make_unique<OpContext>();
   OpRecord R;
   R.Id = Ctx->OpId = S->Writer->nextOpId();
@@ -711,19 +722,16 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     // A module often returns what its last submodule returned (a model its
     // final norm's output, an MLP its down projection's): the statistics
     // of that record hold for this one.
-    std::optional<TensorStats> Known, Computed;
-    if (T.defined())
-      if (auto It = Producers.find(T.unsafeGetTensorImpl()); It != Producers.end())
-        if (provenanceOf(T).Source)
-          Known = It->second.Stats;
+    std::optional<TensorStats> Computed;
     int64_t TensorId = recordTensor(*S, T, TensorOwner::ModuleCall, Id, "output", int64_t(I),
-                                    /*Stats=*/true, Capture, std::nullopt, Known, &Computed);
+                                    /*Stats=*/true, Capture, std::nullopt,
+                                    provenanceOf(T).Stats, &Computed);
     if (TensorId && T.defined())
       Producers.insert_or_assign(
           T.unsafeGetTensorImpl(),
           ProducedTensor{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
                              T.getIntrusivePtr()),
-                         T._version(), TensorId, Computed});
+                         T._version(), TensorId, Computed, OpsBegun});
   }
   // A forward of the root is over: its tensors feed nothing later.
   if (CallStack.empty())

@@ -293,26 +293,29 @@ void TraceWriter::enqueue(Item I, uint64_t Bytes) {
   if (!Room()) {
     Wake.notify_one();
     Drained.wait(Lock, Room);
+    if (Closing)
+      return; // closed while it waited: dropped like any late record
   }
   Queue.push_back(std::move(I));
   QueuedBytes += Bytes;
-  if (Bytes || Queue.size() == WakeRecords)
+  if (Bytes || Queue.size() == WakeRecords || (WriterIdle && Queue.size() == 1))
     Wake.notify_one();
 }
 
+namespace {
+/// Buffers smaller than this are not kept: a fresh one costs little.
+constexpr size_t MinPooledBytes = 64 << 10;
+} // namespace
+
 std::string TraceWriter::takeBuffer(size_t Bytes) {
-  {
+  if (Bytes >= MinPooledBytes) {
     std::lock_guard<std::mutex> Lock(PoolMutex);
-    // The smallest that holds them.
-    auto Best = Pool.end();
-    for (auto It = Pool.begin(); It != Pool.end(); ++It)
-      if (It->capacity() >= Bytes && (Best == Pool.end() || It->capacity() < Best->capacity()))
-        Best = It;
-    if (Best != Pool.end()) {
-      std::string Buffer = std::move(*Best);
-      *Best = std::move(Pool.back());
-      Pool.pop_back();
-      PoolBytes -= Buffer.capacity();
+    // The smallest that holds them, if it is not more than twice as large.
+    auto Best = Pool.lower_bound(Bytes);
+    if (Best != Pool.end() && Best->first <= 2 * Bytes) {
+      std::string Buffer = std::move(Best->second);
+      PoolBytes -= Best->first;
+      Pool.erase(Best);
       return Buffer;
     }
   }
@@ -322,12 +325,15 @@ std::string TraceWriter::takeBuffer(size_t Bytes) {
 }
 
 void TraceWriter::recycle(std::string &&Buffer) {
-  std::lock_guard<std::mutex> Lock(PoolMutex);
-  if (PoolBytes + Buffer.capacity() > 2 * Options.ShardBytes)
+  size_t Capacity = Buffer.capacity();
+  if (Capacity < MinPooledBytes)
     return; // freed
-  PoolBytes += Buffer.capacity();
+  std::lock_guard<std::mutex> Lock(PoolMutex);
+  if (PoolBytes + Capacity > 2 * Options.ShardBytes)
+    return; // freed
+  PoolBytes += Capacity;
   Buffer.clear();
-  Pool.push_back(std::move(Buffer));
+  Pool.emplace(Capacity, std::move(Buffer));
 }
 
 void TraceWriter::setMeta(StringRef Key, StringRef Value) {
@@ -354,11 +360,14 @@ void TraceWriter::run() {
     bool Last;
     {
       std::unique_lock<std::mutex> Lock(Mutex);
+      // Nothing queued: sleep until the first record. Then collect for up
+      // to a period.
+      WriterIdle = true;
+      Wake.wait(Lock, [&] { return Closing || !Queue.empty(); });
+      WriterIdle = false;
       Wake.wait_for(Lock, WriterPeriod, [&] {
         return Closing || QueuedBytes || Queue.size() >= WakeRecords;
       });
-      if (Queue.empty() && !Closing)
-        continue;
       Batch.swap(Queue);
       QueuedBytes = 0;
       Last = Closing;

@@ -113,8 +113,9 @@ TEST_P(Stats, TheLanesGiveThePlainStatistics) {
   }
 }
 
-// Finite elements whose squares overflow a double: the sums alone cannot
-// tell them from infinities, and the counting pass says there are none.
+// Finite elements whose squares overflow a double: the common pass cannot
+// accept sums that are not finite, and the counting pass it falls back to
+// finds no infinity among the elements (only in the sum of squares).
 TEST_P(Stats, AnOverflowingSumOfSquaresIsNoInfinity) {
   for (size_t N : {size_t(3), size_t(16), size_t(21)}) {
     std::vector<double> V(N, 1e200);

@@ -187,35 +187,47 @@ TEST_F(TraceTest, SmallShardsRollOver) {
 }
 
 // A captured tensor's buffer, once its shard is written, is handed out
-// again for the next capture (its pages are the process's already), and
-// what was written from it stays as it was.
+// again for the next capture that it holds (its pages are the process's
+// already), and what was written from it stays as it was.
 TEST_F(TraceTest, AWrittenBufferIsReusedForTheNextCapture) {
   TraceWriterOptions O;
-  O.ShardBytes = 8; // every capture is written at once
+  O.ShardBytes = 64 << 10; // a capture of 100000 bytes is written at once
   auto W = TraceWriter::create(Dir, O);
   ASSERT_TRUE(bool(W));
-  std::string First = (*W)->takeBuffer(4096);
-  First.assign(floats({1, 2, 3, 4}));
+  std::vector<float> Ones(25000, 1.0f), Nines(16384, 9.0f);
+  auto bytesOf = [](const std::vector<float> &V) {
+    return std::string(reinterpret_cast<const char *>(V.data()), V.size() * sizeof(float));
+  };
+  std::string First = (*W)->takeBuffer(100000);
+  First.assign(bytesOf(Ones));
   const char *Memory = First.data();
+  size_t Capacity = First.capacity();
   TensorRecord R;
   R.Id = (*W)->nextTensorId();
   R.OwnerId = 1;
   R.Role = "output";
-  R.Shape = {4};
+  R.Shape = {25000};
   R.Strides = {1};
   R.Device = "cpu";
   (*W)->addTensor(R, std::move(First));
+  // A smaller capture (65536 bytes: a new buffer would have just that
+  // capacity) gets the written one once the writer gave it back.
   std::string Again;
-  for (int Try = 0; Try < 500 && Again.data() != Memory; ++Try) {
-    Again = (*W)->takeBuffer(16);
-    if (Again.data() != Memory)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int Try = 0; Try < 500; ++Try) {
+    Again = (*W)->takeBuffer(65536);
+    if (Again.capacity() == Capacity)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_EQ(Again.data(), Memory) << "the written buffer never came back";
+  ASSERT_EQ(Again.capacity(), Capacity) << "the written buffer never came back";
+  EXPECT_EQ(Again.data(), Memory);
   EXPECT_TRUE(Again.empty());
-  Again.assign(floats({9, 9, 9, 9}));
+  Again.assign(bytesOf(Nines));
   R.Id = (*W)->nextTensorId();
+  R.Shape = {16384};
   (*W)->addTensor(R, std::move(Again));
+  // Small buffers and much larger ones are not handed out.
+  EXPECT_LT((*W)->takeBuffer(100).capacity(), size_t(1000));
   ASSERT_FALSE(bool((*W)->close()));
   auto Reader = TraceReader::open(Dir);
   ASSERT_TRUE(bool(Reader));
@@ -225,7 +237,7 @@ TEST_F(TraceTest, AWrittenBufferIsReusedForTheNextCapture) {
   for (const TensorRecord &T : *Tensors) {
     auto Bytes = (*Reader)->tensorBytes(T);
     ASSERT_TRUE(bool(Bytes)) << toString(Bytes.takeError());
-    EXPECT_EQ(*Bytes, T.Id == 1 ? floats({1, 2, 3, 4}) : floats({9, 9, 9, 9}));
+    EXPECT_EQ(*Bytes, T.Id == 1 ? bytesOf(Ones) : bytesOf(Nines));
   }
 }
 

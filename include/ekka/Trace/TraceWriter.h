@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -131,11 +132,12 @@ private:
   std::condition_variable Wake, Drained;
   std::vector<Item> Queue;
   uint64_t QueuedBytes = 0;
+  bool WriterIdle = false; ///< The writer's thread waits for a first record.
   bool Closing = false;
   std::thread Worker;
 
   std::mutex PoolMutex; ///< Guards Pool and PoolBytes.
-  std::vector<std::string> Pool;
+  std::multimap<size_t, std::string> Pool; ///< By capacity.
   uint64_t PoolBytes = 0;
 
   mutable std::mutex CountsMutex; ///< Guards Counts and FailureMessage.

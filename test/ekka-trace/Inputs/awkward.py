@@ -126,7 +126,14 @@ elif kind == "returns-child":
         def forward(self, x):
             return self.lin(x).mul_(2)
 
+    class DoubledBehindItsBack(Same):
+        def forward(self, x):
+            y = self.lin(x)
+            y.data.mul_(2)  # leaves y's version counter as it was
+            return y
+
     with torch.no_grad():
         Same()(x)
         Doubled()(x)
+    DoubledBehindItsBack()(x)
 print(kind, "ok")
