@@ -256,6 +256,7 @@ void onCallbackImpl(CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid, const vo
 /// program): an error costs the record, and is counted.
 void CUPTIAPI onCallback(void *, CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid,
                          const void *Data) {
+  TracerTimer Timer(TracerPart::KernelCallbacks);
   try {
     onCallbackImpl(Domain, Cbid, Data);
   } catch (const std::exception &E) {

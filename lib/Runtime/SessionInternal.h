@@ -4,6 +4,7 @@
 
 #include "ekka/Runtime/KernelLaunch.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,26 @@ void snapshotKernelBuffers();
 void matchKernelPointers(const std::vector<PointerArgument> &Pointers);
 /// Whether the op open on this thread wants its kernels' buffers copied.
 bool kernelSnapshotsWanted();
+
+/// The parts of the tracer's own time on the program's threads that
+/// `timings=1` (ekka-trace --timings) records in meta `tracer_time`.
+enum class TracerPart { Ops, Modules, Statistics, KernelCallbacks };
+/// A scope whose duration counts toward a part, when the session records
+/// timings (otherwise a branch).
+class TracerTimer {
+public:
+  /// \p NewCall: the scope begins a call of the part (an op's start, not
+  /// its end), counted in `tracer_time`.
+  explicit TracerTimer(TracerPart Part, bool NewCall = true);
+  ~TracerTimer();
+  TracerTimer(const TracerTimer &) = delete;
+  TracerTimer &operator=(const TracerTimer &) = delete;
+
+private:
+  TracerPart Part;
+  bool NewCall;
+  uint64_t Start = 0; ///< 0: not timing.
+};
 
 /// How device buffers are copied (stream-ordered, after the kernel) and
 /// waited for; the CUPTI tracer sets them from the driver API it loads.

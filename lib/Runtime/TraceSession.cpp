@@ -9,6 +9,7 @@
 #include <ATen/ops/empty_like.h>
 
 #include <algorithm>
+#include <ctime>
 #include <atomic>
 #include <cstring>
 #include <cstdio>
@@ -51,6 +52,8 @@ CaptureOptions CaptureOptions::parse(const std::string &Text, std::string &Error
         O.CuptiLibrary = Value;
       else if (Key == "gpu")
         O.GpuStatus = Value;
+      else if (Key == "timings")
+        O.Timings = Value == "1";
       else if (Key == "gpu_kernels" && Value == "off") {
         O.CuptiLibrary.clear(); // the shim's libcupti, which comes first
         O.GpuStatus = "disabled by --no-gpu-kernels";
@@ -102,6 +105,8 @@ struct Session {
   std::atomic<int64_t> CapturedOpLaunches{0}, UnmatchedLaunches{0}, FailedCopies{0},
       RecordedSnapshots{0};
   std::string SnapshotError; ///< The first error recording a snapshot.
+  /// With timings: nanoseconds spent in each TracerPart, and how often.
+  std::atomic<uint64_t> PartNanos[4] = {}, PartCalls[4] = {};
   std::mutex SnapshotErrorMutex;
   int64_t LostRecords = 0; ///< Under SnapshotErrorMutex, with the first reason.
   std::string FirstLoss;
@@ -135,6 +140,12 @@ int64_t openCall() {
   if (!CallStack.empty())
     return CallStack.back().Id;
   return Current ? Current->LastOpenCall.load() : 0;
+}
+
+uint64_t nowNanos() {
+  timespec T;
+  clock_gettime(CLOCK_MONOTONIC, &T);
+  return uint64_t(T.tv_sec) * 1000000000u + uint64_t(T.tv_nsec);
 }
 
 bool withinCaptureBudget(Session &S, uint64_t Bytes) {
@@ -187,6 +198,7 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
     // Captured bytes give the statistics too, computed there.
     if (!Captured)
       Use = TraceWriter::BytesUse::StatsOnly;
+    TracerTimer Timer(TracerPart::Statistics);
     TraceWriter::Completion Done =
         Capturing ? TraceWriter::Completion([&Lost = S.LostReadbacks](
                         TensorRecord &, std::optional<std::string> &) { ++Lost; })
@@ -199,6 +211,7 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
     Data = S.Writer->takeBuffer(Size);
     tensorBytes(T, *Data);
   } else if (Stats) {
+    TracerTimer Timer(TracerPart::Statistics);
     R.Stats = Known ? *Known : tensorStats(T);
     if (Computed)
       *Computed = R.Stats;
@@ -359,6 +372,7 @@ void lostRecord(const char *Where, const std::exception &E) {
 
 // RecordFunction callbacks must not throw into PyTorch.
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction &Fn) {
+  TracerTimer Timer(TracerPart::Ops);
   try {
     return onOpStartImpl(Fn);
   } catch (const std::exception &E) {
@@ -368,6 +382,7 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction &Fn) {
 }
 
 void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
+  TracerTimer Timer(TracerPart::Ops, /*NewCall=*/false);
   try {
     onOpEndImpl(Fn, Raw);
   } catch (const std::exception &E) {
@@ -506,7 +521,36 @@ void recordInput(Session &S, int64_t CallId, const at::Tensor &T, int64_t Index,
     recordTensor(S, T, TensorOwner::ModuleCall, CallId, "input", Index, /*Stats=*/true, Capture);
 }
 
+/// What meta `tracer_time` says: milliseconds and calls of each part.
+std::string tracerTime(Session &S) {
+  static const char *Names[] = {"ops", "modules", "statistics", "kernel_callbacks"};
+  std::string Out = "{";
+  for (int P = 0; P < 4; ++P) {
+    char Item[128];
+    std::snprintf(Item, sizeof(Item), "%s\"%s_ms\": %.3f, \"%s\": %llu", P ? ", " : "",
+                  Names[P], double(S.PartNanos[P].load()) / 1e6, Names[P],
+                  (unsigned long long)S.PartCalls[P].load());
+    Out += Item;
+  }
+  return Out + "}";
+}
+
 } // namespace
+
+TracerTimer::TracerTimer(TracerPart Part, bool NewCall) : Part(Part), NewCall(NewCall) {
+  Session *S = Current;
+  if (S && S->Options.Timings)
+    Start = nowNanos();
+}
+
+TracerTimer::~TracerTimer() {
+  Session *S = Current;
+  if (!Start || !S)
+    return;
+  S->PartNanos[int(Part)].fetch_add(nowNanos() - Start, std::memory_order_relaxed);
+  if (NewCall)
+    S->PartCalls[int(Part)].fetch_add(1, std::memory_order_relaxed);
+}
 
 void setDeviceMemoryOps(DeviceMemoryOps Ops) { DeviceMemory = Ops; }
 
@@ -665,6 +709,7 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   if (!S)
     return 0;
   InsideEkkaScope Inside;
+  TracerTimer Timer(TracerPart::Modules);
   if (IsRoot)
     ++S->Step;
   ModuleCallRecord R;
@@ -699,6 +744,7 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
   if (!S || Id == 0)
     return;
   InsideEkkaScope Inside;
+  TracerTimer Timer(TracerPart::Modules, /*NewCall=*/false);
   // Calls that raised never reached their exit; close them with this one
   // (if this thread has it open at all).
   if (llvm::none_of(CallStack, [&](const OpenCall &C) { return C.Id == Id; })) {
@@ -776,6 +822,8 @@ std::string stopTrace() {
       Lost = std::to_string(S->LostRecords) + " records lost to errors (first: " +
              S->FirstLoss.substr(0, 300) + ")";
   }
+  if (S->Options.Timings)
+    S->Writer->setMeta("tracer_time", tracerTime(*S));
   // Written after every queued record: the device read-backs the writer's
   // thread waited for are all counted by then.
   S->Writer->setMeta("lost_records", [S, Lost]() -> std::string {

@@ -444,12 +444,12 @@ class Trace:
     Options are ekka-trace's: ``capture`` ("modules" or "none"),
     ``capture_modules``, ``capture_ops`` (regular expressions),
     ``capture_op_inputs`` (ekka-trace's --capture-op-inputs), ``steps``,
-    ``framework``. An existing trace in the directory is an error unless
+    ``framework``, ``timings`` (--timings). An existing trace in the directory is an error unless
     ``force``. Not for a program already run under ekka-trace."""
 
     def __init__(self, trace_dir, capture="modules", capture_modules=None, capture_ops=None,
                  steps=None, framework=None, force=False, runtime_library=None,
-                 capture_op_inputs=False):
+                 capture_op_inputs=False, timings=False):
         self.trace_dir = os.path.abspath(trace_dir)
         options = []
         if capture == "none":
@@ -458,6 +458,8 @@ class Trace:
             if capture_ops is None:
                 raise ValueError("ekka.trace.Trace: capture_op_inputs needs capture_ops")
             options.append("op_inputs=1")
+        if timings:
+            options.append("timings=1")
         for key, value in (("modules", capture_modules), ("ops", capture_ops),
                            ("steps", steps), ("framework", framework)):
             if value is not None:

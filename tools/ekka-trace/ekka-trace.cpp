@@ -76,6 +76,12 @@ cl::opt<bool> NoGpuKernels(
     cl::desc("Do not trace GPU kernels: leave CUPTI to a profiler the program runs itself "
              "(torch.profiler gets no GPU events while ekka-trace holds CUPTI)"),
     cl::cat(TraceCategory));
+cl::opt<bool> Timings(
+    "timings",
+    cl::desc("Record the tracer's own time on the program's threads, by part (op observer, "
+             "module calls, statistics, GPU launch callbacks), in the trace's meta "
+             "`tracer_time`: where a traced run's extra time goes"),
+    cl::cat(TraceCategory));
 cl::opt<std::string> Framework("framework", cl::value_desc("LABEL"),
                                cl::desc("A label stored in the trace: hf, vllm, sglang, ..."),
                                cl::cat(TraceCategory));
@@ -118,6 +124,8 @@ std::string captureOptions() {
     Add("op_stats", "1");
   if (CaptureOpInputs)
     Add("op_inputs", "1");
+  if (Timings)
+    Add("timings", "1");
   if (Steps >= 0)
     Add("steps", std::to_string(Steps));
   if (BudgetMiB)

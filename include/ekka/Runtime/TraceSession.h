@@ -33,6 +33,7 @@ struct CaptureOptions {
   std::string Framework;             ///< A label: "hf", "vllm", "zoo" ...
   std::string CuptiLibrary;          ///< libcupti to load; empty: no GPU kernels.
   std::string GpuStatus;             ///< Why not, when the shim found no GPU.
+  bool Timings = false;              ///< Record the tracer's own time (meta tracer_time).
 
   static CaptureOptions parse(const std::string &Text, std::string &Error);
 };
