@@ -18,6 +18,14 @@ temporary directory); the capture's peers are memcpy and the rate that
 directory's file system takes writes at, both measured here. On a GPU the
 capture's peer is also the device-to-host copy rate, since every captured
 byte crosses it.
+
+Process by process, those ten forwards include what a trace costs at its
+start (the first traced forwards grow the process's heap once). Then, with
+--steady R (default 10), the steady state in one process: R rounds of plain
+forwards, forwards traced with metadata only (ekka.trace.Trace) and
+forwards under torch.profiler, taking turns, each after two forwards of its
+own; the median per forward of each, on a CPU in the program's thread's
+own time.
 """
 import argparse
 import os
@@ -64,6 +72,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trace-dir", default=None, help="where the traces go (a file system)")
+    ap.add_argument("--steady", type=int, default=10, metavar="R",
+                    help="rounds of the steady-state comparison in one process (0: none)")
     args = ap.parse_args()
     py = sys.executable
     tmp = tempfile.mkdtemp(prefix="ekka-trace-bench-", dir=args.trace_dir)
@@ -115,6 +125,22 @@ def main():
         print(f"  memcpy here: {mem:.2f} GB/s; capture / memcpy: {write_gbps / mem:.2f}")
         print(f"  writes into {os.path.dirname(tmp)}: {disk:.2f} GB/s; capture / that: "
               f"{write_gbps / disk:.2f}")
+    if args.steady > 0:
+        env = dict(os.environ)
+        env.setdefault("EKKA_RUNTIME_LIB", os.path.join(ROOT, "build", "lib", "libekka_runtime.so"))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [os.path.join(ROOT, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        out = subprocess.run(work + ["--steady", str(args.steady)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+        found = re.search(r"steady plain=([0-9.]+) meta=([0-9.]+) profiler=([0-9.]+)", out.stdout)
+        if out.returncode != 0 or not found:
+            sys.exit(f"bench: the steady-state run failed:\n{out.stderr}")
+        s_plain, s_meta, s_prof = (float(found.group(i)) for i in (1, 2, 3))
+        clock = "the program's thread's time" if args.device == "cpu" else "wall time"
+        print(f"steady state, one process, median of {args.steady} rounds ({clock}):")
+        for name, v in [("plain", s_plain), ("ekka.trace.Trace(capture='none')", s_meta),
+                        ("torch.profiler record_shapes", s_prof)]:
+            print(f"  {name:34}{v:>11.2f}{v / s_plain:>8.2f}")
     if args.device != "cpu":
         d2h = d2h_gbps()
         print(f"  device-to-host copy here: {d2h:.2f} GB/s; capture / that: {write_gbps / d2h:.2f}")

@@ -1,8 +1,11 @@
 """The workload of utils/bench/trace_overhead.py: a HuggingFace Llama (random
 weights, float32, CPU or --device cuda), timed over repeated forwards after a
 warm-up.
-Prints one line: `ms_per_forward=<float>`."""
+Prints one line: `ms_per_forward=<float>`; with --steady, one line
+`steady plain=<ms> meta=<ms> profiler=<ms>`."""
 import argparse
+import os
+import sys
 import time
 
 import torch
@@ -13,6 +16,11 @@ parser.add_argument("--profiler", action="store_true",
                     help="run under torch.profiler with record_shapes=True")
 parser.add_argument("--iters", type=int, default=10)
 parser.add_argument("--device", default="cpu")
+parser.add_argument("--steady", type=int, default=0, metavar="ROUNDS",
+                    help="in this one process, ROUNDS rounds of plain forwards, forwards "
+                         "traced with metadata only (ekka.trace.Trace, capture='none') and "
+                         "forwards under torch.profiler, taking turns, each after two "
+                         "forwards of its own; prints the median time per forward of each")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -32,6 +40,39 @@ def run():
 
 
 run()  # warm-up
+if args.steady:
+    # Steady state: what a traced forward costs once the trace has started
+    # and the process's heap has settled. On a CPU the program's thread's
+    # own time (other load on a shared machine counts less); on a GPU the
+    # wall time, as the forward waits for the device.
+    import shutil
+    import statistics
+    import tempfile
+
+    import ekka.trace
+    from torch.profiler import ProfilerActivity, profile
+    clock = time.thread_time if args.device == "cpu" else time.perf_counter
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
+    tmp = tempfile.mkdtemp(prefix="ekka-steady-")
+
+    def timed(n=5):
+        start = clock()
+        for _ in range(n):
+            run()
+        return 1000 * (clock() - start) / n
+
+    times = {"plain": [], "meta": [], "profiler": []}
+    for _ in range(args.steady):
+        times["plain"].append(timed())
+        with ekka.trace.Trace(os.path.join(tmp, "meta"), capture="none", force=True):
+            timed(2)
+            times["meta"].append(timed())
+        with profile(activities=activities, record_shapes=True):
+            timed(2)
+            times["profiler"].append(timed())
+    shutil.rmtree(tmp, ignore_errors=True)
+    print("steady " + " ".join(f"{k}={statistics.median(v):.3f}" for k, v in times.items()))
+    sys.exit(0)
 if args.profiler:
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
