@@ -9,9 +9,9 @@
 #include <ATen/ops/empty_like.h>
 
 #include <algorithm>
-#include <ctime>
 #include <atomic>
 #include <cstring>
+#include <ctime>
 #include <cstdio>
 #include <mutex>
 #include <sstream>

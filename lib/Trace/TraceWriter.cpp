@@ -269,10 +269,10 @@ TraceWriter::~TraceWriter() {
 }
 
 namespace {
-/// The writer's thread is woken by this many queued records, or by captured
-/// bytes, and otherwise looks at the queue every WriterPeriod: the
-/// program's thread does not pay a wake-up (a system call, and a thread
-/// switch on a busy machine) for every op.
+/// The writer's thread, once a first record is queued, collects records
+/// for WriterPeriod, or until this many are queued or captured bytes come:
+/// the program's thread does not pay a wake-up (a system call, and a
+/// thread switch on a busy machine) for every op.
 constexpr size_t WakeRecords = 4096;
 constexpr std::chrono::milliseconds WriterPeriod(20);
 /// A program that records faster than SQLite takes rows (a loop of tiny
