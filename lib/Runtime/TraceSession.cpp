@@ -198,11 +198,13 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
     // Captured bytes give the statistics too, computed there.
     if (!Captured)
       Use = TraceWriter::BytesUse::StatsOnly;
-    TracerTimer Timer(TracerPart::Statistics);
-    TraceWriter::Completion Done =
-        Capturing ? TraceWriter::Completion([&Lost = S.LostReadbacks](
-                        TensorRecord &, std::optional<std::string> &) { ++Lost; })
-                  : deviceReadback(T, Captured, S.LostReadbacks);
+    TraceWriter::Completion Done;
+    {
+      TracerTimer Timer(TracerPart::Statistics);
+      Done = Capturing ? TraceWriter::Completion([&Lost = S.LostReadbacks](
+                             TensorRecord &, std::optional<std::string> &) { ++Lost; })
+                       : deviceReadback(T, Captured, S.LostReadbacks);
+    }
     S.Writer->addTensor(std::move(R), std::move(Done), Captured ? Size : 0, Use);
     return Id;
   }

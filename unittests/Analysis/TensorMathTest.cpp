@@ -102,8 +102,7 @@ Encoded encode(DType Type, const std::vector<double> &V) {
 // and every length, tails included; in the baseline build of the loop and
 // in its AVX2 clone (where this CPU has it).
 class ByteLevelSums : public ::testing::TestWithParam<int> {
-  void SetUp() override { lanes::wideOverride() = GetParam(); }
-  void TearDown() override { lanes::wideOverride() = -1; }
+  lanes::ScopedWideOverride Build{GetParam()};
 };
 INSTANTIATE_TEST_SUITE_P(TensorMath, ByteLevelSums, ::testing::Values(0, 1));
 

@@ -56,8 +56,7 @@ void expectSame(const TensorStats &A, const TensorStats &B, const std::string &C
 // NaNs and infinities fall, and for the integer types; in the baseline
 // build of the loop and in its AVX2 clone (where this CPU has it).
 class Stats : public ::testing::TestWithParam<int> {
-  void SetUp() override { lanes::wideOverride() = GetParam(); }
-  void TearDown() override { lanes::wideOverride() = -1; }
+  lanes::ScopedWideOverride Build{GetParam()};
 };
 INSTANTIATE_TEST_SUITE_P(Lanes, Stats, ::testing::Values(0, 1));
 

@@ -39,6 +39,11 @@ def run():
         torch.cuda.synchronize()
 
 
+def profiler_activities():
+    from torch.profiler import ProfilerActivity
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
+
+
 run()  # warm-up
 if args.steady:
     # Steady state: what a traced forward costs once the trace has started
@@ -50,9 +55,9 @@ if args.steady:
     import tempfile
 
     import ekka.trace
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import profile
     clock = time.thread_time if args.device == "cpu" else time.perf_counter
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
+    activities = profiler_activities()
     tmp = tempfile.mkdtemp(prefix="ekka-steady-")
 
     def timed(n=5):
@@ -74,9 +79,8 @@ if args.steady:
     print("steady " + " ".join(f"{k}={statistics.median(v):.3f}" for k, v in times.items()))
     sys.exit(0)
 if args.profiler:
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
-    with profile(activities=activities, record_shapes=True):
+    from torch.profiler import profile
+    with profile(activities=profiler_activities(), record_shapes=True):
         start = time.perf_counter()
         for _ in range(args.iters):
             run()

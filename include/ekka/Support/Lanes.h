@@ -105,6 +105,14 @@ inline int &wideOverride() {
   static int Override = -1;
   return Override;
 }
+/// For a test's lifetime, one build of the loops (0 the baseline, 1 the
+/// clone): a parameterized test holds one, with its parameter.
+struct ScopedWideOverride {
+  explicit ScopedWideOverride(int Build) { wideOverride() = Build; }
+  ~ScopedWideOverride() { wideOverride() = -1; }
+  ScopedWideOverride(const ScopedWideOverride &) = delete;
+  ScopedWideOverride &operator=(const ScopedWideOverride &) = delete;
+};
 /// Whether the clones run here.
 inline bool wideLanes() {
   static const bool Has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
