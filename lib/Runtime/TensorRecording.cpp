@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <thread>
 
 namespace ekka {
 
@@ -102,6 +103,99 @@ TensorStats tensorStats(const at::Tensor &T) {
   // On a GPU, or an element type the loop does not know: reductions there,
   // brought back in one transfer.
   return statsOfSix(statsOnDevice(T).cpu());
+}
+
+DeferredStats::DeferredStats(std::optional<TensorStats> Known)
+    : State(Settled), Stats(std::move(Known)) {}
+
+DeferredStats::DeferredStats(at::Tensor T)
+    : State(Pending), Tensor(std::move(T)), Storage(Tensor.storage().unsafeGetStorageImpl()),
+      Bytes(uint64_t(Tensor.numel()) * Tensor.element_size()) {}
+
+const std::optional<TensorStats> &DeferredStats::resolve() {
+  int Expected = Pending;
+  if (State.compare_exchange_strong(Expected, Computing, std::memory_order_acquire)) {
+    // defer() took only contiguous host tensors of a trace dtype.
+    llvm::StringRef Data(static_cast<const char *>(Tensor.const_data_ptr()), Bytes);
+    Stats = statsOfBytes(*traceDType(Tensor), Data);
+    State.store(Settled, std::memory_order_release);
+    return Stats;
+  }
+  while (State.load(std::memory_order_acquire) != Settled)
+    std::this_thread::yield(); // another thread is computing them: a pass over the bytes
+  return Stats;
+}
+
+const std::optional<TensorStats> *DeferredStats::settled() const {
+  return State.load(std::memory_order_acquire) == Settled ? &Stats : nullptr;
+}
+
+std::shared_ptr<DeferredStats> DeferredStatsQueue::defer(const at::Tensor &T) {
+  if (!T.device().is_cpu() || T.layout() != at::kStrided || !T.has_storage() ||
+      !T.is_contiguous() || !traceDType(T))
+    return nullptr;
+  uint64_t Bytes = uint64_t(T.numel()) * T.element_size();
+  if (Bytes < MinBytes)
+    return nullptr;
+  releaseSettled();
+  std::lock_guard<std::mutex> Lock(Mutex);
+  if (HeldBytes + Bytes > MaxHeldBytes)
+    return nullptr;
+  auto Job = std::make_shared<DeferredStats>(T);
+  Held.push_back(Job);
+  HeldBytes += Bytes;
+  Count.store(Held.size(), std::memory_order_relaxed);
+  return Job;
+}
+
+void DeferredStatsQueue::beforeWrite(const at::Tensor &T) {
+  if (!holding() || !T.defined() || !T.has_storage())
+    return;
+  const c10::StorageImpl *Storage = T.storage().unsafeGetStorageImpl();
+  std::vector<std::shared_ptr<DeferredStats>> Written;
+  {
+    std::lock_guard<std::mutex> Lock(Mutex);
+    for (const auto &Job : Held)
+      if (Job->storage() == Storage && !Job->settled())
+        Written.push_back(Job);
+  }
+  for (const auto &Job : Written)
+    Job->resolve();
+}
+
+void DeferredStatsQueue::settleAll() {
+  std::vector<std::shared_ptr<DeferredStats>> All;
+  {
+    std::lock_guard<std::mutex> Lock(Mutex);
+    All.assign(Held.begin(), Held.end());
+  }
+  for (const auto &Job : All)
+    Job->resolve();
+}
+
+void DeferredStatsQueue::releaseSettled() {
+  std::vector<std::shared_ptr<DeferredStats>> Done;
+  {
+    std::lock_guard<std::mutex> Lock(Mutex);
+    if (Held.empty())
+      return;
+    auto Kept = Held.begin();
+    for (auto It = Held.begin(); It != Held.end(); ++It) {
+      if ((*It)->settled()) {
+        HeldBytes -= (*It)->bytes();
+        Done.push_back(std::move(*It));
+        continue;
+      }
+      if (Kept != It)
+        *Kept = std::move(*It);
+      ++Kept;
+    }
+    Held.erase(Kept, Held.end());
+    Count.store(Held.size(), std::memory_order_relaxed);
+  }
+  // Outside the lock: a release may take the GIL.
+  for (const auto &Job : Done)
+    Job->release();
 }
 
 void tensorBytes(const at::Tensor &T, std::string &Out) {

@@ -8,6 +8,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -19,6 +22,75 @@ std::optional<DType> traceDType(const at::Tensor &T);
 bool describeTensor(const at::Tensor &T, TensorRecord &R);
 /// Sum, sum of squares, min, max (in double precision) and NaN/Inf counts.
 TensorStats tensorStats(const at::Tensor &T);
+/// A tensor's statistics, known, or to be computed later from the tensor
+/// itself (no copy) by whichever thread gets there first: the trace
+/// writer's, or a program's thread about to write to the tensor in place
+/// (DeferredStatsQueue::beforeWrite). Settled once computed.
+class DeferredStats {
+public:
+  explicit DeferredStats(std::optional<TensorStats> Known);
+  /// For a contiguous CPU tensor of a trace dtype, held until released.
+  explicit DeferredStats(at::Tensor T);
+  /// Computes the statistics here unless another thread does or did (then
+  /// waits for it); returns them.
+  const std::optional<TensorStats> &resolve();
+  /// The statistics, if they are settled.
+  const std::optional<TensorStats> *settled() const;
+  const c10::StorageImpl *storage() const { return Storage; }
+  uint64_t bytes() const { return Bytes; }
+  /// Drops the tensor; only once settled.
+  void release() { Tensor.reset(); }
+
+private:
+  enum : int { Pending, Computing, Settled };
+  std::atomic<int> State;
+  at::Tensor Tensor;
+  const c10::StorageImpl *Storage = nullptr;
+  uint64_t Bytes = 0;
+  std::optional<TensorStats> Stats;
+};
+
+/// The CPU tensors whose statistics are computed later, on the writer's
+/// thread, so that the program's thread only hands them over. What makes
+/// that sound: every write to a tensor through PyTorch's dispatcher is an
+/// op whose schema marks the argument written, and the session's op
+/// observer calls beforeWrite() at such an op's start, which settles the
+/// statistics of every held tensor sharing its storage first. (A write that
+/// bypasses the dispatcher — through a NumPy view, a C extension's raw
+/// pointer, code torch.compile generated — between a module's return and
+/// the writer's turn would be seen in the statistics; PyTorch's own version
+/// counter misses most of those too.) Tensors are released on a program's
+/// thread only: releasing the last reference of a tensor whose Python
+/// object it keeps alive takes the GIL, which the writer must never wait for.
+class DeferredStatsQueue {
+public:
+  /// A deferred computation for \p T; null when it is cheaper to compute
+  /// them now (a small or non-contiguous tensor, one not in host memory) or
+  /// too many bytes are held already.
+  std::shared_ptr<DeferredStats> defer(const at::Tensor &T);
+  /// Before an op writes to \p T: settles the statistics of the tensors
+  /// held that share its storage.
+  void beforeWrite(const at::Tensor &T);
+  /// Whether any tensor is held (a relaxed read, for the hot path).
+  bool holding() const { return Count.load(std::memory_order_relaxed) != 0; }
+  /// Settles everything held (before the observer stops watching writes).
+  void settleAll();
+  /// Releases the settled tensors; on a program's thread.
+  void releaseSettled();
+
+  /// Smaller tensors' statistics are computed at once: handing them over
+  /// would cost about as much.
+  static constexpr uint64_t MinBytes = 64 << 10;
+  /// Past this many bytes held, statistics are computed at once.
+  static constexpr uint64_t MaxHeldBytes = uint64_t(256) << 20;
+
+private:
+  std::mutex Mutex;
+  std::deque<std::shared_ptr<DeferredStats>> Held;
+  std::atomic<size_t> Count{0};
+  uint64_t HeldBytes = 0; ///< Under Mutex.
+};
+
 /// A contiguous CPU copy of \p T's bytes, into \p Out (whose memory is
 /// reused where it is large enough): what it holds now, even if an op later
 /// changes it in place.

@@ -83,9 +83,9 @@ struct ProducedTensor {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> Impl;
   int64_t Version;
   int64_t TensorId;
-  /// Its statistics, where they were computed on this thread, and how
+  /// Its statistics, where this thread computed or deferred them, and how
   /// many ops this thread had begun then.
-  std::optional<TensorStats> Stats;
+  std::shared_ptr<DeferredStats> Stats;
   uint64_t OpsBefore = 0;
 };
 
@@ -115,6 +115,8 @@ struct Session {
   std::atomic<uint64_t> CapturedBytes{0};
   std::atomic<int64_t> LastOpenCall{0}; ///< For ops on threads without hooks.
   std::optional<at::CallbackHandle> Observer;
+  /// CPU tensors whose statistics the writer's thread computes.
+  DeferredStatsQueue Deferred;
   std::string Error;
 };
 
@@ -160,13 +162,13 @@ bool stepCaptured(Session &S) {
 }
 
 /// Records \p T; returns its tensor id, or 0 if it cannot be recorded.
-/// \p Known: statistics already computed for the same tensor, unchanged
-/// since; \p Computed receives those computed here, on this thread.
+/// \p Known: statistics already computed or deferred for the same tensor,
+/// unchanged since; \p Computed receives those computed or deferred here.
 int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t OwnerId,
                      const char *Role, int64_t Index, bool Stats, bool Capture,
                      std::optional<int64_t> SourceId = std::nullopt,
-                     const std::optional<TensorStats> &Known = std::nullopt,
-                     std::optional<TensorStats> *Computed = nullptr) {
+                     std::shared_ptr<DeferredStats> Known = nullptr,
+                     std::shared_ptr<DeferredStats> *Computed = nullptr) {
   if (!T.defined())
     return 0;
   TensorRecord R;
@@ -214,9 +216,27 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
     tensorBytes(T, *Data);
   } else if (Stats) {
     TracerTimer Timer(TracerPart::Statistics);
-    R.Stats = Known ? *Known : tensorStats(T);
-    if (Computed)
-      *Computed = R.Stats;
+    // A large host tensor's are computed on the writer's thread, from the
+    // tensor (DeferredStatsQueue); others here.
+    std::shared_ptr<DeferredStats> Later = Known ? std::move(Known) : S.Deferred.defer(T);
+    if (!Later && !Computed) {
+      R.Stats = tensorStats(T);
+    } else {
+      if (!Later)
+        Later = std::make_shared<DeferredStats>(tensorStats(T));
+      if (Computed)
+        *Computed = Later;
+      if (const std::optional<TensorStats> *Ready = Later->settled()) {
+        R.Stats = *Ready;
+      } else {
+        S.Writer->addTensor(std::move(R),
+                            [Later](TensorRecord &Out, std::optional<std::string> &) {
+                              Out.Stats = Later->resolve();
+                            },
+                            0, Use);
+        return Id;
+      }
+    }
   }
   S.Writer->addTensor(std::move(R), std::move(Data), Use);
   return Id;
@@ -229,7 +249,7 @@ struct Provenance {
   /// That record's statistics, if no op at all ran since: then not even
   /// a write that leaves the version counter alone (through `.data`, a
   /// NumPy view, a C extension) can have changed the values.
-  std::optional<TensorStats> Stats;
+  std::shared_ptr<DeferredStats> Stats;
 };
 
 Provenance provenanceOf(const at::Tensor &T) {
@@ -417,11 +437,18 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   auto Inputs = Fn.inputs();
   std::vector<at::Tensor> Read; // what the op reads, to capture as it is now
   for (size_t I = 0; I < Inputs.size(); ++I) {
+    bool Written = I < Kind.Written.size() && Kind.Written[I];
+    if (Written && Inputs[I].isTensorList() && S->Deferred.holding())
+      for (const at::Tensor &T : Inputs[I].toTensorList().vec()) // _foreach_mul_
+        S->Deferred.beforeWrite(T);
     if (!Inputs[I].isTensor())
       continue;
-    bool Written = I < Kind.Written.size() && Kind.Written[I];
-    if (Written)
+    if (Written) {
+      // Statistics the writer's thread has not computed yet are computed
+      // now, before the op changes the tensor.
+      S->Deferred.beforeWrite(Inputs[I].toTensor());
       Ctx->Mutated.push_back(Inputs[I].toTensor());
+    }
     else if (Ctx->Capture && S->Options.OpInputs)
       Read.push_back(Inputs[I].toTensor());
     if (Ctx->Capture) {
@@ -712,6 +739,7 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
     return 0;
   InsideEkkaScope Inside;
   TracerTimer Timer(TracerPart::Modules);
+  S->Deferred.releaseSettled();
   if (IsRoot)
     ++S->Step;
   ModuleCallRecord R;
@@ -770,7 +798,7 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     // A module often returns what its last submodule returned (a model its
     // final norm's output, an MLP its down projection's): the statistics
     // of that record hold for this one.
-    std::optional<TensorStats> Computed;
+    std::shared_ptr<DeferredStats> Computed;
     int64_t TensorId = recordTensor(*S, T, TensorOwner::ModuleCall, Id, "output", int64_t(I),
                                     /*Stats=*/true, Capture, std::nullopt,
                                     provenanceOf(T).Stats, &Computed);
@@ -799,6 +827,9 @@ std::string stopTrace() {
   Session *S = Current;
   if (!S)
     return "";
+  // Once the observer is gone, writes go unseen: the statistics still to
+  // compute are computed now.
+  S->Deferred.settleAll();
   if (S->Observer)
     at::removeCallback(*S->Observer);
   if (S->TracingKernels) {
@@ -836,6 +867,10 @@ std::string stopTrace() {
   });
   Current = nullptr;
   llvm::Error E = S->Writer->close();
+  // The last tensors held, released on this thread (any a late record left
+  // unsettled are settled first: the writer is gone).
+  S->Deferred.settleAll();
+  S->Deferred.releaseSettled();
   TraceCounts C = S->Writer->counts();
   std::string Result;
   if (E)

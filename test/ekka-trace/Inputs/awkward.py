@@ -5,7 +5,7 @@ forward (as vLLM computes logits), two unrelated models taking turns, an
 inner model run alone before its whole, a model whose forward is called
 directly (as SGLang's model runner does), two overloads of one op, and
 modules that return their submodule's output, as it is or changed in
-place."""
+place, and module outputs the caller writes to in place right away."""
 import sys
 
 import torch
@@ -136,4 +136,17 @@ elif kind == "returns-child":
         Same()(x)
         Doubled()(x)
     DoubledBehindItsBack()(x)
+elif kind == "written-later":
+    class Ones(torch.nn.Module):
+        def forward(self, k):
+            return torch.ones(256, 256) * k  # 256 KiB: statistics computed later
+
+    m = Ones()
+    with torch.no_grad():
+        m(torch.tensor(1.0)).mul_(3)                     # in place
+        m(torch.tensor(2.0)).data.add_(1)                # past the version counter
+        m(torch.tensor(3.0))[0].zero_()                  # through a view
+        y = m(torch.tensor(4.0))
+        torch.add(y, y, out=y)                           # as an op's `out`
+        torch._foreach_mul_([m(torch.tensor(5.0)), m(torch.tensor(6.0))], 2)  # in a list
 print(kind, "ok")

@@ -1,0 +1,90 @@
+//===- DeferredStatsTest.cpp - Statistics computed later, writes seen first ===//
+//
+// A large host tensor's statistics are computed on the writer's thread, from
+// the tensor itself. An op about to write to it (or to anything sharing its
+// storage) settles them first; without that, the statistics would be of the
+// changed values.
+//
+//===----------------------------------------------------------------------===//
+#include "../../lib/Runtime/TensorRecording.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+using namespace ekka;
+
+namespace {
+
+at::Tensor large(double Value) { return at::full({256, 256}, Value); } // 256 KiB
+
+TEST(DeferredStats, AWriteSettlesTheStatisticsOfTheValuesBefore) {
+  DeferredStatsQueue Queue;
+  at::Tensor T = large(2);
+  std::shared_ptr<DeferredStats> Job = Queue.defer(T);
+  ASSERT_TRUE(Job);
+  EXPECT_TRUE(Queue.holding());
+  EXPECT_EQ(Job->settled(), nullptr);
+  // Through a view: the same storage.
+  Queue.beforeWrite(T.select(0, 0));
+  T.mul_(3);
+  ASSERT_NE(Job->settled(), nullptr);
+  const std::optional<TensorStats> &S = Job->resolve();
+  ASSERT_TRUE(S);
+  EXPECT_EQ(S->Sum, 2.0 * 65536);
+  EXPECT_EQ(S->Max, 2.0);
+}
+
+TEST(DeferredStats, AWriteElsewhereLeavesThemPending) {
+  DeferredStatsQueue Queue;
+  at::Tensor T = large(1), Other = large(1);
+  std::shared_ptr<DeferredStats> Job = Queue.defer(T);
+  ASSERT_TRUE(Job);
+  Queue.beforeWrite(Other);
+  EXPECT_EQ(Job->settled(), nullptr);
+  EXPECT_EQ(Job->resolve()->Sum, 65536.0);
+}
+
+TEST(DeferredStats, SmallNonContiguousAndUntracedTensorsAreComputedAtOnce) {
+  DeferredStatsQueue Queue;
+  EXPECT_FALSE(Queue.defer(at::ones({4, 4})));
+  EXPECT_FALSE(Queue.defer(large(1).t().contiguous().t()));
+  EXPECT_FALSE(Queue.defer(at::ones({256, 256}, at::kComplexFloat)));
+  EXPECT_FALSE(Queue.holding());
+}
+
+TEST(DeferredStats, HeldTensorsAreReleasedOnceSettledAndBoundedInBytes) {
+  DeferredStatsQueue Queue;
+  at::Tensor T = large(1);
+  std::shared_ptr<DeferredStats> Job = Queue.defer(T);
+  ASSERT_TRUE(Job);
+  EXPECT_EQ(T.use_count(), 2);
+  Queue.releaseSettled(); // not settled: still held
+  EXPECT_EQ(T.use_count(), 2);
+  Job->resolve();
+  Queue.releaseSettled();
+  EXPECT_EQ(T.use_count(), 1);
+  EXPECT_FALSE(Queue.holding());
+  // Past the bound, statistics are computed at once.
+  at::Tensor Huge = at::empty({int64_t(DeferredStatsQueue::MaxHeldBytes / 4 + 1)});
+  EXPECT_FALSE(Queue.defer(Huge));
+}
+
+TEST(DeferredStats, TwoThreadsComputeThemOnce) {
+  for (int Round = 0; Round < 20; ++Round) {
+    DeferredStatsQueue Queue;
+    at::Tensor T = large(Round);
+    std::shared_ptr<DeferredStats> Job = Queue.defer(T);
+    ASSERT_TRUE(Job);
+    std::optional<TensorStats> FromWriter;
+    std::thread Writer([&] { FromWriter = Job->resolve(); });
+    Queue.settleAll();
+    Writer.join();
+    ASSERT_TRUE(FromWriter);
+    EXPECT_EQ(FromWriter->Sum, double(Round) * 65536);
+    EXPECT_EQ(Job->resolve()->Sum, FromWriter->Sum);
+  }
+}
+
+} // namespace
