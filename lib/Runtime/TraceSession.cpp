@@ -823,7 +823,7 @@ static std::string readbacksLost(int64_t N) {
 }
 
 std::string stopTrace() {
-  std::lock_guard<std::mutex> Lock(SessionMutex);
+  std::unique_lock<std::mutex> Lock(SessionMutex);
   Session *S = Current;
   if (!S)
     return "";
@@ -867,10 +867,9 @@ std::string stopTrace() {
   });
   Current = nullptr;
   llvm::Error E = S->Writer->close();
-  // The last tensors held, released on this thread (any a late record left
-  // unsettled are settled first: the writer is gone).
+  // Any a late record left unsettled are settled (the writer is gone); the
+  // tensors are released below, on this thread.
   S->Deferred.settleAll();
-  S->Deferred.releaseSettled();
   TraceCounts C = S->Writer->counts();
   std::string Result;
   if (E)
@@ -885,7 +884,11 @@ std::string stopTrace() {
   if (!Result.empty() && !Lost.empty() && Result.rfind("error: ", 0) != 0)
     Result += "; warning: " + Lost;
   // Not deleted: an observer or CUPTI callback on another thread may still
-  // hold it; the writer is closed and drops what they enqueue now.
+  // hold it; the writer is closed and drops what they enqueue now. The last
+  // tensors held are released without the lock: a release may wait for the
+  // GIL, whose holder may wait for the lock (a fork).
+  Lock.unlock();
+  S->Deferred.releaseSettled();
   return Result;
 }
 

@@ -8,17 +8,21 @@ observes module calls and hands them over.
 
 A module whose ``forward`` is called directly (``m.forward(x)`` instead of
 ``m(x)``) bypasses PyTorch's hooks. Where that module is the outermost one
-(SGLang's model runner calls ``model.forward(...)``), its call is recovered
-from the Python stack when its first submodule is called (see
-_direct_forward). Known gap: a submodule's ``forward`` called directly by its
+(SGLang's model runner calls ``model.forward(...)``), its first call is
+recovered from the Python stack when its first submodule is called (see
+_direct_forward), and its later ones are hooked (_hook_direct_calls). Known
+gap: a submodule's ``forward`` called directly by its
 parent is not a module call of its own; its ops are attributed to the
 enclosing module call (its own submodules keep their paths).
 """
 import atexit
+import dataclasses
+import functools
 import inspect
 import os
 import sys
 import threading
+import types
 import weakref
 
 import torch
@@ -91,6 +95,10 @@ def _tensors_of_any(value):
             out.append(leaf)
         elif hasattr(leaf, "to_tuple"):  # transformers' ModelOutput
             out.extend(t for t in leaf.to_tuple() if isinstance(t, torch.Tensor))
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            # SGLang's LogitsProcessorOutput: its tensor fields, in order
+            out.extend(t for t in (getattr(leaf, f.name, None) for f in dataclasses.fields(leaf))
+                       if isinstance(t, torch.Tensor))
     return out
 
 
@@ -287,7 +295,51 @@ def _open_direct(state, local, trees, stack, frame, owner):
                      inputs)
     stack.append((owner, call_id, len(inputs), True, tree, (code, mark)))
     del frame, values
+    _hook_direct_calls(owner)
     return tree
+
+
+def _hook_direct_calls(owner):
+    """The later direct calls of `owner.forward` are whole module calls:
+    the instance gets a `forward` of its own that runs the shim's hooks
+    around its class's `forward` (with its signature, for code that reads
+    it), so that they see the call's output, and the ops after it are
+    outside it. A call through `owner(...)`, whose hooks ran already, goes
+    straight through. Not where the instance has a `forward` of its own
+    already (accelerate's hooks set one); taken back when tracing stops."""
+    if "forward" in vars(owner):
+        return
+    original = type(owner).forward
+
+    @functools.wraps(original)
+    def forward(self, *args, **kwargs):
+        forward_of_class = type(self).forward
+        if _is_compiling():
+            return forward_of_class(self, *args, **kwargs)
+        stack = getattr(_state.local, "stack", None) if _state is not None else None
+        # Called through self(...): its hooks opened its call already. (Not
+        # a call recovered from the stack, still open: that one has returned.)
+        hooked = stack and stack[-1][0] is self and stack[-1][5] is None
+        if _state is None or not _state.active or hooked or _not_traceable():
+            return forward_of_class(self, *args, **kwargs)
+        _pre_hook(self, args, kwargs)
+        try:
+            output = forward_of_class(self, *args, **kwargs)
+        except BaseException:
+            _post_hook(self, args, None)  # as PyTorch calls it for a call that raised
+            raise
+        _post_hook(self, args, kwargs, output)
+        return output
+
+    forward.__ekka_direct__ = True
+    # Bound, not a closure over `owner`: a deep copy of the model rebinds it
+    # to the copy.
+    owner.forward = types.MethodType(forward, owner)
+    _direct_roots.add(owner)
+
+
+# The roots whose direct calls _hook_direct_calls hooks.
+_direct_roots = weakref.WeakSet()
 
 
 def _close_direct(stack):
@@ -409,6 +461,10 @@ def _unmark():
         if isinstance(with_kwargs, dict):
             with_kwargs.pop(_pre_hook_id, None)
     _marked.clear()
+    for m in list(_direct_roots):
+        if getattr(vars(m).get("forward"), "__ekka_direct__", False):
+            del m.forward
+    _direct_roots.clear()
 
 
 def _stop():

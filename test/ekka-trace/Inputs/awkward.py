@@ -5,7 +5,8 @@ forward (as vLLM computes logits), two unrelated models taking turns, an
 inner model run alone before its whole, a model whose forward is called
 directly (as SGLang's model runner does), two overloads of one op, and
 modules that return their submodule's output, as it is or changed in
-place, and module outputs the caller writes to in place right away."""
+place, a module that returns a dataclass, and module outputs the caller
+writes to in place right away."""
 import sys
 
 import torch
@@ -103,8 +104,27 @@ elif kind == "direct":
     m.bad = torch.nn.Identity()
     with torch.no_grad():
         for _ in range(2):
-            h = m.forward(x)  # bypasses the hooks: recovered from the stack
+            # Bypasses PyTorch's hooks: the first call is recovered from the
+            # stack, the second goes through the forward the shim gave m.
+            h = m.forward(x)
+            h.sum()  # after the forward returned
         m(h)
+elif kind == "direct-copy":
+    import copy
+    import inspect
+    m = Outer()
+    m.bad = torch.nn.Identity()
+    with torch.no_grad():
+        m.forward(x)
+        m.forward(x)
+        # What the shim gave m keeps forward's signature, and a copy of m
+        # runs the copy's weights.
+        assert list(inspect.signature(m.forward).parameters) == ["x"]
+        c = copy.deepcopy(m)
+        for p in c.b.parameters():
+            p.zero_()
+        assert torch.equal(c.forward(x), torch.zeros(2, 4))
+        assert not torch.equal(m.forward(x), torch.zeros(2, 4))
 elif kind == "overloads":
     class Adds(torch.nn.Module):
         def forward(self, x):
@@ -136,6 +156,20 @@ elif kind == "returns-child":
         Same()(x)
         Doubled()(x)
     DoubledBehindItsBack()(x)
+elif kind == "dataclass":
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Logits:  # as SGLang's LogitsProcessorOutput
+        next_token_logits: torch.Tensor
+        hidden_states: object = None
+        top_logprobs: object = None
+
+    class Head(torch.nn.Module):
+        def forward(self, x):
+            return Logits(x * 2, x + 1, [1.0])
+
+    Head()(x)
 elif kind == "written-later":
     class Ones(torch.nn.Module):
         def forward(self, k):

@@ -32,7 +32,15 @@ with torch.no_grad():
     open(os.path.join(out, "first", "notes.txt"), "w").write("mine")
     with ekka.trace.Trace(os.path.join(out, "first"), force=True):
         model(x)
+    # A model whose forward is called directly gets a forward of its own
+    # from the shim while traced (see awkward.test's direct).
+    with ekka.trace.Trace(os.path.join(out, "direct")):
+        model.forward(x)
+        model.forward(x)
+        print("direct forward during:", "forward" in vars(model))
 print("kept:", open(os.path.join(out, "first", "notes.txt")).read())
-# After its regions the model carries no mark of the tracer's hook.
+# After its regions the model carries no mark of the tracer's hook, and no
+# forward of the shim's.
 print("marked after:", sum(len(m._forward_pre_hooks_with_kwargs) for m in model.modules()))
+print("direct forward after:", "forward" in vars(model))
 print("summary:", first.summary)
