@@ -108,16 +108,24 @@ TensorStats tensorStats(const at::Tensor &T) {
 DeferredStats::DeferredStats(std::optional<TensorStats> Known)
     : State(Settled), Stats(std::move(Known)) {}
 
-DeferredStats::DeferredStats(at::Tensor T)
+DeferredStats::DeferredStats(at::Tensor T, DType Type, std::atomic<int64_t> &Unavailable)
     : State(Pending), Tensor(std::move(T)), Storage(Tensor.storage().unsafeGetStorageImpl()),
-      Bytes(uint64_t(Tensor.numel()) * Tensor.element_size()) {}
+      Data(static_cast<const char *>(Tensor.const_data_ptr())),
+      StorageData(Storage->data_ptr().get()), StorageBytes(Storage->nbytes()),
+      Bytes(uint64_t(Tensor.numel()) * Tensor.element_size()), Type(Type),
+      Unavailable(&Unavailable) {}
 
 const std::optional<TensorStats> &DeferredStats::resolve() {
   int Expected = Pending;
   if (State.compare_exchange_strong(Expected, Computing, std::memory_order_acquire)) {
-    // defer() took only contiguous host tensors of a trace dtype.
-    llvm::StringRef Data(static_cast<const char *>(Tensor.const_data_ptr()), Bytes);
-    Stats = statsOfBytes(*traceDType(Tensor), Data);
+    // What ops do to the tensor, beforeWrite() sees; not a storage resized
+    // or moved to shared memory in place (UntypedStorage.resize_,
+    // share_memory_), which frees the bytes: then they are not read.
+    if (Storage->data_ptr().get() == StorageData && Storage->nbytes() == StorageBytes &&
+        Storage->device_type() == c10::DeviceType::CPU)
+      Stats = statsOfBytes(Type, llvm::StringRef(Data, Bytes));
+    if (!Stats)
+      ++*Unavailable;
     State.store(Settled, std::memory_order_release);
     return Stats;
   }
@@ -132,20 +140,25 @@ const std::optional<TensorStats> *DeferredStats::settled() const {
 
 std::shared_ptr<DeferredStats> DeferredStatsQueue::defer(const at::Tensor &T) {
   if (!T.device().is_cpu() || T.layout() != at::kStrided || !T.has_storage() ||
-      !T.is_contiguous() || !traceDType(T))
+      !T.is_contiguous())
     return nullptr;
+  std::optional<DType> Type = traceDType(T);
   uint64_t Bytes = uint64_t(T.numel()) * T.element_size();
-  if (Bytes < MinBytes)
+  if (!Type || Bytes < MinBytes)
     return nullptr;
-  releaseSettled();
   std::lock_guard<std::mutex> Lock(Mutex);
-  if (HeldBytes + Bytes > MaxHeldBytes)
+  if (Stopped || HeldBytes + Bytes > MaxHeldBytes)
     return nullptr;
-  auto Job = std::make_shared<DeferredStats>(T);
+  auto Job = std::make_shared<DeferredStats>(T, *Type, Unavailable);
   Held.push_back(Job);
   HeldBytes += Bytes;
   Count.store(Held.size(), std::memory_order_relaxed);
   return Job;
+}
+
+void DeferredStatsQueue::stop() {
+  std::lock_guard<std::mutex> Lock(Mutex);
+  Stopped = true;
 }
 
 void DeferredStatsQueue::beforeWrite(const at::Tensor &T) {

@@ -29,10 +29,13 @@ TensorStats tensorStats(const at::Tensor &T);
 class DeferredStats {
 public:
   explicit DeferredStats(std::optional<TensorStats> Known);
-  /// For a contiguous CPU tensor of a trace dtype, held until released.
-  explicit DeferredStats(at::Tensor T);
+  /// For a contiguous CPU tensor of dtype \p Type, held until released.
+  /// Statistics that cannot be computed are counted in \p Unavailable.
+  DeferredStats(at::Tensor T, DType Type, std::atomic<int64_t> &Unavailable);
   /// Computes the statistics here unless another thread does or did (then
-  /// waits for it); returns them.
+  /// waits for it); returns them. None if the tensor's memory is no longer
+  /// where it was when it was handed over (its storage was resized or moved
+  /// outside PyTorch's ops): then nothing is read.
   const std::optional<TensorStats> &resolve();
   /// The statistics, if they are settled.
   const std::optional<TensorStats> *settled() const;
@@ -46,7 +49,13 @@ private:
   std::atomic<int> State;
   at::Tensor Tensor;
   const c10::StorageImpl *Storage = nullptr;
+  /// Where the bytes were when handed over, and the storage's extent then.
+  const char *Data = nullptr;
+  const void *StorageData = nullptr;
+  size_t StorageBytes = 0;
   uint64_t Bytes = 0;
+  DType Type = DType::F32;
+  std::atomic<int64_t> *Unavailable = nullptr;
   std::optional<TensorStats> Stats;
 };
 
@@ -75,8 +84,13 @@ public:
   bool holding() const { return Count.load(std::memory_order_relaxed) != 0; }
   /// Settles everything held (before the observer stops watching writes).
   void settleAll();
-  /// Releases the settled tensors; on a program's thread.
+  /// Takes no more tensors (tracing stops).
+  void stop();
+  /// Releases the settled tensors. On a program's thread, outside ops (a
+  /// module call's entry, the end of tracing): a release may take the GIL.
   void releaseSettled();
+  /// Statistics that could not be computed (resolve()), for the trace's meta.
+  int64_t unavailable() const { return Unavailable.load(); }
 
   /// Smaller tensors' statistics are computed at once: handing them over
   /// would cost about as much.
@@ -89,6 +103,8 @@ private:
   std::deque<std::shared_ptr<DeferredStats>> Held;
   std::atomic<size_t> Count{0};
   uint64_t HeldBytes = 0; ///< Under Mutex.
+  bool Stopped = false;   ///< Under Mutex.
+  std::atomic<int64_t> Unavailable{0};
 };
 
 /// A contiguous CPU copy of \p T's bytes, into \p Out (whose memory is

@@ -233,7 +233,7 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
                             [Later](TensorRecord &Out, std::optional<std::string> &) {
                               Out.Stats = Later->resolve();
                             },
-                            0, Use);
+                            0, TraceWriter::BytesUse::StatsOnly);
         return Id;
       }
     }
@@ -436,19 +436,15 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   Ctx->Capture = S->Options.OpFilter && Kind.Captured && stepCaptured(*S);
   auto Inputs = Fn.inputs();
   std::vector<at::Tensor> Read; // what the op reads, to capture as it is now
+  std::vector<size_t> WrittenLists;
   for (size_t I = 0; I < Inputs.size(); ++I) {
     bool Written = I < Kind.Written.size() && Kind.Written[I];
-    if (Written && Inputs[I].isTensorList() && S->Deferred.holding())
-      for (const at::Tensor &T : Inputs[I].toTensorList().vec()) // _foreach_mul_
-        S->Deferred.beforeWrite(T);
+    if (Written && Inputs[I].isList()) // _foreach_mul_'s Tensor(a!)[]
+      WrittenLists.push_back(I);
     if (!Inputs[I].isTensor())
       continue;
-    if (Written) {
-      // Statistics the writer's thread has not computed yet are computed
-      // now, before the op changes the tensor.
-      S->Deferred.beforeWrite(Inputs[I].toTensor());
+    if (Written)
       Ctx->Mutated.push_back(Inputs[I].toTensor());
-    }
     else if (Ctx->Capture && S->Options.OpInputs)
       Read.push_back(Inputs[I].toTensor());
     if (Ctx->Capture) {
@@ -465,6 +461,17 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     for (size_t I = 0; I < Read.size(); ++I)
       recordTensor(*S, Read[I], TensorOwner::Op, Ctx->OpId, "input", int64_t(I), /*Stats=*/true,
                    /*Capture=*/true);
+  }
+  // Statistics the writer's thread has not computed yet, of what the op is
+  // about to write (an input just recorded that aliases its `out` too), are
+  // computed now, before it runs.
+  if (S->Deferred.holding()) {
+    for (const at::Tensor &T : Ctx->Mutated)
+      S->Deferred.beforeWrite(T);
+    for (size_t I : WrittenLists)
+      for (const c10::IValue &V : Inputs[I].toListRef())
+        if (V.isTensor())
+          S->Deferred.beforeWrite(V.toTensor());
   }
   OpStack.push_back(Ctx.get());
   return Ctx;
@@ -814,12 +821,22 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     Producers.clear();
 }
 
-/// How \p N lost device read-backs are reported, in the trace's meta and on
-/// stderr.
-static std::string readbacksLost(int64_t N) {
-  return std::to_string(N) + " tensors' statistics or bytes never came back from the device "
-                             "(recorded without; a stream capturing a CUDA graph, or a device "
-                             "error)";
+/// What the writer's thread could not complete, as the trace's meta and
+/// stderr report it (after \p Before, the losses known before): device
+/// read-backs lost, statistics whose tensor's memory moved before the
+/// writer's thread read it.
+static std::string lostLater(Session &S, std::string Before) {
+  auto Add = [&](int64_t N, const char *What) {
+    if (N)
+      Before += (Before.empty() ? "" : "; ") + std::to_string(N) + What;
+  };
+  Add(S.LostReadbacks.load(), " tensors' statistics or bytes never came back from the device "
+                              "(recorded without; a stream capturing a CUDA graph, or a device "
+                              "error)");
+  Add(S.Deferred.unavailable(),
+      " tensors' statistics could not be computed (recorded without): their storage was "
+      "resized or moved outside PyTorch's ops before the trace's writer read it");
+  return Before;
 }
 
 std::string stopTrace() {
@@ -827,8 +844,9 @@ std::string stopTrace() {
   Session *S = Current;
   if (!S)
     return "";
-  // Once the observer is gone, writes go unseen: the statistics still to
-  // compute are computed now.
+  // Once the observer is gone, writes go unseen: no more tensors are
+  // handed over, and the statistics still to compute are computed now.
+  S->Deferred.stop();
   S->Deferred.settleAll();
   if (S->Observer)
     at::removeCallback(*S->Observer);
@@ -860,16 +878,11 @@ std::string stopTrace() {
   // Written after every queued record: the device read-backs the writer's
   // thread waited for are all counted by then.
   S->Writer->setMeta("lost_records", [S, Lost]() -> std::string {
-    std::string Out = Lost;
-    if (int64_t Readbacks = S->LostReadbacks.load())
-      Out += (Out.empty() ? "" : "; ") + readbacksLost(Readbacks);
+    std::string Out = lostLater(*S, Lost);
     return Out.empty() ? "0" : Out;
   });
   Current = nullptr;
   llvm::Error E = S->Writer->close();
-  // Any a late record left unsettled are settled (the writer is gone); the
-  // tensors are released below, on this thread.
-  S->Deferred.settleAll();
   TraceCounts C = S->Writer->counts();
   std::string Result;
   if (E)
@@ -879,14 +892,14 @@ std::string stopTrace() {
              " ops, " + std::to_string(C.Kernels) + " kernels, " + std::to_string(C.Tensors) +
              " tensors, " + std::to_string(C.CapturedBytes) + " bytes captured";
   // Known only now: the writer's thread waited for the device's copies.
-  if (int64_t Readbacks = S->LostReadbacks.load())
-    Lost += (Lost.empty() ? "" : "; ") + readbacksLost(Readbacks);
+  Lost = lostLater(*S, Lost);
   if (!Result.empty() && !Lost.empty() && Result.rfind("error: ", 0) != 0)
     Result += "; warning: " + Lost;
   // Not deleted: an observer or CUPTI callback on another thread may still
   // hold it; the writer is closed and drops what they enqueue now. The last
-  // tensors held are released without the lock: a release may wait for the
-  // GIL, whose holder may wait for the lock (a fork).
+  // tensors held (all settled: none were taken since stop()) are released
+  // without the lock: a release may wait for the GIL, whose holder may wait
+  // for the lock (a fork).
   Lock.unlock();
   S->Deferred.releaseSettled();
   return Result;

@@ -22,7 +22,6 @@ import inspect
 import os
 import sys
 import threading
-import types
 import weakref
 
 import torch
@@ -67,8 +66,8 @@ def _not_traceable():
     return _is_compiling() or _tracing_state() is not None or _is_scripting()
 
 
-def _tensors(value):
-    """The tensors in a module's arguments or result, in order. The common
+def _tensors(value, outputs=False):
+    """The tensors in a module's arguments or result (`outputs`), in order. The common
     shapes (a tensor, a tuple or list of tensors and None, a dict of them)
     directly; anything else through pytree: a hook runs at every module
     call, and pytree's flattening is most of its cost."""
@@ -80,14 +79,14 @@ def _tensors(value):
             if isinstance(leaf, torch.Tensor):
                 out.append(leaf)
             elif leaf is not None and not isinstance(leaf, (int, float, bool, str)):
-                return _tensors_of_any(value)
+                return _tensors_of_any(value, outputs)
         return out
     if type(value) is dict:
-        return _tensors(list(value.values()))
-    return _tensors_of_any(value)
+        return _tensors(list(value.values()), outputs)
+    return _tensors_of_any(value, outputs)
 
 
-def _tensors_of_any(value):
+def _tensors_of_any(value, outputs=False):
     leaves, _ = _pytree.tree_flatten(value)
     out = []
     for leaf in leaves:
@@ -95,8 +94,10 @@ def _tensors_of_any(value):
             out.append(leaf)
         elif hasattr(leaf, "to_tuple"):  # transformers' ModelOutput
             out.extend(t for t in leaf.to_tuple() if isinstance(t, torch.Tensor))
-        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
-            # SGLang's LogitsProcessorOutput: its tensor fields, in order
+        elif outputs and dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            # A returned dataclass (SGLang's LogitsProcessorOutput): its
+            # tensor fields, in order. Not an argument's (SGLang's
+            # ForwardBatch, passed to every layer, is no input of each).
             out.extend(t for t in (getattr(leaf, f.name, None) for f in dataclasses.fields(leaf))
                        if isinstance(t, torch.Tensor))
     return out
@@ -300,46 +301,47 @@ def _open_direct(state, local, trees, stack, frame, owner):
 
 
 def _hook_direct_calls(owner):
-    """The later direct calls of `owner.forward` are whole module calls:
-    the instance gets a `forward` of its own that runs the shim's hooks
-    around its class's `forward` (with its signature, for code that reads
-    it), so that they see the call's output, and the ops after it are
-    outside it. A call through `owner(...)`, whose hooks ran already, goes
-    straight through. Not where the instance has a `forward` of its own
-    already (accelerate's hooks set one); taken back when tracing stops."""
-    if "forward" in vars(owner):
+    """The later direct calls of `owner.forward` are whole module calls: its
+    class's `forward` is wrapped, while tracing runs, in one that runs the
+    shim's hooks around it when it is called directly, not through
+    `module(...)` (whose hooks opened the call already), so that they see
+    the call's output, and the ops after it are outside it. It has the
+    original's signature, for code that reads it. On the class, not the
+    instance: copies of the model, shallow or deep, and pickles hold nothing
+    of the shim's. Not where the instance has a `forward` of its own
+    (accelerate's hooks set one), nor for instances of a subclass."""
+    cls = type(owner)
+    if "forward" in vars(owner) or cls in _hooked_classes:
         return
-    original = type(owner).forward
+    original = cls.forward
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
-        forward_of_class = type(self).forward
-        if _is_compiling():
-            return forward_of_class(self, *args, **kwargs)
-        stack = getattr(_state.local, "stack", None) if _state is not None else None
+        if _is_compiling() or type(self) is not cls:
+            return original(self, *args, **kwargs)
+        state = _state
+        stack = getattr(state.local, "stack", None) if state is not None else None
         # Called through self(...): its hooks opened its call already. (Not
         # a call recovered from the stack, still open: that one has returned.)
         hooked = stack and stack[-1][0] is self and stack[-1][5] is None
-        if _state is None or not _state.active or hooked or _not_traceable():
-            return forward_of_class(self, *args, **kwargs)
+        if state is None or not state.active or hooked or _not_traceable():
+            return original(self, *args, **kwargs)
         _pre_hook(self, args, kwargs)
         try:
-            output = forward_of_class(self, *args, **kwargs)
+            output = original(self, *args, **kwargs)
         except BaseException:
             _post_hook(self, args, None)  # as PyTorch calls it for a call that raised
             raise
         _post_hook(self, args, kwargs, output)
         return output
 
-    forward.__ekka_direct__ = True
-    # Bound, not a closure over `owner`: a deep copy of the model rebinds it
-    # to the copy.
-    owner.forward = types.MethodType(forward, owner)
-    _direct_roots.add(owner)
+    _hooked_classes[cls] = (forward, cls.__dict__.get("forward"))
+    cls.forward = forward
 
 
-# The roots whose direct calls _hook_direct_calls hooks.
-_direct_roots = weakref.WeakSet()
+# The classes whose forward _hook_direct_calls wrapped: the wrapper, and the
+# class's own forward before (None: it inherited one).
+_hooked_classes = {}
 
 
 def _close_direct(stack):
@@ -444,8 +446,8 @@ def _post_hook(module, args, *rest):
     _, call_id, positional, kwargs_seen, _, _ = stack.pop()
     # Keyword arguments the pre-hook did not see (a module outside a named
     # tree) are recorded here, as the inputs after the positional ones.
-    _exit(call_id, _tensors(output), _tensors(kwargs) if kwargs and not kwargs_seen else [],
-          positional)
+    _exit(call_id, _tensors(output, outputs=True),
+          _tensors(kwargs) if kwargs and not kwargs_seen else [], positional)
 
 
 # The modules whose with-kwargs set names the global pre-hook (_names_of):
@@ -461,10 +463,13 @@ def _unmark():
         if isinstance(with_kwargs, dict):
             with_kwargs.pop(_pre_hook_id, None)
     _marked.clear()
-    for m in list(_direct_roots):
-        if getattr(vars(m).get("forward"), "__ekka_direct__", False):
-            del m.forward
-    _direct_roots.clear()
+    for cls, (wrapper, own) in list(_hooked_classes.items()):
+        if cls.__dict__.get("forward") is wrapper:  # not if wrapped again since
+            if own is None:
+                del cls.forward
+            else:
+                cls.forward = own
+    _hooked_classes.clear()
 
 
 def _stop():

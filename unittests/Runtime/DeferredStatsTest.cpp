@@ -66,12 +66,42 @@ TEST(DeferredStats, HeldTensorsAreReleasedOnceSettledAndBoundedInBytes) {
   Queue.releaseSettled();
   EXPECT_EQ(T.use_count(), 1);
   EXPECT_FALSE(Queue.holding());
-  // Past the bound, statistics are computed at once.
-  at::Tensor Huge = at::empty({int64_t(DeferredStatsQueue::MaxHeldBytes / 4 + 1)});
-  EXPECT_FALSE(Queue.defer(Huge));
+  // Past the bound on the bytes held, statistics are computed at once (the
+  // tensors are allocated, not touched).
+  int64_t Third = int64_t(DeferredStatsQueue::MaxHeldBytes / 4 / 3);
+  at::Tensor A = at::empty({Third}), B = at::empty({Third}), C = at::empty({2 * Third});
+  EXPECT_TRUE(Queue.defer(A));
+  EXPECT_TRUE(Queue.defer(B));
+  EXPECT_FALSE(Queue.defer(C));
+  Queue.settleAll();
+  Queue.releaseSettled();
+  EXPECT_TRUE(Queue.defer(C)); // released, room again
 }
 
-TEST(DeferredStats, TwoThreadsComputeThemOnce) {
+TEST(DeferredStats, NoTensorIsTakenOnceStopped) {
+  DeferredStatsQueue Queue;
+  Queue.stop();
+  EXPECT_FALSE(Queue.defer(large(1)));
+}
+
+// A storage resized outside PyTorch's ops (UntypedStorage.resize_) may
+// have freed the bytes: they are not read, and the loss is counted.
+TEST(DeferredStats, AStorageChangedBehindTheOpsIsNotRead) {
+  DeferredStatsQueue Queue;
+  at::Tensor T = large(1);
+  std::shared_ptr<DeferredStats> Job = Queue.defer(T);
+  ASSERT_TRUE(Job);
+  c10::StorageImpl *Storage = T.storage().unsafeGetStorageImpl();
+  size_t Bytes = Storage->nbytes();
+  Storage->set_nbytes(Bytes / 2);
+  EXPECT_FALSE(Job->resolve());
+  EXPECT_EQ(Queue.unavailable(), 1);
+  Storage->set_nbytes(Bytes);
+}
+
+// The writer's thread and a program's thread settling at once: both see the
+// same statistics, of the values handed over.
+TEST(DeferredStats, TwoThreadsSettlingAtOnceGetTheSameStatistics) {
   for (int Round = 0; Round < 20; ++Round) {
     DeferredStatsQueue Queue;
     at::Tensor T = large(Round);

@@ -165,11 +165,15 @@ elif kind == "dataclass":
         hidden_states: object = None
         top_logprobs: object = None
 
-    class Head(torch.nn.Module):
-        def forward(self, x):
-            return Logits(x * 2, x + 1, [1.0])
+    @dataclasses.dataclass
+    class Batch:  # as SGLang's ForwardBatch: an argument, not an input
+        positions: torch.Tensor
 
-    Head()(x)
+    class Head(torch.nn.Module):
+        def forward(self, x, batch):
+            return Logits(x * 2, x + batch.positions, [1.0])
+
+    Head()(x, Batch(torch.full((2, 4), 2.0)))
 elif kind == "written-later":
     class Ones(torch.nn.Module):
         def forward(self, k):
