@@ -60,7 +60,8 @@ private:
 };
 
 /// The CPU tensors whose statistics are computed later, on the writer's
-/// thread, so that the program's thread only hands them over. What makes
+/// thread, so that the program's thread only hands them over (the session
+/// hands over outputs only: what ops just wrote). What makes
 /// that sound: every write to a tensor through PyTorch's dispatcher is an
 /// op whose schema marks the argument written, and the session's op
 /// observer calls beforeWrite() at such an op's start, which settles the

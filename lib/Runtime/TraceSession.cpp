@@ -217,8 +217,13 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   } else if (Stats) {
     TracerTimer Timer(TracerPart::Statistics);
     // A large host tensor's are computed on the writer's thread, from the
-    // tensor (DeferredStatsQueue); others here.
-    std::shared_ptr<DeferredStats> Later = Known ? std::move(Known) : S.Deferred.defer(T);
+    // tensor (DeferredStatsQueue); others here. Outputs only, which ops
+    // just wrote: an input may be a buffer the program fills outside the
+    // ops between steps (through NumPy, as serving engines fill their
+    // persistent input buffers), which the write guard would not see.
+    std::shared_ptr<DeferredStats> Later =
+        Known ? std::move(Known)
+              : std::strcmp(Role, "output") == 0 ? S.Deferred.defer(T) : nullptr;
     if (!Later && !Computed) {
       R.Stats = tensorStats(T);
     } else {
