@@ -11,9 +11,9 @@ A module whose ``forward`` is called directly (``m.forward(x)`` instead of
 (SGLang's model runner calls ``model.forward(...)``), its first call is
 recovered from the Python stack when its first submodule is called (see
 _direct_forward), and its later ones are hooked (_hook_direct_calls). Known
-gap: a submodule's ``forward`` called directly by its
-parent is not a module call of its own; its ops are attributed to the
-enclosing module call (its own submodules keep their paths).
+gap: a submodule's ``forward`` called directly by its parent is not a module
+call of its own; its ops are attributed to the enclosing module call (its
+own submodules keep their paths).
 """
 import atexit
 import dataclasses
@@ -67,10 +67,11 @@ def _not_traceable():
 
 
 def _tensors(value, outputs=False):
-    """The tensors in a module's arguments or result (`outputs`), in order. The common
-    shapes (a tensor, a tuple or list of tensors and None, a dict of them)
-    directly; anything else through pytree: a hook runs at every module
-    call, and pytree's flattening is most of its cost."""
+    """The tensors in a module's arguments or, with `outputs`, its result,
+    in order. The common shapes (a tensor, a tuple or list of tensors and
+    None, a dict of them) directly; anything else through pytree: a hook
+    runs at every module call, and pytree's flattening is most of its
+    cost."""
     if isinstance(value, torch.Tensor):
         return [value]
     if type(value) in (tuple, list):
