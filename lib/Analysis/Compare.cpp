@@ -127,7 +127,7 @@ std::optional<std::pair<int, int>> Diagnoser::memoryOrder(const TensorRecord *A,
   auto Swap = viewSwap(B->Shape, B->Strides);
   if (!Swap)
     return std::nullopt;
-  std::vector<int64_t> Memory = swapped(B->Shape, *Swap);
+  Dims Memory = swapped(B->Shape, *Swap);
   if (!sameFeatures(A->Shape, Memory) && !transposition(A->Shape, Memory))
     return std::nullopt;
   return Swap;
@@ -405,7 +405,7 @@ std::optional<double> Diagnoser::residualPairRatio(const ModuleCallRecord &TC, S
 }
 
 std::optional<std::vector<double>> Diagnoser::targetValues(const TensorRecord *A, int64_t Call,
-                                                           const std::vector<int64_t> &RefShape) {
+                                                           const Dims &RefShape) {
   // A tensor-parallel shard: gathered from the ranks first.
   bool Gather = sharded(A, RefShape);
   if (RefShape.empty() || A->Shape.empty()) // a scalar (a loss, a scale): as it is
@@ -430,7 +430,7 @@ std::optional<std::vector<double>> Diagnoser::targetValues(const TensorRecord *A
   size_t Rank = A->Shape.size();
   // [tokens, hidden] meets [1, tokens, hidden]: a serving engine flattens
   // the batch of one sequence.
-  std::vector<int64_t> Ref = RefShape;
+  Dims Ref = RefShape;
   while (Ref.size() > Rank && Ref.front() == 1)
     Ref.erase(Ref.begin());
   // A head reshape ([tokens, heads * dim] against [tokens, heads, dim]):
@@ -441,7 +441,7 @@ std::optional<std::vector<double>> Diagnoser::targetValues(const TensorRecord *A
     Rank = Ref.size();
   }
   auto ShapeOf = [&](const TensorRecord *X) {
-    std::vector<int64_t> S = Reshaped ? rowsOf(X->Shape, Local) : X->Shape;
+    Dims S = Reshaped ? rowsOf(X->Shape, Local) : X->Shape;
     if (Gather && S.size() == 2)
       S[1] *= Ranks;
     return S;
@@ -453,7 +453,7 @@ std::optional<std::vector<double>> Diagnoser::targetValues(const TensorRecord *A
     int64_t Sum = 0;
     bool Others = true;
     for (const TensorRecord *X : Parts) {
-      std::vector<int64_t> S = ShapeOf(X);
+      Dims S = ShapeOf(X);
       if (S.size() != Rank)
         return std::nullopt;
       Sum += S[D];
@@ -466,7 +466,7 @@ std::optional<std::vector<double>> Diagnoser::targetValues(const TensorRecord *A
   if (!Dim)
     return std::nullopt; // the steps do not add up to the reference: not comparable
   std::vector<std::vector<double>> Merged;
-  std::vector<std::vector<int64_t>> Shapes;
+  std::vector<Dims> Shapes;
   for (const TensorRecord *X : Parts) {
     auto V = Values(X);
     if (!V)
@@ -528,7 +528,7 @@ bool Diagnoser::replicated(const TensorRecord *X) const {
   return true;
 }
 
-bool Diagnoser::sharded(const TensorRecord *X, const std::vector<int64_t> &RefShape) const {
+bool Diagnoser::sharded(const TensorRecord *X, const Dims &RefShape) const {
   if (Peers.empty() || !X || X->Shape.empty() || RefShape.empty() ||
       unitRoundoff(X->Type) == 0) // ids and positions are never shards
     return false;

@@ -39,7 +39,7 @@ std::optional<double> Diagnoser::ruleRatio(const ModuleCallRecord &TC,
     return ratio(TT, ruleTensor(R, RC[0], Inputs[0]),
                  FC.size() == 1 && F ? ruleTensor(*F, FC[0], Inputs[0]) : nullptr, TC.Id);
   // The reference side's shape: its parts' shapes, concatenated.
-  std::vector<int64_t> RefShape;
+  Dims RefShape;
   for (size_t K = 0; K < RC.size(); ++K) {
     const TensorRecord *X = ruleTensor(R, RC[K], Inputs[K]);
     if (!X)
@@ -66,7 +66,7 @@ std::optional<double> Diagnoser::ruleRatio(const ModuleCallRecord &TC,
   auto Gather = [&](Side &S, const std::vector<const ModuleCallRecord *> &Calls)
       -> std::optional<std::vector<double>> {
     std::vector<std::vector<double>> Parts;
-    std::vector<std::vector<int64_t>> Shapes;
+    std::vector<Dims> Shapes;
     for (size_t K = 0; K < Calls.size(); ++K) {
       const TensorRecord *X = ruleTensor(S, Calls[K], Inputs[K]);
       if (!X)
@@ -250,7 +250,7 @@ bool Diagnoser::applyPartRule(const ModuleCallRecord &TC, const MappingRule &Rul
       return std::nullopt;
     return std::move((*Split)[size_t(Rule.Part)]);
   };
-  std::vector<int64_t> PartShape = RO->Shape;
+  Dims PartShape = RO->Shape;
   PartShape[Dim] = Sizes[size_t(Rule.Part)];
   auto XR = Part(R, RO);
   const ModuleCallRecord *FC = fp32Call(&RC);

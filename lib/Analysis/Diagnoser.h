@@ -43,7 +43,7 @@ private:
   /// any module can be blamed: a missing BOS token shows up here.
   bool checkInputs(Diagnosis &D);
 
-  static std::string shape(const std::vector<int64_t> &S) {
+  static std::string shape(llvm::ArrayRef<int64_t> S) {
     std::string Out = "[";
     for (size_t I = 0; I < S.size(); ++I)
       Out += (I ? ", " : "") + std::to_string(S[I]);
@@ -87,7 +87,7 @@ private:
                                                  const TensorRecord *B) const;
 
   /// \p S with dimensions \p Swap exchanged.
-  static std::vector<int64_t> swapped(std::vector<int64_t> S, std::pair<int, int> Swap) {
+  static Dims swapped(Dims S, std::pair<int, int> Swap) {
     std::swap(S[size_t(Swap.first)], S[size_t(Swap.second)]);
     return S;
   }
@@ -202,7 +202,7 @@ private:
   /// where the shapes left it open, else the one the shapes make (none: as
   /// it is).
   std::optional<std::pair<int, int>> layoutOf(const TensorRecord *A,
-                                              const std::vector<int64_t> &RefShape) const {
+                                              const Dims &RefShape) const {
     if (Current)
       return *Current;
     return transposition(A->Shape, RefShape);
@@ -214,7 +214,7 @@ private:
   /// tensors of every step are concatenated along the token dimension — the
   /// one where the steps' shapes differ and add up to the reference's.
   std::optional<std::vector<double>> targetValues(const TensorRecord *A, int64_t Call,
-                                                  const std::vector<int64_t> &RefShape);
+                                                  const Dims &RefShape);
 
   /// Prefill and decode steps against a one-shot reference: group each
   /// target call of step 1 with the same module's calls in later steps.
@@ -259,7 +259,7 @@ private:
   /// Whether \p X is one rank's share of a tensor of \p RefShape: the
   /// ranks' features side by side make the reference's (a column-parallel
   /// layer's output, a row-parallel one's input).
-  bool sharded(const TensorRecord *X, const std::vector<int64_t> &RefShape) const;
+  bool sharded(const TensorRecord *X, const Dims &RefShape) const;
 
   /// When a fused module is compared with the concatenation of several
   /// reference modules (a recipe: qkv_proj against q, k and v), their

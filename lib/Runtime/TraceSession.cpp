@@ -283,30 +283,50 @@ Provenance provenanceOf(const at::Tensor &T) {
 /// Copying or printing a FunctionSchema, or running the filter, at every
 /// call would dominate the observer's cost.
 struct OpKind {
+  std::string Name, Overload; ///< What the key's pointers pointed to.
   std::string Schema;
   std::vector<bool> Written;  ///< By argument position.
   uint64_t FilteredIn = 0;    ///< The session Captured was decided for.
   bool Captured = false;
+  uint64_t InternedIn = 0;    ///< The session whose writer holds Text.
+  const TraceWriter::OpText *Text = nullptr;
+};
+
+/// An operator's name and overload as RecordFunction gives them: pointers
+/// into its registered schema, stable while it is registered. A hit is
+/// checked against the text, as an operator may be deregistered and its
+/// memory reused.
+struct OpKey {
+  const char *Name, *Overload;
+  bool operator==(const OpKey &O) const { return Name == O.Name && Overload == O.Overload; }
+};
+struct OpKeyHash {
+  size_t operator()(const OpKey &K) const {
+    return std::hash<const void *>()(K.Name) * 31 + std::hash<const void *>()(K.Overload);
+  }
 };
 
 OpKind &opKind(const at::RecordFunction &Fn) {
-  thread_local std::unordered_map<std::string, OpKind> Kinds;
-  thread_local std::string Key;
-  Key.assign(Fn.name());
-  Key += '\n'; // in no name: the overload follows
-  Key += Fn.overload_name();
+  thread_local std::unordered_map<OpKey, OpKind, OpKeyHash> Kinds;
+  OpKey Key{Fn.name(), Fn.overload_name()};
   auto It = Kinds.find(Key);
-  if (It != Kinds.end())
-    return It->second;
+  if (It != Kinds.end()) {
+    if (It->second.Name == Key.Name && It->second.Overload == Key.Overload)
+      return It->second;
+    Kinds.erase(It);
+  }
   auto Schema = Fn.operator_schema();
   if (!Schema) {
     // A scope named by a string (record_function): no operator, and a
     // name that may be new at every call, so nothing is kept of it.
     thread_local OpKind Unnamed;
     Unnamed = OpKind();
+    Unnamed.Name = Key.Name;
     return Unnamed;
   }
   OpKind K;
+  K.Name = Key.Name;
+  K.Overload = Key.Overload;
   std::ostringstream OS;
   OS << *Schema;
   K.Schema = OS.str();
@@ -426,16 +446,14 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     return nullptr;
   ++OpsBegun;
   auto Ctx = std::make_unique<OpContext>();
-  OpRecord R;
-  R.Id = Ctx->OpId = S->Writer->nextOpId();
-  if (int64_t Call = openCall())
-    R.ModuleCallId = Call;
-  R.Seq = S->OpSeq++;
-  R.Name = std::string(Name);
+  int64_t Id = Ctx->OpId = S->Writer->nextOpId();
+  std::optional<int64_t> Call;
+  if (int64_t Open = openCall())
+    Call = Open;
+  int64_t Seq = S->OpSeq++;
   OpKind &Kind = opKind(Fn);
-  R.Schema = Kind.Schema;
   if (S->Options.OpFilter && Kind.FilteredIn != S->Serial) {
-    Kind.Captured = std::regex_search(R.Name, *S->Options.OpFilter);
+    Kind.Captured = std::regex_search(Kind.Name, *S->Options.OpFilter);
     Kind.FilteredIn = S->Serial;
   }
   Ctx->Capture = S->Options.OpFilter && Kind.Captured && stepCaptured(*S);
@@ -457,7 +475,15 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
       Ctx->ArgumentMutable.push_back(Written);
     }
   }
-  S->Writer->addOp(std::move(R));
+  if (Kind.Schema.empty()) {
+    S->Writer->addOp(OpRecord{Id, Call, Seq, Kind.Name, ""}); // a named scope
+  } else {
+    if (Kind.InternedIn != S->Serial) {
+      Kind.Text = S->Writer->internOp(Kind.Name, Kind.Schema);
+      Kind.InternedIn = S->Serial;
+    }
+    S->Writer->addOp(Id, Call, Seq, Kind.Text);
+  }
   if (!Read.empty()) {
     // The inputs it reads (not those it writes: they are its `mutated`
     // tensors at its end), before it runs: a KV-cache write's keys and slot

@@ -13,8 +13,8 @@ namespace ekka {
 
 namespace {
 
-std::vector<int64_t> parseInts(StringRef Text) {
-  std::vector<int64_t> Out;
+TensorDims parseInts(StringRef Text) {
+  TensorDims Out;
   Expected<json::Value> V = json::parse(Text);
   if (!V) {
     consumeError(V.takeError());
@@ -163,7 +163,7 @@ Expected<std::vector<KernelRecord>> TraceReader::kernels() {
         R.ModuleCallId = optionalInt(Row, 2);
         R.Seq = Row.columnInt(3);
         R.Name = Row.columnText(4).str();
-        std::vector<int64_t> G = parseInts(Row.columnText(5)), B = parseInts(Row.columnText(6));
+        TensorDims G = parseInts(Row.columnText(5)), B = parseInts(Row.columnText(6));
         for (unsigned I = 0; I < 3; ++I) {
           R.Grid[I] = I < G.size() ? uint32_t(G[I]) : 0;
           R.Block[I] = I < B.size() ? uint32_t(B[I]) : 0;

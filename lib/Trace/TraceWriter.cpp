@@ -134,10 +134,17 @@ private:
   }
 
   Error add(OpRecord &R, TraceCounts &Counts) {
+    return insertOp(R.Id, R.ModuleCallId, R.Seq, R.Name, R.Schema, Counts);
+  }
+  Error add(OpEvent &R, TraceCounts &Counts) {
+    return insertOp(R.Id, R.ModuleCallId, R.Seq, R.Text->Name, R.Text->Schema, Counts);
+  }
+  Error insertOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t Seq, StringRef Name,
+                 StringRef Schema, TraceCounts &Counts) {
     ++Counts.Ops;
-    Op.bind(1, R.Id);
-    Op.bind(2, R.ModuleCallId);
-    Op.bind(3, R.Seq).bind(4, R.Name).bind(5, R.Schema);
+    Op.bind(1, Id);
+    Op.bind(2, ModuleCallId);
+    Op.bind(3, Seq).bind(4, Name).bind(5, Schema);
     return Op.run();
   }
 
@@ -280,7 +287,8 @@ constexpr std::chrono::milliseconds WriterPeriod(20);
 constexpr size_t MaxQueuedRecords = 1 << 18;
 } // namespace
 
-void TraceWriter::enqueue(Item I, uint64_t Bytes) {
+template <typename T, typename... Args>
+void TraceWriter::enqueue(uint64_t Bytes, Args &&...A) {
   std::unique_lock<std::mutex> Lock(Mutex);
   if (Closing)
     return; // closed: late records (a callback still running) are dropped
@@ -296,7 +304,7 @@ void TraceWriter::enqueue(Item I, uint64_t Bytes) {
     if (Closing)
       return; // closed while it waited: dropped like any late record
   }
-  Queue.push_back(std::move(I));
+  Queue.emplace_back(std::in_place_type<T>, std::forward<Args>(A)...);
   QueuedBytes += Bytes;
   if (Bytes || Queue.size() == WakeRecords || (WriterIdle && Queue.size() == 1))
     Wake.notify_one();
@@ -337,20 +345,28 @@ void TraceWriter::recycle(std::string &&Buffer) {
 }
 
 void TraceWriter::setMeta(StringRef Key, StringRef Value) {
-  enqueue(MetaItem{Key.str(), Value.str(), nullptr}, 0);
+  enqueue<MetaItem>(0, Key.str(), Value.str(), nullptr);
 }
 void TraceWriter::setMeta(StringRef Key, std::function<std::string()> Value) {
-  enqueue(MetaItem{Key.str(), "", std::move(Value)}, 0);
+  enqueue<MetaItem>(0, Key.str(), "", std::move(Value));
 }
-void TraceWriter::addModuleCall(ModuleCallRecord R) { enqueue(std::move(R), 0); }
-void TraceWriter::addOp(OpRecord R) { enqueue(std::move(R), 0); }
-void TraceWriter::addKernel(KernelRecord R) { enqueue(std::move(R), 0); }
+void TraceWriter::addModuleCall(ModuleCallRecord R) { enqueue<ModuleCallRecord>(0, std::move(R)); }
+void TraceWriter::addOp(OpRecord R) { enqueue<OpRecord>(0, std::move(R)); }
+const TraceWriter::OpText *TraceWriter::internOp(std::string Name, std::string Schema) {
+  std::lock_guard<std::mutex> Lock(TextMutex);
+  return &OpTexts.emplace_back(OpText{std::move(Name), std::move(Schema)});
+}
+void TraceWriter::addOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t Seq,
+                        const OpText *Text) {
+  enqueue<OpEvent>(0, Id, ModuleCallId, Seq, Text);
+}
+void TraceWriter::addKernel(KernelRecord R) { enqueue<KernelRecord>(0, std::move(R)); }
 void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data, BytesUse Use) {
   uint64_t Bytes = Data ? Data->size() : 0;
-  enqueue(TensorItem{std::move(R), std::move(Data), Use, nullptr}, Bytes);
+  enqueue<TensorItem>(Bytes, std::move(R), std::move(Data), Use, nullptr);
 }
 void TraceWriter::addTensor(TensorRecord R, Completion Complete, uint64_t Bytes, BytesUse Use) {
-  enqueue(TensorItem{std::move(R), std::nullopt, Use, std::move(Complete)}, Bytes);
+  enqueue<TensorItem>(Bytes, std::move(R), std::nullopt, Use, std::move(Complete));
 }
 
 void TraceWriter::run() {

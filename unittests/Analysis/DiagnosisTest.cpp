@@ -53,7 +53,7 @@ public:
   /// Adds call Path with several outputs, each of shape \p Shape, fed by
   /// the first output of each call in \p From.
   void callOutputs(const std::string &Path, const std::string &Parent,
-                   std::vector<std::vector<float>> Outs, std::vector<int64_t> Shape,
+                   std::vector<std::vector<float>> Outs, TensorDims Shape,
                    std::vector<std::string> From = {}) {
     ModuleCallRecord C = addCall(Path, Parent);
     int64_t Index = 0;
@@ -76,10 +76,10 @@ public:
   /// truncation, or I64), or the output of call \p From when it is set.
   struct Spec {
     std::vector<float> Values;
-    std::vector<int64_t> Shape;
+    TensorDims Shape;
     DType Type = DType::F32;
     std::string From;
-    std::vector<int64_t> Strides; ///< As recorded (a view's); empty: none
+    TensorDims Strides; ///< As recorded (a view's); empty: none
   };
 
   /// Adds call Path with the given inputs and outputs.
@@ -126,13 +126,13 @@ public:
   struct OpTensor {
     const char *Role;
     std::vector<float> Values;
-    std::vector<int64_t> Shape;
+    TensorDims Shape;
     DType Type = DType::F32;
   };
   /// Adds op \p Name under call \p Path (already added), with one
   /// captured tensor of role \p Role (`output` or `mutated`); its id.
   int64_t op(const std::string &Path, const std::string &Name, const char *Role,
-             std::vector<float> Values, std::vector<int64_t> Shape) {
+             std::vector<float> Values, TensorDims Shape) {
     return opTensors(Path, Name, {OpTensor{Role, std::move(Values), std::move(Shape)}});
   }
 
@@ -1096,7 +1096,7 @@ TEST_F(DiagnosisTest, AnOpenLayoutIsSettledByTheValuesAndKeptForTheComponent) {
     return V;
   };
   auto Write = [&](StringRef Name, std::vector<float> L0, std::vector<float> L1,
-                   std::vector<int64_t> Shape, std::vector<int64_t> Strides = {}) {
+                   TensorDims Shape, TensorDims Strides = {}) {
     TraceBuilder B(dir(Name));
     B.call("", "", {0}, {}, {1, 2});
     B.callSpecs("layers.0.attn", "", {}, {Spec{L0, Shape, DType::F32, "", Strides}});

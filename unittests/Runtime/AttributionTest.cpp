@@ -118,7 +118,7 @@ TEST(Attribution, KernelBuffersAreSnapshottedAfterEachKernel) {
     const TensorRecord &T = ByKernel[Id][0];
     EXPECT_EQ(T.Role, "argument");
     EXPECT_EQ(T.Index, Param);
-    EXPECT_EQ(T.Shape, (std::vector<int64_t>{4, 8}));
+    EXPECT_EQ(T.Shape, (TensorDims{4, 8}));
     auto Bytes = (*R)->tensorBytes(T);
     ASSERT_TRUE(bool(Bytes)) << toString(Bytes.takeError());
     ASSERT_EQ(Bytes->size(), 32 * sizeof(float));

@@ -15,6 +15,8 @@
 #ifndef EKKA_ALIGN_TRANSFORMS_H
 #define EKKA_ALIGN_TRANSFORMS_H
 
+#include "ekka/Trace/TraceFormat.h"
+
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 
@@ -26,7 +28,8 @@
 
 namespace ekka {
 
-using Dims = std::vector<int64_t>;
+/// A shape, inline up to six dimensions, as a trace's tensor records hold it.
+using Dims = TensorDims;
 using Elements = std::vector<double>;
 
 /// The number of elements of \p S (1 for a scalar).

@@ -11,6 +11,7 @@
 #ifndef EKKA_TRACE_TRACEFORMAT_H
 #define EKKA_TRACE_TRACEFORMAT_H
 
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <cstdint>
@@ -90,6 +91,23 @@ struct KernelRecord {
   uint64_t SharedMem = 0, Stream = 0, CorrelationId = 0;
 };
 
+/// A tensor's sizes or strides. Held inline up to six dimensions: the
+/// traced program's thread makes a record for every op output, and the
+/// writer's thread frees it; a heap block per dimension list, allocated on
+/// one thread and freed on another, costs more than the rest of the record.
+/// Moved without copying: a queue or vector of records grows by moving them.
+struct TensorDims : llvm::SmallVector<int64_t, 6> {
+  using SmallVector::SmallVector;
+  TensorDims() = default;
+  TensorDims(const TensorDims &) = default;
+  TensorDims(TensorDims &&O) noexcept : SmallVector(std::move(O)) {}
+  TensorDims &operator=(const TensorDims &) = default;
+  TensorDims &operator=(TensorDims &&O) noexcept {
+    SmallVector::operator=(std::move(O));
+    return *this;
+  }
+};
+
 struct TensorRecord {
   int64_t Id = 0;
   TensorOwner Owner = TensorOwner::ModuleCall;
@@ -97,7 +115,7 @@ struct TensorRecord {
   std::string Role; ///< input | output | mutated | argument (a kernel's buffer)
   int64_t Index = 0; ///< Position among the owner's tensors of that role.
   DType Type = DType::F32;
-  std::vector<int64_t> Shape, Strides;
+  TensorDims Shape, Strides;
   std::string Device; ///< `cpu`, `cuda:0`
   std::optional<TensorStats> Stats;
   /// Set when the bytes were captured: which shard, under which key.

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -66,6 +67,16 @@ public:
   void setMeta(llvm::StringRef Key, std::function<std::string()> Value);
   void addModuleCall(ModuleCallRecord R);
   void addOp(OpRecord R);
+  /// An operator's name and schema, kept as long as the writer. The traced
+  /// program's thread interns each operator's once and then hands over an
+  /// op without its text: a copy per op, made on that thread and freed on
+  /// the writer's, costs more than the rest of the record.
+  struct OpText {
+    std::string Name, Schema;
+  };
+  const OpText *internOp(std::string Name, std::string Schema);
+  /// An op whose name and schema are \p Text's (from internOp).
+  void addOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t Seq, const OpText *Text);
   void addKernel(KernelRecord R);
   /// What to do with a tensor's bytes.
   enum class BytesUse {
@@ -115,11 +126,20 @@ private:
     BytesUse Use = BytesUse::Capture;
     Completion Complete;
   };
-  using Item = std::variant<MetaItem, ModuleCallRecord, OpRecord, KernelRecord, TensorItem>;
+  struct OpEvent {
+    int64_t Id;
+    std::optional<int64_t> ModuleCallId;
+    int64_t Seq;
+    const OpText *Text;
+  };
+  using Item =
+      std::variant<MetaItem, ModuleCallRecord, OpRecord, OpEvent, KernelRecord, TensorItem>;
 
   class Backend;
   TraceWriter(std::string Dir, TraceWriterOptions Options);
-  void enqueue(Item I, uint64_t Bytes);
+  /// Queues a \p T made of \p Args in place: a record is not moved from
+  /// temporary to temporary on the program's thread.
+  template <typename T, typename... Args> void enqueue(uint64_t Bytes, Args &&...A);
   void run();
   /// Keeps a written buffer for takeBuffer, up to twice a shard's bytes.
   void recycle(std::string &&Buffer);
@@ -135,6 +155,9 @@ private:
   bool WriterIdle = false; ///< The writer's thread waits for a first record.
   bool Closing = false;
   std::thread Worker;
+
+  std::mutex TextMutex;          ///< Guards OpTexts' growth.
+  std::deque<OpText> OpTexts;    ///< Never moved: internOp's pointers hold.
 
   std::mutex PoolMutex; ///< Guards Pool and PoolBytes.
   std::multimap<size_t, std::string> Pool; ///< By capacity.
