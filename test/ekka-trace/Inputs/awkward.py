@@ -187,4 +187,22 @@ elif kind == "written-later":
         y = m(torch.tensor(4.0))
         torch.add(y, y, out=y)                           # as an op's `out`
         torch._foreach_mul_([m(torch.tensor(5.0)), m(torch.tensor(6.0))], 2)  # in a list
+elif kind == "input-written":
+    class Eat(torch.nn.Module):
+        def forward(self, x):
+            x.mul_(10)                                   # its own input, in place
+            return None
+
+    class Read(torch.nn.Module):
+        def forward(self, x):
+            return None
+
+    with torch.no_grad():
+        for k in (1.0, 2.0):
+            Eat()(torch.ones(256, 256) * k)              # an op's output (256 KiB)
+        buffer = torch.empty(256, 256)
+        for k in (3.0, 4.0):
+            buffer.numpy()[:] = k                        # filled outside the ops
+            Read()(buffer)
+            buffer.numpy()[:] = 99                       # and again, right away
 print(kind, "ok")
