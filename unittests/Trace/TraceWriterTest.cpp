@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <thread>
 
 using namespace ekka;
@@ -99,6 +100,66 @@ TEST_F(TraceTest, WriteThenRead) {
   auto None = (*R)->tensorBytes((*Tensors)[1]);
   ASSERT_FALSE(bool(None));
   EXPECT_NE(toString(None.takeError()).find("was not captured"), std::string::npos);
+}
+
+// The program's hot path hands over ops by an interned text (internOp),
+// from any thread, and shapes inline up to six dimensions: a trace reads
+// the same as one written from whole records, past six dimensions too.
+TEST_F(TraceTest, InternedOpsAndInlineShapesReadBackWhole) {
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W)) << toString(W.takeError());
+  const TraceWriter::OpText *Mm =
+      (*W)->internOp("aten::mm", "aten::mm(Tensor self, Tensor mat2) -> Tensor");
+  std::vector<std::thread> Threads;
+  for (int T = 0; T < 2; ++T)
+    Threads.emplace_back([&, T] {
+      const TraceWriter::OpText *Add = (*W)->internOp(
+          "aten::add", "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor");
+      for (int I = 0; I < 500; ++I) {
+        int64_t Id = (*W)->nextOpId();
+        (*W)->addOp(Id, std::nullopt, Id, I % 2 ? Add : Mm);
+      }
+    });
+  for (std::thread &T : Threads)
+    T.join();
+  OpRecord Scope;
+  Scope.Id = (*W)->nextOpId();
+  Scope.ModuleCallId = 7;
+  Scope.Seq = Scope.Id;
+  Scope.Name = "my_scope";
+  (*W)->addOp(Scope);
+  TensorRecord Deep;
+  Deep.Id = (*W)->nextTensorId();
+  Deep.Role = "output";
+  Deep.Shape = {1, 2, 1, 2, 1, 2, 1, 2};
+  Deep.Strides = {16, 8, 8, 4, 4, 2, 2, 1};
+  Deep.Device = "cpu";
+  (*W)->addTensor(Deep);
+  ASSERT_FALSE(bool((*W)->close()));
+  EXPECT_EQ((*W)->counts().Ops, 1001u);
+
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  auto Ops = (*R)->ops();
+  ASSERT_TRUE(Ops && Ops->size() == 1001u);
+  std::map<std::string, int> Count;
+  for (const OpRecord &Op : *Ops) {
+    ++Count[Op.Name];
+    if (Op.Name == "aten::mm")
+      EXPECT_EQ(Op.Schema, "aten::mm(Tensor self, Tensor mat2) -> Tensor");
+    else if (Op.Name == "aten::add")
+      EXPECT_EQ(Op.Schema,
+                "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor");
+  }
+  EXPECT_EQ(Count["aten::mm"], 500);
+  EXPECT_EQ(Count["aten::add"], 500);
+  ASSERT_EQ(Count["my_scope"], 1);
+  EXPECT_EQ(Ops->back().Name, "my_scope");
+  EXPECT_EQ(Ops->back().ModuleCallId, std::optional<int64_t>(7));
+  auto Tensors = (*R)->tensors();
+  ASSERT_TRUE(Tensors && Tensors->size() == 1u);
+  EXPECT_EQ((*Tensors)[0].Shape, (TensorDims{1, 2, 1, 2, 1, 2, 1, 2}));
+  EXPECT_EQ((*Tensors)[0].Strides, (TensorDims{16, 8, 8, 4, 4, 2, 2, 1}));
 }
 
 // A device's read-back: the record is completed on the writer's thread,
