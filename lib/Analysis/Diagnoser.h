@@ -201,8 +201,7 @@ private:
   /// shape \p RefShape): the one chosen for the comparison in progress
   /// where the shapes left it open, else the one the shapes make (none: as
   /// it is).
-  std::optional<std::pair<int, int>> layoutOf(const TensorRecord *A,
-                                              const Dims &RefShape) const {
+  std::optional<std::pair<int, int>> layoutOf(const TensorRecord *A, const Dims &RefShape) const {
     if (Current)
       return *Current;
     return transposition(A->Shape, RefShape);

@@ -354,7 +354,7 @@ void TraceWriter::addModuleCall(ModuleCallRecord R) { enqueue<ModuleCallRecord>(
 void TraceWriter::addOp(OpRecord R) { enqueue<OpRecord>(0, std::move(R)); }
 const TraceWriter::OpText *TraceWriter::internOp(std::string Name, std::string Schema) {
   std::lock_guard<std::mutex> Lock(TextMutex);
-  return &OpTexts.emplace_back(OpText{std::move(Name), std::move(Schema)});
+  return &*OpTexts.insert(OpText{std::move(Name), std::move(Schema)}).first;
 }
 void TraceWriter::addOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t Seq,
                         const OpText *Text) {

@@ -117,15 +117,20 @@ TEST_F(TraceTest, InternedOpsAndInlineShapesReadBackWhole) {
           "aten::add", "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor");
       for (int I = 0; I < 500; ++I) {
         int64_t Id = (*W)->nextOpId();
-        (*W)->addOp(Id, std::nullopt, Id, I % 2 ? Add : Mm);
+        std::optional<int64_t> Call;
+        if (I % 3 == 0)
+          Call = 10 * Id;
+        (*W)->addOp(Id, Call, 100000 + Id, I % 2 ? Add : Mm);
       }
     });
   for (std::thread &T : Threads)
     T.join();
+  // Asked again, the same text: interned texts are bounded by the operators.
+  EXPECT_EQ((*W)->internOp("aten::mm", "aten::mm(Tensor self, Tensor mat2) -> Tensor"), Mm);
   OpRecord Scope;
   Scope.Id = (*W)->nextOpId();
   Scope.ModuleCallId = 7;
-  Scope.Seq = Scope.Id;
+  Scope.Seq = 100000 + Scope.Id;
   Scope.Name = "my_scope";
   (*W)->addOp(Scope);
   TensorRecord Deep;
@@ -145,6 +150,11 @@ TEST_F(TraceTest, InternedOpsAndInlineShapesReadBackWhole) {
   std::map<std::string, int> Count;
   for (const OpRecord &Op : *Ops) {
     ++Count[Op.Name];
+    EXPECT_EQ(Op.Seq, 100000 + Op.Id);
+    if (Op.Name != "my_scope" && Op.ModuleCallId) {
+      EXPECT_EQ(*Op.ModuleCallId, 10 * Op.Id);
+      ++Count["in a module call"];
+    }
     if (Op.Name == "aten::mm")
       EXPECT_EQ(Op.Schema, "aten::mm(Tensor self, Tensor mat2) -> Tensor");
     else if (Op.Name == "aten::add")
@@ -153,6 +163,7 @@ TEST_F(TraceTest, InternedOpsAndInlineShapesReadBackWhole) {
   }
   EXPECT_EQ(Count["aten::mm"], 500);
   EXPECT_EQ(Count["aten::add"], 500);
+  EXPECT_EQ(Count["in a module call"], 2 * 167);
   ASSERT_EQ(Count["my_scope"], 1);
   EXPECT_EQ(Ops->back().Name, "my_scope");
   EXPECT_EQ(Ops->back().ModuleCallId, std::optional<int64_t>(7));

@@ -15,7 +15,7 @@
 #ifndef EKKA_ALIGN_TRANSFORMS_H
 #define EKKA_ALIGN_TRANSFORMS_H
 
-#include "ekka/Trace/TraceFormat.h"
+#include "ekka/Support/TensorDims.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"

@@ -11,7 +11,8 @@
 #ifndef EKKA_TRACE_TRACEFORMAT_H
 #define EKKA_TRACE_TRACEFORMAT_H
 
-#include "llvm/ADT/SmallVector.h"
+#include "ekka/Support/TensorDims.h"
+
 #include "llvm/ADT/StringRef.h"
 
 #include <cstdint>
@@ -91,23 +92,6 @@ struct KernelRecord {
   uint64_t SharedMem = 0, Stream = 0, CorrelationId = 0;
 };
 
-/// A tensor's sizes or strides. Held inline up to six dimensions: the
-/// traced program's thread makes a record for every op output, and the
-/// writer's thread frees it; a heap block per dimension list, allocated on
-/// one thread and freed on another, costs more than the rest of the record.
-/// Moved without copying: a queue or vector of records grows by moving them.
-struct TensorDims : llvm::SmallVector<int64_t, 6> {
-  using SmallVector::SmallVector;
-  TensorDims() = default;
-  TensorDims(const TensorDims &) = default;
-  TensorDims(TensorDims &&O) noexcept : SmallVector(std::move(O)) {}
-  TensorDims &operator=(const TensorDims &) = default;
-  TensorDims &operator=(TensorDims &&O) noexcept {
-    SmallVector::operator=(std::move(O));
-    return *this;
-  }
-};
-
 struct TensorRecord {
   int64_t Id = 0;
   TensorOwner Owner = TensorOwner::ModuleCall;
@@ -124,6 +108,8 @@ struct TensorRecord {
   /// unchanged since. The dataflow between module calls.
   std::optional<int64_t> SourceId;
 };
+/// A queue of records that grows moves them (TensorDims).
+static_assert(std::is_nothrow_move_constructible_v<TensorRecord>);
 
 } // namespace ekka
 

@@ -8,13 +8,14 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -68,12 +69,18 @@ public:
   void addModuleCall(ModuleCallRecord R);
   void addOp(OpRecord R);
   /// An operator's name and schema, kept as long as the writer. The traced
-  /// program's thread interns each operator's once and then hands over an
-  /// op without its text: a copy per op, made on that thread and freed on
-  /// the writer's, costs more than the rest of the record.
+  /// program's thread interns them once per operator and then hands over
+  /// each op without its text: a copy per op, made on that thread and freed
+  /// on the writer's, costs more than the rest of the record.
   struct OpText {
     std::string Name, Schema;
+    bool operator<(const OpText &O) const {
+      return std::tie(Name, Schema) < std::tie(O.Name, O.Schema);
+    }
   };
+  /// The one OpText of \p Name and \p Schema: every thread, and a thread
+  /// that asks again, gets the same, so the texts are bounded by the
+  /// operators the program runs.
   const OpText *internOp(std::string Name, std::string Schema);
   /// An op whose name and schema are \p Text's (from internOp).
   void addOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t Seq, const OpText *Text);
@@ -156,8 +163,8 @@ private:
   bool Closing = false;
   std::thread Worker;
 
-  std::mutex TextMutex;          ///< Guards OpTexts' growth.
-  std::deque<OpText> OpTexts;    ///< Never moved: internOp's pointers hold.
+  std::mutex TextMutex; ///< Guards OpTexts.
+  std::set<OpText> OpTexts; ///< Its nodes never move: internOp's pointers hold.
 
   std::mutex PoolMutex; ///< Guards Pool and PoolBytes.
   std::multimap<size_t, std::string> Pool; ///< By capacity.
