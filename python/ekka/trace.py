@@ -296,9 +296,52 @@ def _open_direct(state, local, trees, stack, frame, owner):
     call_id = _enter(tree.path(owner) or "", type(owner).__name__, qualname, file, line, True,
                      inputs)
     stack.append((owner, call_id, len(inputs), True, tree, (code, mark)))
-    del frame, values
+    del values
+    _watch_return(frame, owner)
+    del frame
     _hook_direct_calls(owner)
     return tree
+
+
+def _watch_return(frame, owner):
+    """This first direct call's output: a profile function on this thread
+    sees its forward frame return, with the value it returns, and closes the
+    call with it there, as the post-hook closes a hooked call, so that the
+    ops after it (sampling) are outside it too. It runs at every call and
+    return on this thread until then (one forward), and is removed at once.
+    Not where the program has a profile function of its own (cProfile, a
+    sampling profiler): the call is then closed as before, its output
+    unseen. The frame is known by its id and code, and the model weakly:
+    neither is held."""
+    global _watcher
+    if sys.getprofile() is not None:
+        return
+    target, code, model = id(frame), frame.f_code, weakref.ref(owner)
+    del owner
+
+    def watch(f, event, arg):
+        global _watcher
+        if event != "return" or f.f_code is not code or id(f) != target:
+            return
+        sys.setprofile(None)
+        _watcher = None
+        owner = model()
+        state = _state
+        stack = getattr(state.local, "stack", None) if state is not None else None
+        if not stack or not state.active or _not_traceable():
+            return
+        # Unwind to the call: one that raised left without its exit.
+        while stack and stack[-1][0] is not owner:
+            stack.pop()
+        if stack and stack[-1][5] is not None:
+            _, call_id, positional, _, _, _ = stack.pop()
+            _exit(call_id, _tensors(arg, outputs=True), [], positional)
+
+    _watcher = watch
+    sys.setprofile(watch)
+
+
+_watcher = None  # the last profile function _watch_return set
 
 
 def _hook_direct_calls(owner):
@@ -474,7 +517,11 @@ def _unmark():
 
 
 def _stop():
+    global _watcher
     _unmark()
+    if _watcher is not None and sys.getprofile() is _watcher:
+        sys.setprofile(None)
+    _watcher = None
     # A directly called root still open on this thread ends with tracing.
     stack = getattr(_state.local, "stack", None) if _state is not None else None
     while stack:

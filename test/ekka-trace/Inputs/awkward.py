@@ -107,8 +107,23 @@ elif kind == "direct":
             # Bypasses PyTorch's hooks: the first call is recovered from the
             # stack, the second goes through the forward the shim gave m.
             h = m.forward(x)
+            assert sys.getprofile() is None  # the shim's watch has ended
             h.sum()  # after the forward returned
         m(h)
+elif kind == "direct-profiled":
+    # The program profiles itself: the shim leaves its profile function
+    # alone, and the first direct call's output is not seen.
+    events = []
+    def mine(frame, event, arg):
+        events.append(event)
+    m = Outer()
+    m.bad = torch.nn.Identity()
+    sys.setprofile(mine)
+    with torch.no_grad():
+        m.forward(x)
+        m.forward(x)
+    assert sys.getprofile() is mine and events
+    sys.setprofile(None)
 elif kind == "direct-copy":
     import copy
     import inspect
