@@ -295,15 +295,16 @@ def _open_direct(state, local, trees, stack, frame, owner):
     qualname, file, line = _class_source(state, type(owner))
     call_id = _enter(tree.path(owner) or "", type(owner).__name__, qualname, file, line, True,
                      inputs)
-    stack.append((owner, call_id, len(inputs), True, tree, (code, mark)))
+    marker = (code, mark)
+    stack.append((owner, call_id, len(inputs), True, tree, marker))
     del values
-    _watch_return(frame, owner)
+    _watch_return(frame, marker)
     del frame
     _hook_direct_calls(owner)
     return tree
 
 
-def _watch_return(frame, owner):
+def _watch_return(frame, marker):
     """This first direct call's output: a profile function on this thread
     sees its forward frame return, with the value it returns, and closes the
     call with it there, as the post-hook closes a hooked call, so that the
@@ -311,37 +312,43 @@ def _watch_return(frame, owner):
     return on this thread until then (one forward), and is removed at once.
     Not where the program has a profile function of its own (cProfile, a
     sampling profiler): the call is then closed as before, its output
-    unseen. The frame is known by its id and code, and the model weakly:
+    unseen. Nor for a generator or coroutine `forward` (a profile function
+    sees each suspension as a return). The frame is known by its id and
+    code, and the call by the mark `_open_direct` gave it (`marker`):
     neither is held."""
     global _watcher
-    if sys.getprofile() is not None:
+    code = frame.f_code
+    if sys.getprofile() is not None or code.co_flags & _SUSPENDS:
         return
-    target, code, model = id(frame), frame.f_code, weakref.ref(owner)
-    del owner
+    target = id(frame)
 
     def watch(f, event, arg):
         global _watcher
         if event != "return" or f.f_code is not code or id(f) != target:
             return
         sys.setprofile(None)
-        _watcher = None
-        owner = model()
+        if _watcher is watch:
+            _watcher = None
         state = _state
         stack = getattr(state.local, "stack", None) if state is not None else None
-        if not stack or not state.active or _not_traceable():
+        # Only the call this watch was set for, still open at the stack's
+        # bottom (its children's calls, if one raised, above it).
+        if not stack or stack[0][5] is not marker or not state.active or _not_traceable():
             return
-        # Unwind to the call: one that raised left without its exit.
-        while stack and stack[-1][0] is not owner:
-            stack.pop()
-        if stack and stack[-1][5] is not None:
-            _, call_id, positional, _, _, _ = stack.pop()
-            _exit(call_id, _tensors(arg, outputs=True), [], positional)
+        try:
+            outputs = _tensors(arg, outputs=True)
+        except Exception:  # an output pytree cannot flatten: not worth the program's return
+            outputs = []
+        del stack[1:]
+        _, call_id, positional, _, _, _ = stack.pop()
+        _exit(call_id, outputs, [], positional)
 
     _watcher = watch
     sys.setprofile(watch)
 
 
 _watcher = None  # the last profile function _watch_return set
+_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def _hook_direct_calls(owner):

@@ -110,6 +110,23 @@ elif kind == "direct":
             assert sys.getprofile() is None  # the shim's watch has ended
             h.sum()  # after the forward returned
         m(h)
+elif kind == "direct-raises":
+    # The first direct call raises in a submodule: it ends without an
+    # output, and the shim's watch with it; the next call is whole.
+    class Fails(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("bad input")
+
+    m = Outer()
+    m.bad = Fails()
+    with torch.no_grad():
+        try:
+            m.forward(x)
+        except RuntimeError:
+            pass
+        assert sys.getprofile() is None
+        m.bad = torch.nn.Identity()
+        m.forward(x)
 elif kind == "direct-profiled":
     # The program profiles itself: the shim leaves its profile function
     # alone, and the first direct call's output is not seen.
