@@ -310,9 +310,9 @@ def _watch_return(frame, marker):
     call with it there, as the post-hook closes a hooked call, so that the
     ops after it (sampling) are outside it too. It runs at every call and
     return on this thread until then (one forward), and is removed at once.
-    Not where the program has a profile function of its own (cProfile, a
-    sampling profiler): the call is then closed as before, its output
-    unseen. Nor for a generator or coroutine `forward` (a profile function
+    Not where the program has a profile function of its own (cProfile
+    before Python 3.12, yappi, pyinstrument): the call is then closed as
+    before, its output unseen. Nor for a generator or coroutine `forward` (a profile function
     sees each suspension as a return). The frame is known by its id and
     code, and the call by the mark `_open_direct` gave it (`marker`):
     neither is held."""
