@@ -312,10 +312,10 @@ def _watch_return(frame, marker):
     return on this thread until then (one forward), and is removed at once.
     Not where the program has a profile function of its own (cProfile
     before Python 3.12, yappi, pyinstrument): the call is then closed as
-    before, its output unseen. Nor for a generator or coroutine `forward` (a profile function
-    sees each suspension as a return). The frame is known by its id and
-    code, and the call by the mark `_open_direct` gave it (`marker`):
-    neither is held."""
+    before, its output unseen. Nor for a generator or coroutine `forward`
+    (a profile function sees each suspension as a return). The frame is
+    known by its id and code, and the call by the mark `_open_direct` gave
+    it (`marker`): neither is held."""
     global _watcher
     code = frame.f_code
     if sys.getprofile() is not None or code.co_flags & _SUSPENDS:
@@ -340,8 +340,7 @@ def _watch_return(frame, marker):
         except Exception:  # an output pytree cannot flatten: not worth the program's return
             outputs = []
         del stack[1:]
-        _, call_id, positional, _, _, _ = stack.pop()
-        _exit(call_id, outputs, [], positional)
+        _close_direct(stack, outputs)
 
     _watcher = watch
     sys.setprofile(watch)
@@ -395,10 +394,11 @@ def _hook_direct_calls(owner):
 _hooked_classes = {}
 
 
-def _close_direct(stack):
-    """Exits a directly called root's call (its output is not known)."""
+def _close_direct(stack, outputs=()):
+    """Exits a directly called root's call, with its `outputs` where they
+    were seen (_watch_return)."""
     _, call_id, positional, _, _, _ = stack.pop()
-    _exit(call_id, [], [], positional)
+    _exit(call_id, list(outputs), [], positional)
 
 
 _pre_hook_id = None  # the global pre-hook's handle id
