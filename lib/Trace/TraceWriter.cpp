@@ -10,7 +10,9 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <pthread.h>
 
 using namespace llvm;
@@ -29,7 +31,69 @@ std::string dim3(const uint32_t D[3]) {
   return jsonInts({int64_t(D[0]), int64_t(D[1]), int64_t(D[2])});
 }
 
+/// A chunk's bytes: a few hundred ops with their outputs.
+constexpr size_t ChunkBytes = 64 << 10;
+/// Written chunks kept for reuse, beyond those in use.
+constexpr size_t PooledChunks = 64;
+
+/// The small records a chunk holds, each a header (its first byte the
+/// kind) and, for a tensor, its statistics if it has them, then its shape
+/// and strides.
+enum class SmallKind : uint8_t { Op, Tensor };
+struct SmallOp {
+  SmallKind Kind = SmallKind::Op;
+  bool HasCall = false;
+  int64_t Id, ModuleCallId, Seq;
+  const TraceWriter::OpText *Text;
+};
+struct SmallTensor {
+  SmallKind Kind = SmallKind::Tensor;
+  uint8_t Owner, Role, Type, Rank, StrideRank;
+  bool HasStats, HasSource;
+  int64_t Id, OwnerId, Index, SourceId;
+  const std::string *Device;
+};
+static_assert(std::is_trivially_copyable_v<SmallOp> &&
+              std::is_trivially_copyable_v<SmallTensor> &&
+              std::is_trivially_copyable_v<TensorStats>);
+
+/// The roles a small record names by number.
+constexpr StringLiteral SmallRoles[] = {"input", "output", "mutated", "argument"};
+std::optional<uint8_t> smallRole(StringRef Role) {
+  for (uint8_t I = 0; I < std::size(SmallRoles); ++I)
+    if (Role == SmallRoles[I])
+      return I;
+  return std::nullopt;
+}
+
+/// Counts forks: a forked child's copy of a thread's buffer is the
+/// parent's, which the child must neither write nor lock.
+std::atomic<uint64_t> ForkGeneration{0};
+std::atomic<uint64_t> NextWriterSerial{0};
+
 } // namespace
+
+struct TraceWriter::Chunk {
+  size_t Used = 0;
+  size_t Records = 0;
+  alignas(8) char Data[ChunkBytes];
+};
+void TraceWriter::ChunkDeleter::operator()(Chunk *C) const { delete C; }
+
+/// A thread's open chunk for one writer. The thread fills it; close(), a
+/// later meta value and the thread's end take it, under Mutex.
+class TraceWriter::ThreadBuffer {
+public:
+  explicit ThreadBuffer(TraceWriter &Owner)
+      : Owner(&Owner), WriterSerial(Owner.Serial), Fork(ForkGeneration.load()) {}
+  std::mutex Mutex;
+  TraceWriter *const Owner; ///< Alive while the buffer is not Closed.
+  const uint64_t WriterSerial;
+  const uint64_t Fork;      ///< The process's ForkGeneration when it was made.
+  ChunkPtr Open;
+  const std::string *Device = nullptr; ///< The device named last, interned.
+  bool Closed = false;                 ///< The writer closed, or the thread ended.
+};
 
 /// What the background thread owns: the database, the open shard and the
 /// tensor rows waiting for it.
@@ -136,8 +200,56 @@ private:
   Error add(OpRecord &R, TraceCounts &Counts) {
     return insertOp(R.Id, R.ModuleCallId, R.Seq, R.Name, R.Schema, Counts);
   }
-  Error add(OpEvent &R, TraceCounts &Counts) {
-    return insertOp(R.Id, R.ModuleCallId, R.Seq, R.Text->Name, R.Text->Schema, Counts);
+
+  Error add(ChunkPtr &C, TraceCounts &Counts) {
+    const char *P = C->Data, *End = C->Data + C->Used;
+    while (P < End) {
+      SmallKind Kind;
+      std::memcpy(&Kind, P, sizeof Kind);
+      if (Kind == SmallKind::Op) {
+        SmallOp O;
+        std::memcpy(&O, P, sizeof O);
+        P += sizeof O;
+        std::optional<int64_t> Call;
+        if (O.HasCall)
+          Call = O.ModuleCallId;
+        if (Error E = insertOp(O.Id, Call, O.Seq, O.Text->Name, O.Text->Schema, Counts))
+          return E;
+        continue;
+      }
+      SmallTensor H;
+      std::memcpy(&H, P, sizeof H);
+      P += sizeof H;
+      TensorRecord &R = Scratch;
+      R.Id = H.Id;
+      R.Owner = TensorOwner(H.Owner);
+      R.OwnerId = H.OwnerId;
+      R.Role = SmallRoles[H.Role];
+      R.Index = H.Index;
+      R.Type = DType(H.Type);
+      R.Device = *H.Device;
+      R.Stats.reset();
+      if (H.HasStats) {
+        R.Stats.emplace();
+        std::memcpy(&*R.Stats, P, sizeof(TensorStats));
+        P += sizeof(TensorStats);
+      }
+      auto Dims = [&](TensorDims &D, unsigned Rank) {
+        D.resize(Rank);
+        std::memcpy(D.data(), P, Rank * sizeof(int64_t));
+        P += Rank * sizeof(int64_t);
+      };
+      Dims(R.Shape, H.Rank);
+      Dims(R.Strides, H.StrideRank);
+      R.SourceId.reset();
+      if (H.HasSource)
+        R.SourceId = H.SourceId;
+      ++Counts.Tensors;
+      if (Error E = insertTensor(R))
+        return E;
+    }
+    Owner.recycleChunk(std::move(C));
+    return Error::success();
   }
   Error insertOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t Seq, StringRef Name,
                  StringRef Schema, TraceCounts &Counts) {
@@ -217,6 +329,7 @@ private:
   SQLiteStatement Meta, Call, Op, Kernel, Tensor;
   SafeTensorsWriter Shard;
   std::vector<TensorRecord> Pending;
+  TensorRecord Scratch; ///< A small record's, as it is written.
   unsigned NextShard = 0;
 };
 
@@ -234,7 +347,12 @@ void removeTrace(StringRef Dir) {
 }
 
 TraceWriter::TraceWriter(std::string Dir, TraceWriterOptions Options)
-    : Dir(std::move(Dir)), Options(Options) {}
+    : Dir(std::move(Dir)), Options(Options), Serial(++NextWriterSerial) {
+  static std::once_flag AtFork;
+  std::call_once(AtFork, [] {
+    pthread_atfork(nullptr, nullptr, [] { ForkGeneration.fetch_add(1); });
+  });
+}
 
 Expected<std::unique_ptr<TraceWriter>> TraceWriter::create(StringRef Dir,
                                                            TraceWriterOptions Options) {
@@ -287,16 +405,17 @@ constexpr std::chrono::milliseconds WriterPeriod(20);
 constexpr size_t MaxQueuedRecords = 1 << 18;
 } // namespace
 
-template <typename T, typename... Args>
-void TraceWriter::enqueue(uint64_t Bytes, Args &&...A) {
+template <typename EmplaceFn>
+void TraceWriter::push(ChunkPtr Open, uint64_t Bytes, size_t Records, EmplaceFn Emplace) {
   std::unique_lock<std::mutex> Lock(Mutex);
   if (Closing)
     return; // closed: late records (a callback still running) are dropped
   // Back-pressure: a program that captures faster than the disk takes waits
   // here rather than growing the queue without bound.
   auto Room = [&] {
-    return Closing || ((QueuedBytes == 0 || QueuedBytes + Bytes <= 2 * Options.ShardBytes) &&
-                       Queue.size() < MaxQueuedRecords);
+    return Closing || NoWaiting ||
+           ((QueuedBytes == 0 || QueuedBytes + Bytes <= 2 * Options.ShardBytes) &&
+            QueuedRecords < MaxQueuedRecords);
   };
   if (!Room()) {
     Wake.notify_one();
@@ -304,10 +423,145 @@ void TraceWriter::enqueue(uint64_t Bytes, Args &&...A) {
     if (Closing)
       return; // closed while it waited: dropped like any late record
   }
-  Queue.emplace_back(std::in_place_type<T>, std::forward<Args>(A)...);
+  size_t Before = QueuedRecords;
+  if (Open) {
+    QueuedRecords += Open->Records;
+    Queue.emplace_back(std::move(Open));
+  }
+  Emplace();
+  QueuedRecords += Records;
   QueuedBytes += Bytes;
-  if (Bytes || Queue.size() == WakeRecords || (WriterIdle && Queue.size() == 1))
+  if (Bytes || (Before < WakeRecords && QueuedRecords >= WakeRecords) ||
+      (WriterIdle && Before == 0))
     Wake.notify_one();
+}
+
+void TraceWriter::push(ChunkPtr Open) {
+  if (Open && Open->Records)
+    push(std::move(Open), 0, 0, [] {});
+}
+
+template <typename T, typename... Args>
+void TraceWriter::enqueue(uint64_t Bytes, Args &&...A) {
+  auto Emplace = [&] { Queue.emplace_back(std::in_place_type<T>, std::forward<Args>(A)...); };
+  // The thread's small records so far go first, and its chunk stays
+  // locked until this record is queued after them.
+  ThreadBuffer *B = threadBuffer(/*Make=*/false);
+  if (!B)
+    return push(nullptr, Bytes, 1, Emplace);
+  std::lock_guard<std::mutex> Lock(B->Mutex);
+  ChunkPtr Open;
+  if (!B->Closed && B->Open && B->Open->Records)
+    Open = std::move(B->Open);
+  push(std::move(Open), Bytes, 1, Emplace);
+}
+
+TraceWriter::ThreadBuffer *TraceWriter::threadBuffer(bool Make) {
+  /// The calling thread's buffers, the one used last at the end. When the
+  /// thread ends, their chunks are handed over.
+  struct ThreadBuffers {
+    std::vector<std::shared_ptr<ThreadBuffer>> List;
+    ~ThreadBuffers() {
+      for (std::shared_ptr<ThreadBuffer> &B : List) {
+        if (B->Fork != ForkGeneration.load())
+          continue; // the parent's, in a forked child: not ours to touch
+        std::lock_guard<std::mutex> Lock(B->Mutex);
+        if (B->Closed)
+          continue;
+        B->Closed = true;
+        TraceWriter &W = *B->Owner;
+        W.push(std::move(B->Open));
+        std::lock_guard<std::mutex> ThreadsLock(W.ThreadsMutex);
+        llvm::erase(W.Threads, B);
+      }
+    }
+  };
+  thread_local ThreadBuffers Mine;
+  std::vector<std::shared_ptr<ThreadBuffer>> &List = Mine.List;
+  if (!List.empty() && List.back()->WriterSerial == Serial)
+    return List.back().get();
+  // Another writer's was used last (two traces at once), or none yet.
+  for (size_t I = 0; I < List.size(); ++I)
+    if (List[I]->WriterSerial == Serial && List[I]->Fork == ForkGeneration.load()) {
+      std::rotate(List.begin() + I, List.begin() + I + 1, List.end());
+      return List.back().get();
+    }
+  if (!Make)
+    return nullptr;
+  // Forget buffers of closed writers, and a forked child's parent's.
+  llvm::erase_if(List, [](const std::shared_ptr<ThreadBuffer> &B) {
+    if (B->Fork != ForkGeneration.load())
+      return true;
+    std::lock_guard<std::mutex> Lock(B->Mutex);
+    return B->Closed;
+  });
+  auto B = std::make_shared<ThreadBuffer>(*this);
+  {
+    std::lock_guard<std::mutex> Lock(ThreadsMutex);
+    if (ThreadsClosed)
+      B->Closed = true; // a first record while the writer closes: late
+    else
+      Threads.push_back(B);
+  }
+  List.push_back(std::move(B));
+  return List.back().get();
+}
+
+template <typename FillFn> void TraceWriter::appendSmall(size_t Bytes, FillFn Fill) {
+  ThreadBuffer &B = *threadBuffer(/*Make=*/true);
+  std::lock_guard<std::mutex> Lock(B.Mutex);
+  if (B.Closed)
+    return; // closed: dropped like any late record
+  if (B.Open && ChunkBytes - B.Open->Used < Bytes)
+    push(std::move(B.Open)); // full
+  if (!B.Open)
+    B.Open = takeChunk();
+  Fill(B, B.Open->Data + B.Open->Used);
+  B.Open->Used += Bytes;
+  ++B.Open->Records;
+}
+
+void TraceWriter::collectThreadChunks(bool Close) {
+  std::vector<std::shared_ptr<ThreadBuffer>> All;
+  {
+    std::lock_guard<std::mutex> Lock(ThreadsMutex);
+    All = Threads;
+    ThreadsClosed |= Close;
+  }
+  for (std::shared_ptr<ThreadBuffer> &B : All) {
+    std::lock_guard<std::mutex> Lock(B->Mutex);
+    if (B->Closed)
+      continue;
+    push(std::move(B->Open));
+    B->Closed = Close;
+  }
+}
+
+TraceWriter::ChunkPtr TraceWriter::takeChunk() {
+  {
+    std::lock_guard<std::mutex> Lock(ChunkPoolMutex);
+    if (!ChunkPool.empty()) {
+      ChunkPtr C = std::move(ChunkPool.back());
+      ChunkPool.pop_back();
+      C->Used = C->Records = 0;
+      return C;
+    }
+  }
+  return ChunkPtr(new Chunk);
+}
+
+void TraceWriter::recycleChunk(ChunkPtr C) {
+  std::lock_guard<std::mutex> Lock(ChunkPoolMutex);
+  if (ChunkPool.size() < PooledChunks)
+    ChunkPool.push_back(std::move(C));
+}
+
+const std::string *TraceWriter::internText(StringRef Text) {
+  std::lock_guard<std::mutex> Lock(TextMutex);
+  auto It = Texts.find(Text);
+  if (It == Texts.end())
+    It = Texts.insert(Text.str()).first;
+  return &*It;
 }
 
 namespace {
@@ -348,6 +602,7 @@ void TraceWriter::setMeta(StringRef Key, StringRef Value) {
   enqueue<MetaItem>(0, Key.str(), Value.str(), nullptr);
 }
 void TraceWriter::setMeta(StringRef Key, std::function<std::string()> Value) {
+  collectThreadChunks(/*Close=*/false); // "after everything enqueued before it"
   enqueue<MetaItem>(0, Key.str(), "", std::move(Value));
 }
 void TraceWriter::addModuleCall(ModuleCallRecord R) { enqueue<ModuleCallRecord>(0, std::move(R)); }
@@ -358,12 +613,50 @@ const TraceWriter::OpText *TraceWriter::internOp(std::string Name, std::string S
 }
 void TraceWriter::addOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t Seq,
                         const OpText *Text) {
-  enqueue<OpEvent>(0, Id, ModuleCallId, Seq, Text);
+  SmallOp O;
+  O.HasCall = ModuleCallId.has_value();
+  O.Id = Id;
+  O.ModuleCallId = ModuleCallId.value_or(0);
+  O.Seq = Seq;
+  O.Text = Text;
+  appendSmall(sizeof O, [&](ThreadBuffer &, char *To) { std::memcpy(To, &O, sizeof O); });
 }
 void TraceWriter::addKernel(KernelRecord R) { enqueue<KernelRecord>(0, std::move(R)); }
 void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data, BytesUse Use) {
-  uint64_t Bytes = Data ? Data->size() : 0;
-  enqueue<TensorItem>(Bytes, std::move(R), std::move(Data), Use, nullptr);
+  std::optional<uint8_t> Role = smallRole(R.Role);
+  if (Data || !Role || !R.Shard.empty() || !R.Key.empty() || R.Shape.size() > 255 ||
+      R.Strides.size() > 255) {
+    uint64_t Bytes = Data ? Data->size() : 0;
+    return enqueue<TensorItem>(Bytes, std::move(R), std::move(Data), Use, nullptr);
+  }
+  SmallTensor H;
+  H.Owner = uint8_t(R.Owner);
+  H.Role = *Role;
+  H.Type = uint8_t(R.Type);
+  H.Rank = uint8_t(R.Shape.size());
+  H.StrideRank = uint8_t(R.Strides.size());
+  H.HasStats = R.Stats.has_value();
+  H.HasSource = R.SourceId.has_value();
+  H.Id = R.Id;
+  H.OwnerId = R.OwnerId;
+  H.Index = R.Index;
+  H.SourceId = R.SourceId.value_or(0);
+  size_t Bytes = sizeof H + (H.HasStats ? sizeof(TensorStats) : 0) +
+                 (R.Shape.size() + R.Strides.size()) * sizeof(int64_t);
+  appendSmall(Bytes, [&](ThreadBuffer &B, char *To) {
+    if (!B.Device || *B.Device != R.Device)
+      B.Device = internText(R.Device);
+    H.Device = B.Device;
+    std::memcpy(To, &H, sizeof H);
+    To += sizeof H;
+    if (H.HasStats) {
+      std::memcpy(To, &*R.Stats, sizeof(TensorStats));
+      To += sizeof(TensorStats);
+    }
+    std::memcpy(To, R.Shape.data(), R.Shape.size() * sizeof(int64_t));
+    To += R.Shape.size() * sizeof(int64_t);
+    std::memcpy(To, R.Strides.data(), R.Strides.size() * sizeof(int64_t));
+  });
 }
 void TraceWriter::addTensor(TensorRecord R, Completion Complete, uint64_t Bytes, BytesUse Use) {
   enqueue<TensorItem>(Bytes, std::move(R), std::nullopt, Use, std::move(Complete));
@@ -382,10 +675,11 @@ void TraceWriter::run() {
       Wake.wait(Lock, [&] { return Closing || !Queue.empty(); });
       WriterIdle = false;
       Wake.wait_for(Lock, WriterPeriod, [&] {
-        return Closing || QueuedBytes || Queue.size() >= WakeRecords;
+        return Closing || QueuedBytes || QueuedRecords >= WakeRecords;
       });
       Batch.swap(Queue);
       QueuedBytes = 0;
+      QueuedRecords = 0;
       Last = Closing;
     }
     Drained.notify_all();
@@ -422,6 +716,14 @@ void TraceWriter::resumeAfterFork() { CountsMutex.unlock(); }
 Error TraceWriter::close() {
   if (!Worker.joinable())
     return Error::success();
+  {
+    // Nothing waits for room from now on: a thread that waits holding its
+    // chunk would keep the collection below waiting.
+    std::lock_guard<std::mutex> Lock(Mutex);
+    NoWaiting = true;
+  }
+  Drained.notify_all();
+  collectThreadChunks(/*Close=*/true);
   {
     std::lock_guard<std::mutex> Lock(Mutex);
     Closing = true;

@@ -10,8 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <thread>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 using namespace ekka;
 using namespace llvm;
@@ -171,6 +175,225 @@ TEST_F(TraceTest, InternedOpsAndInlineShapesReadBackWhole) {
   ASSERT_TRUE(Tensors && Tensors->size() == 1u);
   EXPECT_EQ((*Tensors)[0].Shape, (TensorDims{1, 2, 1, 2, 1, 2, 1, 2}));
   EXPECT_EQ((*Tensors)[0].Strides, (TensorDims{16, 8, 8, 4, 4, 2, 2, 1}));
+}
+
+/// A tensor record with no bytes: one the writer packs into the calling
+/// thread's chunk.
+TensorRecord smallTensor(TraceWriter &W, int64_t OwnerId, const char *Role, const char *Device) {
+  TensorRecord R;
+  R.Id = W.nextTensorId();
+  R.Owner = TensorOwner::Op;
+  R.OwnerId = OwnerId;
+  R.Role = Role;
+  R.Index = R.Id % 3;
+  R.Type = DType::BF16;
+  R.Shape = {R.Id % 7, 3};
+  R.Strides = {3, 1};
+  R.Device = Device;
+  if (R.Id % 2)
+    R.Stats = TensorStats{double(R.Id), 2, -1, 1, 0, R.Id % 5};
+  if (R.Id % 4 == 0)
+    R.SourceId = R.Id - 1;
+  return R;
+}
+
+/// What smallTensor made, read back.
+void expectSmallTensor(const TensorRecord &T) {
+  SCOPED_TRACE("tensor " + std::to_string(T.Id));
+  EXPECT_EQ(T.Owner, TensorOwner::Op);
+  EXPECT_EQ(T.Index, T.Id % 3);
+  EXPECT_EQ(T.Type, DType::BF16);
+  EXPECT_EQ(T.Shape, (TensorDims{T.Id % 7, 3}));
+  EXPECT_EQ(T.Strides, (TensorDims{3, 1}));
+  ASSERT_EQ(T.Stats.has_value(), T.Id % 2 == 1);
+  if (T.Stats) {
+    EXPECT_EQ(T.Stats->Sum, double(T.Id));
+    EXPECT_EQ(T.Stats->Min, -1);
+    EXPECT_EQ(T.Stats->InfCount, T.Id % 5);
+  }
+  EXPECT_EQ(T.SourceId, T.Id % 4 == 0 ? std::optional<int64_t>(T.Id - 1) : std::nullopt);
+  EXPECT_TRUE(T.Shard.empty());
+}
+
+// Ops and tensors with nothing to capture go into the adding thread's chunk,
+// handed over whole. Every record arrives: from threads that end before the
+// writer closes (their last, partly filled chunk), from one still running
+// when it closes (close() takes its chunk; what it adds later is dropped),
+// past a chunk's end, mixed with records that take the queue (a capture, an
+// unknown role, a named scope), on two devices.
+TEST_F(TraceTest, SmallRecordsFromEveryThreadAreWritten) {
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W)) << toString(W.takeError());
+  const TraceWriter::OpText *Mm =
+      (*W)->internOp("aten::mm", "aten::mm(Tensor self, Tensor mat2) -> Tensor");
+  const char *Roles[] = {"input", "output", "mutated", "argument"};
+  auto Work = [&](int Thread, int Ops) {
+    for (int I = 0; I < Ops; ++I) {
+      int64_t Op = (*W)->nextOpId();
+      (*W)->addOp(Op, std::optional<int64_t>(Thread), Op, Mm);
+      (*W)->addTensor(smallTensor(**W, Op, Roles[I % 4], I % 2 ? "cuda:1" : "cpu"));
+    }
+  };
+  std::vector<std::thread> Ended;
+  for (int T = 1; T <= 3; ++T)
+    Ended.emplace_back(Work, T, 1500); // about 150 KB each: past two chunks
+  for (std::thread &T : Ended)
+    T.join();
+  // An ended thread's last chunk is handed over at its end, not at close.
+  auto Db = SQLiteDatabase::open(Dir + "/trace.db", SQLiteDatabase::Mode::ReadOnly);
+  ASSERT_TRUE(bool(Db));
+  int64_t Written = 0;
+  for (int Try = 0; Try < 500 && Written < 3 * 1500; ++Try) {
+    auto S = (*Db)->prepare("SELECT count(*) FROM ops");
+    ASSERT_TRUE(S && S->step());
+    Written = S->columnInt(0);
+    if (Written < 3 * 1500)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Written, 3 * 1500);
+  std::mutex M;
+  std::condition_variable CV;
+  int Phase = 0;
+  std::thread Running([&] {
+    Work(4, 10);
+    std::unique_lock<std::mutex> Lock(M);
+    Phase = 1;
+    CV.notify_all();
+    CV.wait(Lock, [&] { return Phase == 2; });
+    Work(4, 10); // after close: dropped, no harm
+  });
+  {
+    std::unique_lock<std::mutex> Lock(M);
+    CV.wait(Lock, [&] { return Phase == 1; });
+  }
+  Work(5, 5);
+  TensorRecord Odd = smallTensor(**W, 1, "weight", "cpu"); // a role a chunk has no number for
+  (*W)->addTensor(Odd);
+  TensorRecord Captured = smallTensor(**W, 2, "output", "cpu");
+  Captured.Stats.reset();
+  Captured.Shape = {2};
+  Captured.Strides = {1};
+  Captured.Type = DType::F32;
+  (*W)->addTensor(Captured, floats({1, 2}));
+  Work(5, 5);
+  OpRecord Scope;
+  Scope.Id = (*W)->nextOpId();
+  Scope.Name = "my_scope";
+  (*W)->addOp(Scope);
+  ASSERT_FALSE(bool((*W)->close()));
+  {
+    std::lock_guard<std::mutex> Lock(M);
+    Phase = 2;
+    CV.notify_all();
+  }
+  Running.join();
+  TraceCounts C = (*W)->counts();
+  EXPECT_EQ(C.Ops, 3u * 1500 + 10 + 10 + 1);
+  EXPECT_EQ(C.Tensors, 3u * 1500 + 10 + 10 + 2);
+
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  auto Ops = (*R)->ops();
+  ASSERT_TRUE(Ops && Ops->size() == C.Ops);
+  std::map<int64_t, int> PerThread;
+  for (const OpRecord &Op : *Ops) {
+    if (Op.Name == "my_scope") {
+      EXPECT_FALSE(Op.ModuleCallId.has_value());
+      continue;
+    }
+    EXPECT_EQ(Op.Name, "aten::mm");
+    EXPECT_EQ(Op.Seq, Op.Id);
+    ASSERT_TRUE(Op.ModuleCallId.has_value());
+    ++PerThread[*Op.ModuleCallId];
+  }
+  EXPECT_EQ(PerThread, (std::map<int64_t, int>{{1, 1500}, {2, 1500}, {3, 1500}, {4, 10}, {5, 10}}));
+  auto Tensors = (*R)->tensors();
+  ASSERT_TRUE(Tensors && Tensors->size() == C.Tensors);
+  std::map<std::string, int> Seen;
+  for (const TensorRecord &T : *Tensors) {
+    if (T.Id == Odd.Id) {
+      EXPECT_EQ(T.Role, "weight");
+      expectSmallTensor(T);
+    } else if (T.Id == Captured.Id) {
+      EXPECT_FALSE(T.Shard.empty());
+    } else {
+      expectSmallTensor(T);
+      ++Seen[T.Role];
+      ++Seen[T.Device];
+    }
+  }
+  int Small = 3 * 1500 + 10 + 10;
+  EXPECT_EQ(Seen["input"] + Seen["output"] + Seen["mutated"] + Seen["argument"], Small);
+  EXPECT_GT(Seen["argument"], 0);
+  EXPECT_EQ(Seen["cpu"] + Seen["cuda:1"], Small);
+  EXPECT_GT(Seen["cuda:1"], 0);
+}
+
+// One thread writing two traces at once: each gets its own records.
+TEST_F(TraceTest, OneThreadWritingTwoTraces) {
+  std::string Other = (Root + "/other").str();
+  auto A = TraceWriter::create(Dir);
+  auto B = TraceWriter::create(Other);
+  ASSERT_TRUE(A && B);
+  for (int I = 0; I < 100; ++I) {
+    TraceWriter &W = I % 3 ? **A : **B;
+    W.addTensor(smallTensor(W, I, "output", "cpu"));
+  }
+  ASSERT_FALSE(bool((*A)->close()));
+  // A thread that goes on with B after A closed.
+  (*B)->addTensor(smallTensor(**B, 100, "output", "cpu"));
+  ASSERT_FALSE(bool((*B)->close()));
+  auto RA = TraceReader::open(Dir);
+  auto RB = TraceReader::open(Other);
+  ASSERT_TRUE(RA && RB);
+  auto TA = (*RA)->tensors();
+  auto TB = (*RB)->tensors();
+  ASSERT_TRUE(TA && TB);
+  EXPECT_EQ(TA->size(), 66u);
+  EXPECT_EQ(TB->size(), 35u);
+  for (const TensorRecord &T : *TB)
+    expectSmallTensor(T);
+}
+
+// A forked child has a copy of the parent's open chunk: it neither writes
+// it nor waits on its lock, and a trace of its own gets only its records.
+TEST_F(TraceTest, AForkedChildLeavesTheParentsChunkAlone) {
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W));
+  for (int I = 0; I < 10; ++I)
+    (*W)->addTensor(smallTensor(**W, I, "output", "cpu"));
+  (*W)->pauseForFork();
+  std::fflush(nullptr);
+  pid_t Child = fork();
+  if (Child == 0) {
+    (*W)->resumeAfterFork();
+    int Failed = 0;
+    {
+      auto Own = TraceWriter::create((Root + "/child").str());
+      if (!Own)
+        _exit(3);
+      for (int I = 0; I < 5; ++I)
+        (*Own)->addTensor(smallTensor(**Own, I, "output", "cpu"));
+      if (Error E = (*Own)->close()) {
+        consumeError(std::move(E));
+        Failed = 4;
+      } else if ((*Own)->counts().Tensors != 5) {
+        Failed = 5;
+      }
+    }
+    // exit(), not _exit(): the thread's buffers are let go as at any
+    // thread's end, the parent's copy among them.
+    std::exit(Failed);
+  }
+  (*W)->resumeAfterFork();
+  ASSERT_GT(Child, 0);
+  int Status = 0;
+  ASSERT_EQ(waitpid(Child, &Status, 0), Child);
+  ASSERT_TRUE(WIFEXITED(Status));
+  EXPECT_EQ(WEXITSTATUS(Status), 0);
+  (*W)->addTensor(smallTensor(**W, 10, "output", "cpu"));
+  ASSERT_FALSE(bool((*W)->close()));
+  EXPECT_EQ((*W)->counts().Tensors, 11u);
 }
 
 // A device's read-back: the record is completed on the writer's thread,

@@ -46,6 +46,13 @@ struct TraceCounts {
 /// complete on disk, so a trace whose writer died (the program crashed or was
 /// killed) is valid up to its last complete shard.
 ///
+/// Small records — an op, a tensor with no bytes to capture and nothing to
+/// complete — are packed into a chunk of the calling thread's, handed over
+/// whole when it is full, and before anything else that thread adds: the
+/// writer sees each thread's records in the order it added them. A thread's
+/// partly filled chunk is handed over when the thread ends, and by a meta
+/// value computed later and by close(), which take every thread's.
+///
 /// Thread-safe: add* may be called from any thread. Ids come from the
 /// next*Id() counters so callers can link records before they are written.
 class TraceWriter {
@@ -133,20 +140,42 @@ private:
     BytesUse Use = BytesUse::Capture;
     Completion Complete;
   };
-  struct OpEvent {
-    int64_t Id;
-    std::optional<int64_t> ModuleCallId;
-    int64_t Seq;
-    const OpText *Text;
+  /// Small records packed back to back (see the class comment).
+  struct Chunk;
+  struct ChunkDeleter {
+    void operator()(Chunk *C) const;
   };
-  using Item =
-      std::variant<MetaItem, ModuleCallRecord, OpRecord, OpEvent, KernelRecord, TensorItem>;
+  using ChunkPtr = std::unique_ptr<Chunk, ChunkDeleter>;
+  /// A thread's open chunk.
+  class ThreadBuffer;
+  using Item = std::variant<MetaItem, ModuleCallRecord, OpRecord, KernelRecord, TensorItem,
+                            ChunkPtr>;
 
   class Backend;
   TraceWriter(std::string Dir, TraceWriterOptions Options);
-  /// Queues a \p T made of \p Args in place: a record is not moved from
-  /// temporary to temporary on the program's thread.
+  /// Queues a \p T made of \p Args in place (a record is not moved from
+  /// temporary to temporary on the program's thread), after the calling
+  /// thread's open chunk.
   template <typename T, typename... Args> void enqueue(uint64_t Bytes, Args &&...A);
+  /// Queues \p Open (if not null), then what \p Emplace adds to the queue:
+  /// \p Records records, with \p Bytes captured bytes. Waits for room.
+  template <typename EmplaceFn>
+  void push(ChunkPtr Open, uint64_t Bytes, size_t Records, EmplaceFn Emplace);
+  void push(ChunkPtr Open);
+  /// Appends a small record of \p Bytes bytes, which \p Fill writes (given
+  /// the thread's buffer and where to write), to the calling thread's
+  /// chunk.
+  template <typename FillFn> void appendSmall(size_t Bytes, FillFn Fill);
+  /// The calling thread's buffer for this writer; made on first use unless
+  /// \p Make is false (then null).
+  ThreadBuffer *threadBuffer(bool Make);
+  /// Queues every thread's open chunk; with \p Close, the threads' later
+  /// small records are dropped, as late records are.
+  void collectThreadChunks(bool Close);
+  /// A chunk to fill, reused if one is free.
+  ChunkPtr takeChunk();
+  /// Keeps a written chunk for takeChunk.
+  void recycleChunk(ChunkPtr C);
   void run();
   /// Keeps a written buffer for takeBuffer, up to twice a shard's bytes.
   void recycle(std::string &&Buffer);
@@ -159,12 +188,28 @@ private:
   std::condition_variable Wake, Drained;
   std::vector<Item> Queue;
   uint64_t QueuedBytes = 0;
+  size_t QueuedRecords = 0; ///< A chunk counts its records.
   bool WriterIdle = false; ///< The writer's thread waits for a first record.
+  /// close() has begun: nothing waits for room any more.
+  bool NoWaiting = false;
   bool Closing = false;
   std::thread Worker;
+  /// Tells this writer's thread buffers from those of an earlier writer at
+  /// the same address.
+  const uint64_t Serial;
 
-  std::mutex TextMutex; ///< Guards OpTexts.
+  std::mutex TextMutex; ///< Guards OpTexts and Texts.
   std::set<OpText> OpTexts; ///< Its nodes never move: internOp's pointers hold.
+  std::set<std::string, std::less<>> Texts; ///< Device names, as small records name them.
+  /// The one copy of \p Text in Texts.
+  const std::string *internText(llvm::StringRef Text);
+
+  std::mutex ThreadsMutex; ///< Guards Threads and ThreadsClosed.
+  std::vector<std::shared_ptr<ThreadBuffer>> Threads;
+  /// close() has taken the threads' chunks: a buffer made later is closed.
+  bool ThreadsClosed = false;
+  std::mutex ChunkPoolMutex; ///< Guards ChunkPool.
+  std::vector<ChunkPtr> ChunkPool;
 
   std::mutex PoolMutex; ///< Guards Pool and PoolBytes.
   std::multimap<size_t, std::string> Pool; ///< By capacity.
