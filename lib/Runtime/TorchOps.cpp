@@ -3,12 +3,13 @@
 // The Python shim reaches the runtime through torch.ops.ekka.*: tensors pass
 // to C++ without pybind11 or a Python C extension, through the dispatcher
 // PyTorch already has. The observer ignores these ops (their names start
-// with "ekka::").
+// with "ekka::"); enter and exit are not even observed.
 //
 //===----------------------------------------------------------------------===//
 #include "SessionInternal.h"
 #include "ekka/Runtime/TraceSession.h"
 
+#include <ATen/core/dispatch/ObservedOperators.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -73,6 +74,17 @@ void simulatedLaunchOp(std::string Name, std::vector<at::Tensor> Buffers) {
     return 0;
   }, 0);
 }
+
+/// The shim's module calls are no ops of the program: the dispatcher makes
+/// no RecordFunction for them (it would box their arguments for every
+/// observer, ours included, at every module entry and exit). An operator
+/// is marked so when it is registered, below, in this file's order.
+const bool ModuleCallsUnobserved = [] {
+  auto &Unobserved = c10::ObservedOperators::getUnobservedOperatorList();
+  Unobserved.insert("ekka::enter");
+  Unobserved.insert("ekka::exit");
+  return true;
+}();
 
 } // namespace
 
