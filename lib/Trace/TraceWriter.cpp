@@ -400,20 +400,24 @@ namespace {
 /// thread switch on a busy machine) for every op.
 constexpr size_t WakeRecords = 4096;
 constexpr std::chrono::milliseconds WriterPeriod(20);
+/// With nothing queued, the writer's thread looks at the threads' open
+/// chunks this often.
+constexpr std::chrono::milliseconds IdlePeriod(100);
 /// A program that records faster than SQLite takes rows (a loop of tiny
 /// ops) waits once this many records are queued, as it does for bytes.
 constexpr size_t MaxQueuedRecords = 1 << 18;
 } // namespace
 
 template <typename EmplaceFn>
-void TraceWriter::push(ChunkPtr Open, uint64_t Bytes, size_t Records, EmplaceFn Emplace) {
+void TraceWriter::push(ChunkPtr Open, uint64_t Bytes, size_t Records, EmplaceFn Emplace,
+                       bool Wait) {
   std::unique_lock<std::mutex> Lock(Mutex);
   if (Closing)
     return; // closed: late records (a callback still running) are dropped
   // Back-pressure: a program that captures faster than the disk takes waits
   // here rather than growing the queue without bound.
   auto Room = [&] {
-    return Closing || NoWaiting ||
+    return Closing || NoWaiting || !Wait ||
            ((QueuedBytes == 0 || QueuedBytes + Bytes <= 2 * Options.ShardBytes) &&
             QueuedRecords < MaxQueuedRecords);
   };
@@ -436,9 +440,9 @@ void TraceWriter::push(ChunkPtr Open, uint64_t Bytes, size_t Records, EmplaceFn 
     Wake.notify_one();
 }
 
-void TraceWriter::push(ChunkPtr Open) {
+void TraceWriter::push(ChunkPtr Open, bool Wait) {
   if (Open && Open->Records)
-    push(std::move(Open), 0, 0, [] {});
+    push(std::move(Open), 0, 0, [] {}, Wait);
 }
 
 template <typename T, typename... Args>
@@ -521,7 +525,7 @@ template <typename FillFn> void TraceWriter::appendSmall(size_t Bytes, FillFn Fi
   ++B.Open->Records;
 }
 
-void TraceWriter::collectThreadChunks(bool Close) {
+void TraceWriter::collectThreadChunks(bool Close, bool Wait) {
   std::vector<std::shared_ptr<ThreadBuffer>> All;
   {
     std::lock_guard<std::mutex> Lock(ThreadsMutex);
@@ -529,10 +533,17 @@ void TraceWriter::collectThreadChunks(bool Close) {
     ThreadsClosed |= Close;
   }
   for (std::shared_ptr<ThreadBuffer> &B : All) {
-    std::lock_guard<std::mutex> Lock(B->Mutex);
+    // The writer's thread does not wait for a buffer: its thread may hold
+    // it while it waits for room in the queue, which only the writer's
+    // thread makes. A held buffer's thread is adding records anyway.
+    std::unique_lock<std::mutex> Lock(B->Mutex, std::defer_lock);
+    if (Wait)
+      Lock.lock();
+    else if (!Lock.try_lock())
+      continue;
     if (B->Closed)
       continue;
-    push(std::move(B->Open));
+    push(std::move(B->Open), Wait);
     B->Closed = Close;
   }
 }
@@ -667,12 +678,15 @@ void TraceWriter::run() {
   bool Failed = false;
   while (true) {
     bool Last;
+    // Records that threads hold in their open chunks go too.
+    collectThreadChunks(/*Close=*/false, /*Wait=*/false);
     {
       std::unique_lock<std::mutex> Lock(Mutex);
-      // Nothing queued: sleep until the first record. Then collect for up
-      // to a period.
+      // Nothing queued: sleep until the first record, looking at the
+      // threads' chunks now and then. Then collect for up to a period.
       WriterIdle = true;
-      Wake.wait(Lock, [&] { return Closing || !Queue.empty(); });
+      if (!Wake.wait_for(Lock, IdlePeriod, [&] { return Closing || !Queue.empty(); }))
+        continue;
       WriterIdle = false;
       Wake.wait_for(Lock, WriterPeriod, [&] {
         return Closing || QueuedBytes || QueuedRecords >= WakeRecords;

@@ -217,8 +217,9 @@ void expectSmallTensor(const TensorRecord &T) {
 
 // Ops and tensors with nothing to capture go into the adding thread's chunk,
 // handed over whole. Every record arrives: from threads that end before the
-// writer closes (their last, partly filled chunk), from one still running
-// when it closes (close() takes its chunk; what it adds later is dropped),
+// writer closes (their last, partly filled chunk), from one that waits (the
+// writer's thread takes its chunk), from one still running when it closes
+// (close() takes its chunk; what it adds later is dropped),
 // past a chunk's end, mixed with records that take the queue (a capture, an
 // unknown role, a named scope), on two devices.
 TEST_F(TraceTest, SmallRecordsFromEveryThreadAreWritten) {
@@ -266,6 +267,17 @@ TEST_F(TraceTest, SmallRecordsFromEveryThreadAreWritten) {
     std::unique_lock<std::mutex> Lock(M);
     CV.wait(Lock, [&] { return Phase == 1; });
   }
+  // A thread that adds nothing more (a program that hangs) has its open
+  // chunk taken by the writer's thread: its records are written meanwhile.
+  int64_t Waiting = 0;
+  for (int Try = 0; Try < 500 && Waiting < 10; ++Try) {
+    auto S = (*Db)->prepare("SELECT count(*) FROM ops WHERE module_call_id = 4");
+    ASSERT_TRUE(S && S->step());
+    Waiting = S->columnInt(0);
+    if (Waiting < 10)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Waiting, 10);
   Work(5, 5);
   TensorRecord Odd = smallTensor(**W, 1, "weight", "cpu"); // a role a chunk has no number for
   (*W)->addTensor(Odd);

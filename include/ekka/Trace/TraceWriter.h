@@ -50,8 +50,10 @@ struct TraceCounts {
 /// complete — are packed into a chunk of the calling thread's, handed over
 /// whole when it is full, and before anything else that thread adds: the
 /// writer sees each thread's records in the order it added them. A thread's
-/// partly filled chunk is handed over when the thread ends, and by a meta
-/// value computed later and by close(), which take every thread's.
+/// partly filled chunk is handed over when the thread ends; the writer's
+/// thread takes every thread's open chunk once a period (so records reach
+/// the database as soon as before), and so do close() and a meta value
+/// computed later.
 ///
 /// Thread-safe: add* may be called from any thread. Ids come from the
 /// next*Id() counters so callers can link records before they are written.
@@ -158,10 +160,11 @@ private:
   /// thread's open chunk.
   template <typename T, typename... Args> void enqueue(uint64_t Bytes, Args &&...A);
   /// Queues \p Open (if not null), then what \p Emplace adds to the queue:
-  /// \p Records records, with \p Bytes captured bytes. Waits for room.
+  /// \p Records records, with \p Bytes captured bytes. Waits for room
+  /// if \p Wait (the writer's own thread must not).
   template <typename EmplaceFn>
-  void push(ChunkPtr Open, uint64_t Bytes, size_t Records, EmplaceFn Emplace);
-  void push(ChunkPtr Open);
+  void push(ChunkPtr Open, uint64_t Bytes, size_t Records, EmplaceFn Emplace, bool Wait = true);
+  void push(ChunkPtr Open, bool Wait = true);
   /// Appends a small record of \p Bytes bytes, which \p Fill writes (given
   /// the thread's buffer and where to write), to the calling thread's
   /// chunk.
@@ -170,8 +173,11 @@ private:
   /// \p Make is false (then null).
   ThreadBuffer *threadBuffer(bool Make);
   /// Queues every thread's open chunk; with \p Close, the threads' later
-  /// small records are dropped, as late records are.
-  void collectThreadChunks(bool Close);
+  /// small records are dropped, as late records are. The writer's thread
+  /// does it too, every period, with \p Wait false (it neither waits for
+  /// room nor for a buffer another thread holds): a thread that stops
+  /// adding records (a program that hangs) has its last ones written.
+  void collectThreadChunks(bool Close, bool Wait = true);
   /// A chunk to fill, reused if one is free.
   ChunkPtr takeChunk();
   /// Keeps a written chunk for takeChunk.
