@@ -73,15 +73,27 @@ std::atomic<uint64_t> NextWriterSerial{0};
 
 } // namespace
 
+/// A header and its bytes after it: a thread's chunk holds ChunkBytes; a
+/// copy of a partly filled one, what it used.
 struct TraceWriter::Chunk {
+  const size_t Capacity;
   size_t Used = 0;
   size_t Records = 0;
-  alignas(8) char Data[ChunkBytes];
+  explicit Chunk(size_t Capacity) : Capacity(Capacity) {}
+  char *data() { return reinterpret_cast<char *>(this + 1); }
+  static ChunkPtr make(size_t Capacity) {
+    static_assert(sizeof(Chunk) % alignof(int64_t) == 0, "records after it stay aligned");
+    return ChunkPtr(new (::operator new(sizeof(Chunk) + Capacity)) Chunk(Capacity));
+  }
 };
-void TraceWriter::ChunkDeleter::operator()(Chunk *C) const { delete C; }
+void TraceWriter::ChunkDeleter::operator()(Chunk *C) const {
+  C->~Chunk();
+  ::operator delete(C);
+}
 
 /// A thread's open chunk for one writer. The thread fills it; close(), a
-/// later meta value and the thread's end take it, under Mutex.
+/// later meta value, the writer's thread and the thread's end take what it
+/// holds, under Mutex.
 class TraceWriter::ThreadBuffer {
 public:
   explicit ThreadBuffer(TraceWriter &Owner)
@@ -202,7 +214,7 @@ private:
   }
 
   Error add(ChunkPtr &C, TraceCounts &Counts) {
-    const char *P = C->Data, *End = C->Data + C->Used;
+    const char *P = C->data(), *End = C->data() + C->Used;
     while (P < End) {
       SmallKind Kind;
       std::memcpy(&Kind, P, sizeof Kind);
@@ -454,18 +466,37 @@ void TraceWriter::enqueue(uint64_t Bytes, Args &&...A) {
   if (!B)
     return push(nullptr, Bytes, 1, Emplace);
   std::lock_guard<std::mutex> Lock(B->Mutex);
-  ChunkPtr Open;
-  if (!B->Closed && B->Open && B->Open->Records)
-    Open = std::move(B->Open);
-  push(std::move(Open), Bytes, 1, Emplace);
+  if (B->Closed)
+    return; // close() took its chunk: late, like its small records now
+  push(takeRecords(*B), Bytes, 1, Emplace);
+}
+
+TraceWriter::ChunkPtr TraceWriter::takeRecords(ThreadBuffer &B) {
+  if (!B.Open || !B.Open->Records)
+    return nullptr;
+  if (B.Open->Used >= ChunkBytes / 2)
+    return std::move(B.Open);
+  // A few records before a module call, a kernel, a capture: copied out,
+  // and the thread keeps its chunk, so that a chunk queued holds no more
+  // memory than it uses.
+  ChunkPtr Copy = Chunk::make(B.Open->Used);
+  std::memcpy(Copy->data(), B.Open->data(), B.Open->Used);
+  Copy->Used = B.Open->Used;
+  Copy->Records = B.Open->Records;
+  B.Open->Used = B.Open->Records = 0;
+  return Copy;
 }
 
 TraceWriter::ThreadBuffer *TraceWriter::threadBuffer(bool Make) {
   /// The calling thread's buffers, the one used last at the end. When the
   /// thread ends, their chunks are handed over.
+  /// Set once the thread's buffers are gone (a record added later by a
+  /// thread_local's or a static's destructor takes the queue).
+  thread_local bool Gone = false;
   struct ThreadBuffers {
     std::vector<std::shared_ptr<ThreadBuffer>> List;
     ~ThreadBuffers() {
+      Gone = true;
       for (std::shared_ptr<ThreadBuffer> &B : List) {
         if (B->Fork != ForkGeneration.load())
           continue; // the parent's, in a forked child: not ours to touch
@@ -480,9 +511,12 @@ TraceWriter::ThreadBuffer *TraceWriter::threadBuffer(bool Make) {
       }
     }
   };
+  if (Gone)
+    return nullptr;
   thread_local ThreadBuffers Mine;
   std::vector<std::shared_ptr<ThreadBuffer>> &List = Mine.List;
-  if (!List.empty() && List.back()->WriterSerial == Serial)
+  if (!List.empty() && List.back()->WriterSerial == Serial &&
+      List.back()->Fork == ForkGeneration.load(std::memory_order_relaxed))
     return List.back().get();
   // Another writer's was used last (two traces at once), or none yet.
   for (size_t I = 0; I < List.size(); ++I)
@@ -511,18 +545,21 @@ TraceWriter::ThreadBuffer *TraceWriter::threadBuffer(bool Make) {
   return List.back().get();
 }
 
-template <typename FillFn> void TraceWriter::appendSmall(size_t Bytes, FillFn Fill) {
-  ThreadBuffer &B = *threadBuffer(/*Make=*/true);
-  std::lock_guard<std::mutex> Lock(B.Mutex);
-  if (B.Closed)
-    return; // closed: dropped like any late record
-  if (B.Open && ChunkBytes - B.Open->Used < Bytes)
-    push(std::move(B.Open)); // full
-  if (!B.Open)
-    B.Open = takeChunk();
-  Fill(B, B.Open->Data + B.Open->Used);
-  B.Open->Used += Bytes;
-  ++B.Open->Records;
+template <typename FillFn> bool TraceWriter::appendSmall(size_t Bytes, FillFn Fill) {
+  ThreadBuffer *B = threadBuffer(/*Make=*/true);
+  if (!B || Bytes > ChunkBytes)
+    return false;
+  std::lock_guard<std::mutex> Lock(B->Mutex);
+  if (B->Closed)
+    return true; // closed: dropped like any late record
+  if (B->Open && ChunkBytes - B->Open->Used < Bytes)
+    push(std::move(B->Open)); // full
+  if (!B->Open)
+    B->Open = takeChunk();
+  Fill(*B, B->Open->data() + B->Open->Used);
+  B->Open->Used += Bytes;
+  ++B->Open->Records;
+  return true;
 }
 
 void TraceWriter::collectThreadChunks(bool Close, bool Wait) {
@@ -543,7 +580,7 @@ void TraceWriter::collectThreadChunks(bool Close, bool Wait) {
       continue;
     if (B->Closed)
       continue;
-    push(std::move(B->Open), Wait);
+    push(takeRecords(*B), Wait);
     B->Closed = Close;
   }
 }
@@ -558,10 +595,12 @@ TraceWriter::ChunkPtr TraceWriter::takeChunk() {
       return C;
     }
   }
-  return ChunkPtr(new Chunk);
+  return Chunk::make(ChunkBytes);
 }
 
 void TraceWriter::recycleChunk(ChunkPtr C) {
+  if (C->Capacity != ChunkBytes)
+    return; // a copy
   std::lock_guard<std::mutex> Lock(ChunkPoolMutex);
   if (ChunkPool.size() < PooledChunks)
     ChunkPool.push_back(std::move(C));
@@ -630,7 +669,8 @@ void TraceWriter::addOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t
   O.ModuleCallId = ModuleCallId.value_or(0);
   O.Seq = Seq;
   O.Text = Text;
-  appendSmall(sizeof O, [&](ThreadBuffer &, char *To) { std::memcpy(To, &O, sizeof O); });
+  if (!appendSmall(sizeof O, [&](ThreadBuffer &, char *To) { std::memcpy(To, &O, sizeof O); }))
+    addOp(OpRecord{Id, ModuleCallId, Seq, Text->Name, Text->Schema});
 }
 void TraceWriter::addKernel(KernelRecord R) { enqueue<KernelRecord>(0, std::move(R)); }
 void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data, BytesUse Use) {
@@ -654,7 +694,7 @@ void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data, Byt
   H.SourceId = R.SourceId.value_or(0);
   size_t Bytes = sizeof H + (H.HasStats ? sizeof(TensorStats) : 0) +
                  (R.Shape.size() + R.Strides.size()) * sizeof(int64_t);
-  appendSmall(Bytes, [&](ThreadBuffer &B, char *To) {
+  bool Packed = appendSmall(Bytes, [&](ThreadBuffer &B, char *To) {
     if (!B.Device || *B.Device != R.Device)
       B.Device = internText(R.Device);
     H.Device = B.Device;
@@ -668,6 +708,8 @@ void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data, Byt
     To += R.Shape.size() * sizeof(int64_t);
     std::memcpy(To, R.Strides.data(), R.Strides.size() * sizeof(int64_t));
   });
+  if (!Packed)
+    enqueue<TensorItem>(0, std::move(R), std::nullopt, Use, nullptr);
 }
 void TraceWriter::addTensor(TensorRecord R, Completion Complete, uint64_t Bytes, BytesUse Use) {
   enqueue<TensorItem>(Bytes, std::move(R), std::nullopt, Use, std::move(Complete));
@@ -678,8 +720,12 @@ void TraceWriter::run() {
   bool Failed = false;
   while (true) {
     bool Last;
-    // Records that threads hold in their open chunks go too.
-    collectThreadChunks(/*Close=*/false, /*Wait=*/false);
+    // Records that threads hold in their open chunks go too. Under
+    // CountsMutex, as the writing: at a fork the thread is in neither.
+    if (Options.CollectThreadChunks) {
+      std::lock_guard<std::mutex> CountsLock(CountsMutex);
+      collectThreadChunks(/*Close=*/false, /*Wait=*/false);
+    }
     {
       std::unique_lock<std::mutex> Lock(Mutex);
       // Nothing queued: sleep until the first record, looking at the

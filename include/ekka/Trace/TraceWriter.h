@@ -27,6 +27,10 @@ struct TraceWriterOptions {
   /// Replace an existing directory (its trace.db and shards) instead of
   /// refusing it.
   bool Force = false;
+  /// The writer's thread takes what threads hold in their open chunks of
+  /// small records (see TraceWriter). Off only in tests of what a thread
+  /// hands over by itself.
+  bool CollectThreadChunks = true;
 };
 
 /// Removes the trace in \p Dir — trace.db (with its journal), the shards,
@@ -51,9 +55,9 @@ struct TraceCounts {
 /// whole when it is full, and before anything else that thread adds: the
 /// writer sees each thread's records in the order it added them. A thread's
 /// partly filled chunk is handed over when the thread ends; the writer's
-/// thread takes every thread's open chunk once a period (so records reach
-/// the database as soon as before), and so do close() and a meta value
-/// computed later.
+/// thread takes what every thread's open chunk holds after each batch, and
+/// every 100 ms while idle (so a thread that stops adding records has them
+/// written), and so do close() and a meta value computed later.
 ///
 /// Thread-safe: add* may be called from any thread. Ids come from the
 /// next*Id() counters so callers can link records before they are written.
@@ -123,10 +127,11 @@ public:
   /// what was written before it is kept.
   llvm::Error close();
   TraceCounts counts() const;
-  /// Around fork(): waits until the writer thread is between batches and
-  /// keeps it there, so that no SQLite or allocator lock is held by it when
-  /// the process forks (a child that opens its own trace would wait on it
-  /// forever); then lets it go on, in the parent and in the child.
+  /// Around fork(): waits until the writer thread is between batches (and
+  /// not taking threads' chunks) and keeps it there, so that no SQLite,
+  /// queue or allocator lock is held by it when the process forks (a child
+  /// that opens its own trace would wait on it forever); then lets it go
+  /// on, in the parent and in the child.
   void pauseForFork();
   void resumeAfterFork();
   llvm::StringRef directory() const { return Dir; }
@@ -167,10 +172,15 @@ private:
   void push(ChunkPtr Open, bool Wait = true);
   /// Appends a small record of \p Bytes bytes, which \p Fill writes (given
   /// the thread's buffer and where to write), to the calling thread's
-  /// chunk.
-  template <typename FillFn> void appendSmall(size_t Bytes, FillFn Fill);
+  /// chunk. False if the thread has no buffer (its thread_locals are gone):
+  /// the record is then to be queued whole.
+  template <typename FillFn> bool appendSmall(size_t Bytes, FillFn Fill);
+  /// What \p B's open chunk holds, to queue (null if nothing): the chunk
+  /// itself if it is at least half full, else a copy of its records.
+  ChunkPtr takeRecords(ThreadBuffer &B);
   /// The calling thread's buffer for this writer; made on first use unless
-  /// \p Make is false (then null).
+  /// \p Make is false (then null). Null too once the thread's buffers are
+  /// gone (at its end).
   ThreadBuffer *threadBuffer(bool Make);
   /// Queues every thread's open chunk; with \p Close, the threads' later
   /// small records are dropped, as late records are. The writer's thread
