@@ -488,11 +488,11 @@ TraceWriter::ChunkPtr TraceWriter::takeRecords(ThreadBuffer &B) {
 }
 
 TraceWriter::ThreadBuffer *TraceWriter::threadBuffer(bool Make) {
-  /// The calling thread's buffers, the one used last at the end. When the
-  /// thread ends, their chunks are handed over.
   /// Set once the thread's buffers are gone (a record added later by a
   /// thread_local's or a static's destructor takes the queue).
   thread_local bool Gone = false;
+  /// The calling thread's buffers, the one used last at the end. When the
+  /// thread ends, their chunks are handed over.
   struct ThreadBuffers {
     std::vector<std::shared_ptr<ThreadBuffer>> List;
     ~ThreadBuffers() {
