@@ -781,7 +781,7 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   if (IsRoot)
     ++S->Step;
   ModuleCallRecord R;
-  R.Id = S->Writer->nextModuleCallId();
+  int64_t Id = R.Id = S->Writer->nextModuleCallId();
   if (!CallStack.empty())
     R.ParentId = CallStack.back().Id;
   R.Seq = S->CallSeq++;
@@ -791,7 +791,7 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   R.ClassQualname = ClassQualname;
   R.SourceFile = SourceFile;
   R.SourceLine = SourceLine;
-  S->Writer->addModuleCall(R);
+  S->Writer->addModuleCall(std::move(R)); // its texts are not copied twice
   bool Capture = S->Options.CaptureModules && stepCaptured(*S) &&
                  (!S->Options.ModuleFilter || std::regex_search(Path, *S->Options.ModuleFilter));
   // Inputs: one that is an earlier module call's output, unchanged, is
@@ -799,11 +799,10 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   // parent computed with plain ops — with statistics and, if captured, bytes
   // (the root's always, for the inputs check, unless nothing is captured).
   for (size_t I = 0; I < Inputs.size(); ++I)
-    recordInput(*S, R.Id, Inputs[I], int64_t(I),
-                Capture || (IsRoot && S->Options.CaptureModules));
-  CallStack.push_back({R.Id, Capture, S->Writer->nextTensorId()});
-  S->LastOpenCall = R.Id;
-  return R.Id;
+    recordInput(*S, Id, Inputs[I], int64_t(I), Capture || (IsRoot && S->Options.CaptureModules));
+  CallStack.push_back({Id, Capture, S->Writer->nextTensorId()});
+  S->LastOpenCall = Id;
+  return Id;
 }
 
 void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
