@@ -69,9 +69,9 @@ def _not_traceable():
 def _tensors(value, outputs=False):
     """The tensors in a module's arguments or, with `outputs`, its result,
     in order. The common shapes (a tensor, a tuple or list of tensors and
-    None, a dict of them) directly; anything else through pytree: a hook
-    runs at every module call, and pytree's flattening is most of its
-    cost."""
+    None, a dict of them, nested: HF's `position_embeddings=(cos, sin)`)
+    directly, in pytree's order; anything else through pytree: a hook runs
+    at every module call, and pytree's flattening is most of its cost."""
     if isinstance(value, torch.Tensor):
         return [value]
     if type(value) in (tuple, list):
@@ -79,6 +79,8 @@ def _tensors(value, outputs=False):
         for leaf in value:
             if isinstance(leaf, torch.Tensor):
                 out.append(leaf)
+            elif type(leaf) in (tuple, list, dict):
+                out.extend(_tensors(leaf, outputs))
             elif leaf is not None and not isinstance(leaf, (int, float, bool, str)):
                 return _tensors_of_any(value, outputs)
         return out

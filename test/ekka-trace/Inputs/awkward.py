@@ -5,8 +5,9 @@ forward (as vLLM computes logits), two unrelated models taking turns, an
 inner model run alone before its whole, a model whose forward is called
 directly (as SGLang's model runner does), two overloads of one op, and
 modules that return their submodule's output, as it is or changed in
-place, a module that returns a dataclass, and module outputs the caller
-writes to in place right away."""
+place, a module that returns a dataclass, arguments and outputs nested in
+tuples, lists and dicts, and module outputs the caller writes to in place
+right away."""
 import sys
 
 import torch
@@ -206,6 +207,14 @@ elif kind == "dataclass":
             return Logits(x * 2, x + batch.positions, [1.0])
 
     Head()(x, Batch(torch.full((2, 4), 2.0)))
+elif kind == "nested":
+    class Nested(torch.nn.Module):
+        def forward(self, a, pair, named, pe=None):
+            b, (c, _) = pair
+            return a * 2, [b * 2, {"c": named["k"] * 2}]
+
+    t = [torch.full((2, 4), float(i)) for i in range(7)]
+    Nested()(t[1], (t[2], [t[3], None]), {"k": t[4]}, pe=(t[5], t[6]))
 elif kind == "written-later":
     class Ones(torch.nn.Module):
         def forward(self, k):
