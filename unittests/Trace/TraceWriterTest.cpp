@@ -215,6 +215,28 @@ void expectSmallTensor(const TensorRecord &T) {
   EXPECT_TRUE(T.Shard.empty());
 }
 
+/// The count that \p Query (a SELECT count) gives in \p Dir's trace.db,
+/// polled every 10 ms until it is \p Expected or \p Tries polls have
+/// passed (the writer's thread commits rows in batches); -1 on an error.
+int64_t countWritten(const std::string &Dir, int64_t Expected,
+                     const char *Query = "SELECT count(*) FROM ops", int Tries = 500) {
+  auto Db = SQLiteDatabase::open(Dir + "/trace.db", SQLiteDatabase::Mode::ReadOnly);
+  if (!Db) {
+    consumeError(Db.takeError());
+    return -1;
+  }
+  int64_t Written = 0;
+  for (int Try = 0; Try < Tries && Written < Expected; ++Try) {
+    auto S = (*Db)->prepare(Query);
+    if (!S || !S->step())
+      return -1;
+    Written = S->columnInt(0);
+    if (Written < Expected)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return Written;
+}
+
 // Ops and tensors with nothing to capture go into the adding thread's chunk,
 // handed over whole. Every record arrives: from threads that end before the
 // writer closes (their last, partly filled chunk), from one that waits (the
@@ -240,8 +262,6 @@ TEST_F(TraceTest, SmallRecordsFromEveryThreadAreWritten) {
     Ended.emplace_back(Work, T, 1500); // about 150 KB each: past two chunks
   for (std::thread &T : Ended)
     T.join();
-  auto Db = SQLiteDatabase::open(Dir + "/trace.db", SQLiteDatabase::Mode::ReadOnly);
-  ASSERT_TRUE(bool(Db));
   std::mutex M;
   std::condition_variable CV;
   int Phase = 0;
@@ -259,15 +279,7 @@ TEST_F(TraceTest, SmallRecordsFromEveryThreadAreWritten) {
   }
   // A thread that adds nothing more (a program that hangs) has its open
   // chunk taken by the writer's thread: its records are written meanwhile.
-  int64_t Waiting = 0;
-  for (int Try = 0; Try < 500 && Waiting < 10; ++Try) {
-    auto S = (*Db)->prepare("SELECT count(*) FROM ops WHERE module_call_id = 4");
-    ASSERT_TRUE(S && S->step());
-    Waiting = S->columnInt(0);
-    if (Waiting < 10)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(Waiting, 10);
+  EXPECT_EQ(countWritten(Dir, 10, "SELECT count(*) FROM ops WHERE module_call_id = 4"), 10);
   Work(5, 5);
   TensorRecord Odd = smallTensor(**W, 1, "weight", "cpu"); // a role a chunk has no number for
   (*W)->addTensor(Odd);
@@ -331,26 +343,6 @@ TEST_F(TraceTest, SmallRecordsFromEveryThreadAreWritten) {
   EXPECT_GT(Seen["cuda:1"], 0);
 }
 
-/// The ops in \p Dir's trace.db, polled until there are \p Expected or five
-/// seconds have passed.
-int64_t opsWritten(const std::string &Dir, int64_t Expected) {
-  auto Db = SQLiteDatabase::open(Dir + "/trace.db", SQLiteDatabase::Mode::ReadOnly);
-  if (!Db) {
-    consumeError(Db.takeError());
-    return -1;
-  }
-  int64_t Written = 0;
-  for (int Try = 0; Try < 500 && Written < Expected; ++Try) {
-    auto S = (*Db)->prepare("SELECT count(*) FROM ops");
-    if (!S || !S->step())
-      return -1;
-    Written = S->columnInt(0);
-    if (Written < Expected)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return Written;
-}
-
 // What a thread hands over by itself (the writer's thread taking no
 // chunks): a full chunk, a few records before a record that takes the queue
 // (copied out: the thread keeps its chunk), and its last records at its end.
@@ -390,19 +382,21 @@ TEST_F(TraceTest, AThreadHandsOverItsSmallRecords) {
   };
   {
     auto Lock = Next(1);
-    EXPECT_LT(opsWritten(Dir, 2000), 2000) << "an open chunk is not taken";
-    EXPECT_GT(opsWritten(Dir, 1), 0) << "a full chunk is handed over";
+    // (A short look for what must not come: 300 ms, three idle periods.)
+    int64_t Early = countWritten(Dir, 2000, "SELECT count(*) FROM ops", 30);
+    EXPECT_TRUE(Early >= 0 && Early < 2000) << Early << ": an open chunk is not taken";
+    EXPECT_GT(countWritten(Dir, 1), 0) << "a full chunk is handed over";
     Phase = 10;
     CV.notify_all();
   }
   {
     auto Lock = Next(2);
-    EXPECT_EQ(opsWritten(Dir, 2003), 2003);
+    EXPECT_EQ(countWritten(Dir, 2003), 2003);
     Phase = 20;
     CV.notify_all();
   }
   T.join();
-  EXPECT_EQ(opsWritten(Dir, 2008), 2008);
+  EXPECT_EQ(countWritten(Dir, 2008), 2008);
   ASSERT_FALSE(bool((*W)->close()));
   EXPECT_EQ((*W)->counts().Ops, 2008u);
 }
