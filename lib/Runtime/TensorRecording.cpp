@@ -1,8 +1,10 @@
 //===- TensorRecording.cpp ------------------------------------------------===//
 #include "TensorRecording.h"
+#include "DeviceStats.h"
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -251,29 +253,94 @@ bool capturingGraph(const at::Tensor &T) {
   return streamCapturing(c10::impl::getDeviceGuardImpl(T.device().type())->getStream(T.device()));
 }
 
+namespace {
+
+#if EKKA_HAVE_DEVICE_STATS
+std::optional<DeviceStatsType> deviceStatsType(const at::Tensor &T) {
+  switch (T.scalar_type()) {
+  case at::kFloat: return DeviceStatsType::F32;
+  case at::kDouble: return DeviceStatsType::F64;
+  case at::kHalf: return DeviceStatsType::F16;
+  case at::kBFloat16: return DeviceStatsType::BF16;
+  default: return std::nullopt;
+  }
+}
+#endif
+
+/// \p T's statistics by this library's own kernel (DeviceStats.h), into
+/// the six doubles of pinned \p Host, in the stream order of \p Stream.
+/// False where it cannot (built without nvcc, an element type or a GPU the
+/// kernel does not take): nothing was enqueued then.
+bool statsByKernel(const at::Tensor &T, at::Tensor &Host, const c10::Stream &Stream) {
+#if EKKA_HAVE_DEVICE_STATS
+  std::optional<DeviceStatsType> Type = deviceStatsType(T);
+  if (!Type || T.layout() != at::kStrided || Stream.device_type() != c10::DeviceType::CUDA)
+    return false;
+  double *Out = deviceAddress(Host.mutable_data_ptr());
+  if (!Out)
+    return false;
+  at::Tensor X = T.is_contiguous() ? T : T.detach().contiguous();
+  int64_t N = X.numel();
+  at::Tensor Scratch;
+  if (int64_t Doubles = deviceStatsScratch(N))
+    Scratch = at::empty({Doubles}, X.options().dtype(at::kDouble));
+  return launchDeviceStats(*Type, X.const_data_ptr(), N,
+                           Scratch.defined() ? Scratch.mutable_data_ptr<double>() : nullptr, Out,
+                           Stream.native_handle()) == 0;
+#else
+  return false;
+#endif
+}
+
+TensorStats statsOfKernel(const at::Tensor &Host) {
+  const double *V = Host.const_data_ptr<double>();
+  TensorStats S;
+  S.Sum = V[0];
+  S.SumSq = V[1];
+  S.Min = V[2];
+  S.Max = V[3];
+  S.NanCount = int64_t(V[4]);
+  S.InfCount = int64_t(V[5]);
+  return S;
+}
+
+} // namespace
+
 TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
                                        std::atomic<int64_t> &Lost) {
   at::RecordFunctionGuard NoRecord(false);
   c10::NoGradGuard NoGrad;
   if (T.numel() == 0 && !Bytes)
     return [](TensorRecord &R, std::optional<std::string> &) { R.Stats = TensorStats(); };
+  c10::DeviceGuard OnDevice(T.device());
   const c10::impl::DeviceGuardImplInterface *Device = c10::impl::getDeviceGuardImpl(T.device().type());
-  at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
-  at::Tensor Host = at::empty(Source.sizes(),
-                              Source.options().device(at::kCPU).pinned_memory(true));
-  Host.copy_(Source, /*non_blocking=*/true);
-  // The copy is on the tensor's device's current stream: the event after
+  c10::Stream Stream = Device->getStream(T.device());
+  auto Pinned = at::TensorOptions().dtype(at::kDouble).device(at::kCPU).pinned_memory(true);
+  // Statistics: one pass by our kernel, written into pinned memory, where
+  // it can; else ATen's reductions, copied there.
+  at::Tensor Host;
+  bool ByKernel = false;
+  if (!Bytes) {
+    Host = at::empty({6}, Pinned);
+    ByKernel = statsByKernel(T, Host, Stream);
+  }
+  if (!ByKernel) {
+    at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
+    Host = at::empty(Source.sizes(), Pinned.dtype(Source.scalar_type()));
+    Host.copy_(Source, /*non_blocking=*/true);
+  }
+  // The work is on the tensor's device's current stream: the event after
   // it says when the pinned buffer holds the result.
   auto Done = std::make_shared<c10::Event>(T.device().type());
-  Done->record(Device->getStream(T.device()));
-  return [Host, Done, Bytes, &Lost](TensorRecord &R, std::optional<std::string> &Data) {
+  Done->record(Stream);
+  return [Host, Done, Bytes, ByKernel, &Lost](TensorRecord &R, std::optional<std::string> &Data) {
     try {
       Done->synchronize();
       if (Bytes) {
         const char *P = static_cast<const char *>(Host.const_data_ptr());
         Data = std::string(P, P + Host.numel() * Host.element_size());
       } else {
-        R.Stats = statsOfSix(Host);
+        R.Stats = ByKernel ? statsOfKernel(Host) : statsOfSix(Host);
       }
     } catch (...) {
       ++Lost; // the record stays, without what the device did not deliver
