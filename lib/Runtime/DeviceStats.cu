@@ -4,7 +4,12 @@
 // the same treatment of NaNs and infinities, accumulated in double. The
 // order of the additions differs from the CPU's, and is fixed: each thread
 // adds its grid-strided elements in order, a block reduces its threads in a
-// tree, and the blocks' partials are reduced by one block in a tree too.
+// tree, and the last block to finish reduces the blocks' partials in a tree
+// too.
+//
+// The CUDA calls here go to this library's own, static CUDA runtime, which
+// shares the device's primary context with torch's: its errors are its own,
+// never the program's.
 //
 //===----------------------------------------------------------------------===//
 #include "DeviceStats.h"
@@ -12,6 +17,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <mutex>
+#include <vector>
 
 namespace ekka {
 
@@ -68,7 +76,9 @@ __device__ Acc reduceBlock(Acc A) {
       merge(Shared[threadIdx.x], Shared[threadIdx.x + Half]);
     __syncthreads();
   }
-  return Shared[0];
+  Acc Block = Shared[0];
+  __syncthreads(); // Shared may be used again
+  return Block;
 }
 
 __device__ void writeFinal(const Acc &A, int64_t N, double *Out) {
@@ -81,39 +91,54 @@ __device__ void writeFinal(const Acc &A, int64_t N, double *Out) {
   Out[5] = A.Inf;
 }
 
-/// Each block's statistics of its grid-strided share: the final six at
-/// \p Out with one block, else six partials per block.
+/// The statistics of \p X into \p Out. With several blocks each writes its
+/// partials into \p Partials and counts itself in \p Counter (zero before);
+/// the last one reduces them, and sets the counter back to zero.
 template <typename T>
 __global__ void __launch_bounds__(Threads)
-    blockStats(const T *X, int64_t N, double *Out) {
+    stats(const T *X, int64_t N, double *Partials, unsigned *Counter, double *Out) {
   Acc A = start();
   int64_t Stride = int64_t(gridDim.x) * Threads;
   for (int64_t I = int64_t(blockIdx.x) * Threads + threadIdx.x; I < N; I += Stride)
     add(A, load(X, I));
   A = reduceBlock(A);
-  if (threadIdx.x != 0)
+  if (gridDim.x == 1) {
+    if (threadIdx.x == 0)
+      writeFinal(A, N, Out);
     return;
-  if (gridDim.x == 1)
-    return writeFinal(A, N, Out);
-  double *P = Out + 6 * int64_t(blockIdx.x);
-  P[0] = A.Sum;
-  P[1] = A.SumSq;
-  P[2] = A.Min;
-  P[3] = A.Max;
-  P[4] = A.Nan;
-  P[5] = A.Inf;
+  }
+  __shared__ bool Last;
+  if (threadIdx.x == 0) {
+    double *P = Partials + 6 * int64_t(blockIdx.x);
+    P[0] = A.Sum;
+    P[1] = A.SumSq;
+    P[2] = A.Min;
+    P[3] = A.Max;
+    P[4] = A.Nan;
+    P[5] = A.Inf;
+    __threadfence(); // the partials before the count
+    Last = atomicAdd(Counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!Last)
+    return;
+  __threadfence();
+  Acc B = start();
+  for (unsigned Block = threadIdx.x; Block < gridDim.x; Block += Threads) {
+    const double *P = Partials + 6 * int64_t(Block);
+    merge(B, Acc{__ldcg(P), __ldcg(P + 1), __ldcg(P + 2), __ldcg(P + 3), __ldcg(P + 4),
+                 __ldcg(P + 5)});
+  }
+  B = reduceBlock(B);
+  if (threadIdx.x == 0) {
+    writeFinal(B, N, Out);
+    *Counter = 0;
+  }
 }
 
-__global__ void __launch_bounds__(Threads)
-    finalStats(const double *Partials, int Blocks, int64_t N, double *Out) {
-  Acc A = start();
-  for (int B = threadIdx.x; B < Blocks; B += Threads) {
-    const double *P = Partials + 6 * int64_t(B);
-    merge(A, Acc{P[0], P[1], P[2], P[3], P[4], P[5]});
-  }
-  A = reduceBlock(A);
-  if (threadIdx.x == 0)
-    writeFinal(A, N, Out);
+__global__ void zero(unsigned *P, unsigned N) {
+  for (unsigned I = blockIdx.x * blockDim.x + threadIdx.x; I < N; I += gridDim.x * blockDim.x)
+    P[I] = 0;
 }
 
 int blocksFor(int64_t N) {
@@ -122,18 +147,69 @@ int blocksFor(int64_t N) {
 }
 
 template <typename T>
-int launch(const void *Data, int64_t N, double *Scratch, double *Out, cudaStream_t Stream) {
+int launch(const void *Data, int64_t N, double *Scratch, unsigned *Counter, double *Out,
+           cudaStream_t Stream) {
   int Blocks = blocksFor(N);
-  const T *X = static_cast<const T *>(Data);
-  if (Blocks == 1) {
-    blockStats<T><<<1, Threads, 0, Stream>>>(X, N, Out);
-    return cudaGetLastError();
-  }
-  blockStats<T><<<Blocks, Threads, 0, Stream>>>(X, N, Scratch);
-  if (cudaError_t E = cudaGetLastError())
-    return E;
-  finalStats<<<1, Threads, 0, Stream>>>(Scratch, Blocks, N, Out);
+  stats<T><<<Blocks, Threads, 0, Stream>>>(static_cast<const T *>(Data), N, Scratch, Counter,
+                                             Out);
   return cudaGetLastError();
+}
+
+int launch(DeviceStatsType Type, const void *Data, int64_t N, double *Scratch, unsigned *Counter,
+           double *Out, cudaStream_t S) {
+  switch (Type) {
+  case DeviceStatsType::F32: return launch<float>(Data, N, Scratch, Counter, Out, S);
+  case DeviceStatsType::F64: return launch<double>(Data, N, Scratch, Counter, Out, S);
+  case DeviceStatsType::F16: return launch<__half>(Data, N, Scratch, Counter, Out, S);
+  case DeviceStatsType::BF16: return launch<__nv_bfloat16>(Data, N, Scratch, Counter, Out, S);
+  }
+  return cudaErrorInvalidValue;
+}
+
+/// A device's slots of pinned memory for results (eight doubles each, six
+/// used), their counters in device memory, and idle events. A slot is
+/// taken at the launch and freed once its result was read, so that a
+/// kernel never writes into a slot that is being read.
+struct Ring {
+  static constexpr unsigned Slots = 4096;
+  std::mutex Mutex;
+  bool Tried = false, Usable = false;
+  double *Host = nullptr, *DeviceView = nullptr;
+  unsigned *Counters = nullptr;
+  std::vector<uint32_t> Free;
+  std::vector<cudaEvent_t> Events;
+};
+
+constexpr int MaxDevices = 64;
+/// Never destroyed: a writer's thread may wait on a ring during exit.
+Ring *const Rings = new Ring[MaxDevices];
+
+/// Sets up \p R at its device's first statistics, on \p Stream (the
+/// counters are zeroed there, and waited for, once).
+bool setUp(Ring &R, cudaStream_t Stream) {
+  void *Host = nullptr, *View = nullptr, *Counters = nullptr;
+  bool Ok = cudaHostAlloc(&Host, Ring::Slots * 8 * sizeof(double),
+                          cudaHostAllocMapped | cudaHostAllocPortable) == cudaSuccess &&
+            cudaHostGetDevicePointer(&View, Host, 0) == cudaSuccess &&
+            cudaMalloc(&Counters, Ring::Slots * sizeof(unsigned)) == cudaSuccess;
+  if (Ok) {
+    zero<<<4, Threads, 0, Stream>>>(static_cast<unsigned *>(Counters), Ring::Slots);
+    Ok = cudaGetLastError() == cudaSuccess && cudaStreamSynchronize(Stream) == cudaSuccess;
+  }
+  if (!Ok) {
+    cudaGetLastError();
+    if (Counters)
+      cudaFree(Counters);
+    if (Host)
+      cudaFreeHost(Host);
+    return false;
+  }
+  R.Host = static_cast<double *>(Host);
+  R.DeviceView = static_cast<double *>(View);
+  R.Counters = static_cast<unsigned *>(Counters);
+  for (uint32_t Slot = Ring::Slots; Slot-- > 0;)
+    R.Free.push_back(Slot);
+  return true;
 }
 
 } // namespace
@@ -143,25 +219,72 @@ int64_t deviceStatsScratch(int64_t N) {
   return Blocks == 1 ? 0 : 6 * int64_t(Blocks);
 }
 
-int launchDeviceStats(DeviceStatsType Type, const void *Data, int64_t N, double *Scratch,
-                      double *Out, void *Stream) {
+bool enqueueDeviceStats(int Device, DeviceStatsType Type, const void *Data, int64_t N,
+                        double *Scratch, void *Stream, DeviceStatsTicket &Ticket) {
+  if (Device < 0 || Device >= MaxDevices)
+    return false;
+  Ring &R = Rings[Device];
   cudaStream_t S = static_cast<cudaStream_t>(Stream);
-  switch (Type) {
-  case DeviceStatsType::F32: return launch<float>(Data, N, Scratch, Out, S);
-  case DeviceStatsType::F64: return launch<double>(Data, N, Scratch, Out, S);
-  case DeviceStatsType::F16: return launch<__half>(Data, N, Scratch, Out, S);
-  case DeviceStatsType::BF16: return launch<__nv_bfloat16>(Data, N, Scratch, Out, S);
+  uint32_t Slot;
+  cudaEvent_t Event = nullptr;
+  {
+    std::lock_guard<std::mutex> Lock(R.Mutex);
+    if (!R.Tried) {
+      R.Tried = true;
+      R.Usable = setUp(R, S);
+    }
+    if (!R.Usable || R.Free.empty())
+      return false;
+    Slot = R.Free.back();
+    R.Free.pop_back();
+    if (!R.Events.empty()) {
+      Event = R.Events.back();
+      R.Events.pop_back();
+    }
   }
-  return cudaErrorInvalidValue;
+  auto GiveBack = [&] {
+    std::lock_guard<std::mutex> Lock(R.Mutex);
+    R.Free.push_back(Slot);
+    if (Event)
+      R.Events.push_back(Event);
+  };
+  if (!Event && cudaEventCreateWithFlags(&Event, cudaEventDisableTiming) != cudaSuccess) {
+    cudaGetLastError();
+    Event = nullptr;
+    GiveBack();
+    return false;
+  }
+  if (launch(Type, Data, N, Scratch, R.Counters + Slot, R.DeviceView + 8 * size_t(Slot), S) !=
+      cudaSuccess) {
+    cudaGetLastError(); // nothing was enqueued (a GPU the kernel was not built for)
+    GiveBack();
+    return false;
+  }
+  if (cudaEventRecord(Event, S) != cudaSuccess) {
+    // The kernel will write the slot: it is not given back.
+    cudaGetLastError();
+    cudaEventDestroy(Event);
+    return false;
+  }
+  Ticket = {Device, Slot, Event};
+  return true;
 }
 
-double *deviceAddress(void *Host) {
-  void *Device = nullptr;
-  if (cudaHostGetDevicePointer(&Device, Host, 0) != cudaSuccess) {
-    cudaGetLastError(); // this library's own runtime's error, not the program's
-    return nullptr;
+bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double Values[6]) {
+  Ring &R = Rings[Ticket.Device];
+  cudaEvent_t Event = static_cast<cudaEvent_t>(Ticket.Event);
+  bool Ok = cudaEventSynchronize(Event) == cudaSuccess;
+  if (Ok) {
+    const volatile double *Slot = R.Host + 8 * size_t(Ticket.Slot);
+    for (int I = 0; I < 6; ++I)
+      Values[I] = Slot[I];
+  } else {
+    cudaGetLastError();
   }
-  return static_cast<double *>(Device);
+  std::lock_guard<std::mutex> Lock(R.Mutex);
+  R.Free.push_back(Ticket.Slot);
+  R.Events.push_back(Event);
+  return Ok;
 }
 
 } // namespace ekka

@@ -1,11 +1,13 @@
 //===- DeviceStats.h - A GPU tensor's statistics in one pass ----*- C++ -*-===//
 //
 // The statistics of every module output on a GPU were nine ATen reductions
-// and a stack, each a kernel launch (about 250 us a tensor on an H200
-// machine, which made a traced Llama forward 6x slower). Here they are one
-// pass over the tensor in one kernel, two for a large tensor (per-block
-// partials, then their sum in a fixed order: the result does not depend on
-// scheduling), written straight into pinned host memory.
+// and a stack, each a kernel launch, plus a pinned buffer, a copy and an
+// event: about 380 us of the program's time a tensor on an H200 machine,
+// where each CUDA call costs several microseconds, which made a traced
+// Llama forward 6x slower. Here they are one pass over the tensor in one
+// kernel launch (the last block to finish sums the blocks' partials in a
+// fixed order: the result does not depend on scheduling), written straight
+// into a ring of pinned memory, and one event record from a pool.
 //
 // Built with nvcc when it is found (EKKA_HAVE_DEVICE_STATS); without it, or
 // for a GPU the kernels were not built for, the ATen reductions remain.
@@ -24,19 +26,30 @@ enum class DeviceStatsType { F32, F64, F16, BF16 };
 /// Doubles of device scratch the statistics of \p N elements need (0: none).
 int64_t deviceStatsScratch(int64_t N);
 
-/// Enqueues on \p Stream (a cudaStream_t of the current device) the
-/// statistics of the \p N contiguous elements at \p Data: sum, sum of
-/// squares, min and max (both skipping NaNs; NaN if all are), NaN count and
-/// infinity count, as six doubles at \p Out, which the device can write
-/// (see deviceAddress). \p Scratch holds deviceStatsScratch(N) doubles of
-/// device memory, untouched until the kernels ran. Returns 0, or the CUDA
-/// error of the launch (nothing was enqueued then: the caller falls back).
-int launchDeviceStats(DeviceStatsType Type, const void *Data, int64_t N, double *Scratch,
-                      double *Out, void *Stream);
+/// Statistics in flight: the slot of pinned memory that the kernel writes
+/// and the event recorded after it.
+struct DeviceStatsTicket {
+  int Device = -1;
+  uint32_t Slot = 0;
+  void *Event = nullptr;
+};
 
-/// The device's address of pinned host memory \p Host, or null where it
-/// has none (the caller copies instead).
-double *deviceAddress(void *Host);
+/// Enqueues on \p Stream (a cudaStream_t of device \p Device, which is
+/// current) the statistics of the \p N contiguous elements at \p Data: sum,
+/// sum of squares, min and max (both skipping NaNs; NaN if all are), NaN
+/// count and infinity count. One kernel, which writes the six doubles into a
+/// slot of the device's ring of pinned memory, and an event from a pool.
+/// \p Scratch holds deviceStatsScratch(N) doubles of device memory,
+/// untouched until the kernel ran. False when nothing was enqueued (no free
+/// slot, a GPU the kernel was not built for, a CUDA error): the caller
+/// computes them otherwise.
+bool enqueueDeviceStats(int Device, DeviceStatsType Type, const void *Data, int64_t N,
+                        double *Scratch, void *Stream, DeviceStatsTicket &Ticket);
+
+/// Waits for \p Ticket's kernel and gives its six doubles; frees the slot
+/// and the event. Exactly once per ticket. False on a CUDA error (a fault
+/// in the program's own kernels makes every later wait fail).
+bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double Values[6]);
 
 } // namespace ekka
 

@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <thread>
+#include <utility>
 
 namespace ekka {
 
@@ -117,9 +118,17 @@ DeferredStats::DeferredStats(at::Tensor T, DType Type, std::atomic<int64_t> &Una
       Bytes(uint64_t(Tensor.numel()) * Tensor.element_size()), Type(Type),
       Unavailable(&Unavailable) {}
 
+DeferredStats::DeferredStats(std::function<std::optional<TensorStats>()> Later)
+    : State(Pending), Later(std::move(Later)) {}
+
 const std::optional<TensorStats> &DeferredStats::resolve() {
   int Expected = Pending;
   if (State.compare_exchange_strong(Expected, Computing, std::memory_order_acquire)) {
+    if (Later) {
+      Stats = std::exchange(Later, nullptr)();
+      State.store(Settled, std::memory_order_release);
+      return Stats;
+    }
     // What ops do to the tensor, beforeWrite() sees; not a storage resized
     // or moved to shared memory in place (UntypedStorage.resize_,
     // share_memory_), which frees the bytes: then they are not read.
@@ -267,41 +276,63 @@ std::optional<DeviceStatsType> deviceStatsType(const at::Tensor &T) {
 }
 #endif
 
-/// \p T's statistics by this library's own kernel (DeviceStats.h), into
-/// the six doubles of pinned \p Host, in the stream order of \p Stream.
-/// False where it cannot (built without nvcc, an element type or a GPU the
-/// kernel does not take): nothing was enqueued then.
-bool statsByKernel(const at::Tensor &T, at::Tensor &Host, const c10::Stream &Stream) {
+/// Statistics that this library's own kernel computes (DeviceStats.h):
+/// waited for once, on the writer's thread, or when dropped unread.
+class KernelStats {
+public:
+  explicit KernelStats(const DeviceStatsTicket &Ticket) : Ticket(Ticket) {}
+  KernelStats(const KernelStats &) = delete;
+  KernelStats &operator=(const KernelStats &) = delete;
+  ~KernelStats() {
+    TensorStats Unread;
+    await(Unread); // the slot is reused only once the kernel is done
+  }
+  bool await(TensorStats &S) {
+#if EKKA_HAVE_DEVICE_STATS
+    if (std::exchange(Awaited, true))
+      return false;
+    double V[6];
+    if (!awaitDeviceStats(Ticket, V))
+      return false;
+    S.Sum = V[0];
+    S.SumSq = V[1];
+    S.Min = V[2];
+    S.Max = V[3];
+    S.NanCount = int64_t(V[4]);
+    S.InfCount = int64_t(V[5]);
+    return true;
+#else
+    return false;
+#endif
+  }
+
+private:
+  DeviceStatsTicket Ticket;
+  bool Awaited = false;
+};
+
+/// \p T's statistics by this library's own kernel, in the stream order of
+/// \p Stream. Null where it cannot (built without nvcc, an element type or
+/// a GPU the kernel does not take, no free slot): nothing was enqueued then.
+std::shared_ptr<KernelStats> statsByKernel(const at::Tensor &T, const c10::Stream &Stream) {
 #if EKKA_HAVE_DEVICE_STATS
   std::optional<DeviceStatsType> Type = deviceStatsType(T);
   if (!Type || T.layout() != at::kStrided || Stream.device_type() != c10::DeviceType::CUDA)
-    return false;
-  double *Out = deviceAddress(Host.mutable_data_ptr());
-  if (!Out)
-    return false;
+    return nullptr;
   at::Tensor X = T.is_contiguous() ? T : T.detach().contiguous();
   int64_t N = X.numel();
   at::Tensor Scratch;
   if (int64_t Doubles = deviceStatsScratch(N))
     Scratch = at::empty({Doubles}, X.options().dtype(at::kDouble));
-  return launchDeviceStats(*Type, X.const_data_ptr(), N,
-                           Scratch.defined() ? Scratch.mutable_data_ptr<double>() : nullptr, Out,
-                           Stream.native_handle()) == 0;
+  DeviceStatsTicket Ticket;
+  if (!enqueueDeviceStats(T.device().index(), *Type, X.const_data_ptr(), N,
+                          Scratch.defined() ? Scratch.mutable_data_ptr<double>() : nullptr,
+                          Stream.native_handle(), Ticket))
+    return nullptr;
+  return std::make_shared<KernelStats>(Ticket);
 #else
-  return false;
+  return nullptr;
 #endif
-}
-
-TensorStats statsOfKernel(const at::Tensor &Host) {
-  const double *V = Host.const_data_ptr<double>();
-  TensorStats S;
-  S.Sum = V[0];
-  S.SumSq = V[1];
-  S.Min = V[2];
-  S.Max = V[3];
-  S.NanCount = int64_t(V[4]);
-  S.InfCount = int64_t(V[5]);
-  return S;
 }
 
 } // namespace
@@ -315,32 +346,33 @@ TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
   c10::DeviceGuard OnDevice(T.device());
   const c10::impl::DeviceGuardImplInterface *Device = c10::impl::getDeviceGuardImpl(T.device().type());
   c10::Stream Stream = Device->getStream(T.device());
-  auto Pinned = at::TensorOptions().dtype(at::kDouble).device(at::kCPU).pinned_memory(true);
-  // Statistics: one pass by our kernel, written into pinned memory, where
-  // it can; else ATen's reductions, copied there.
-  at::Tensor Host;
-  bool ByKernel = false;
-  if (!Bytes) {
-    Host = at::empty({6}, Pinned);
-    ByKernel = statsByKernel(T, Host, Stream);
-  }
-  if (!ByKernel) {
-    at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
-    Host = at::empty(Source.sizes(), Pinned.dtype(Source.scalar_type()));
-    Host.copy_(Source, /*non_blocking=*/true);
-  }
-  // The work is on the tensor's device's current stream: the event after
+  // Statistics: one pass by our kernel where it can; else ATen's
+  // reductions, copied into pinned memory.
+  if (!Bytes)
+    if (std::shared_ptr<KernelStats> Kernel = statsByKernel(T, Stream))
+      return [Kernel, &Lost](TensorRecord &R, std::optional<std::string> &) {
+        TensorStats S;
+        if (Kernel->await(S))
+          R.Stats = S;
+        else
+          ++Lost; // the record stays, without what the device did not deliver
+      };
+  at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
+  at::Tensor Host = at::empty(Source.sizes(),
+                              Source.options().device(at::kCPU).pinned_memory(true));
+  Host.copy_(Source, /*non_blocking=*/true);
+  // The copy is on the tensor's device's current stream: the event after
   // it says when the pinned buffer holds the result.
   auto Done = std::make_shared<c10::Event>(T.device().type());
   Done->record(Stream);
-  return [Host, Done, Bytes, ByKernel, &Lost](TensorRecord &R, std::optional<std::string> &Data) {
+  return [Host, Done, Bytes, &Lost](TensorRecord &R, std::optional<std::string> &Data) {
     try {
       Done->synchronize();
       if (Bytes) {
         const char *P = static_cast<const char *>(Host.const_data_ptr());
         Data = std::string(P, P + Host.numel() * Host.element_size());
       } else {
-        R.Stats = ByKernel ? statsOfKernel(Host) : statsOfSix(Host);
+        R.Stats = statsOfSix(Host);
       }
     } catch (...) {
       ++Lost; // the record stays, without what the device did not deliver

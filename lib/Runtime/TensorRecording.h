@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,13 +26,17 @@ TensorStats tensorStats(const at::Tensor &T);
 /// A tensor's statistics, known, or to be computed later from the tensor
 /// itself (no copy) by whichever thread gets there first: the trace
 /// writer's, or a program's thread about to write to the tensor in place
-/// (DeferredStatsQueue::beforeWrite). Settled once computed.
+/// (DeferredStatsQueue::beforeWrite); or, for a GPU tensor, read back from
+/// the device by the first record that needs them (another record of the
+/// same tensor, unchanged, shares them). Settled once computed.
 class DeferredStats {
 public:
   explicit DeferredStats(std::optional<TensorStats> Known);
   /// For a contiguous CPU tensor of dtype \p Type, held until released.
   /// Statistics that cannot be computed are counted in \p Unavailable.
   DeferredStats(at::Tensor T, DType Type, std::atomic<int64_t> &Unavailable);
+  /// Computed by \p Later (on a GPU: waiting for the device's read-back).
+  explicit DeferredStats(std::function<std::optional<TensorStats>()> Later);
   /// Computes the statistics here unless another thread does or did (then
   /// waits for it); returns them. None if the tensor's memory is no longer
   /// where it was when it was handed over (its storage was resized or moved
@@ -56,6 +61,7 @@ private:
   uint64_t Bytes = 0;
   DType Type = DType::F32;
   std::atomic<int64_t> *Unavailable = nullptr;
+  std::function<std::optional<TensorStats>()> Later;
   std::optional<TensorStats> Stats;
 };
 

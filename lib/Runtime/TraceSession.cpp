@@ -198,14 +198,33 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   if (T.is_cuda() && (Captured || Stats)) {
     // Read back without waiting: the writer's thread waits for the copy.
     // Captured bytes give the statistics too, computed there.
+    TraceWriter::Completion Done;
     if (!Captured)
       Use = TraceWriter::BytesUse::StatsOnly;
-    TraceWriter::Completion Done;
-    {
+    if (Captured || Capturing) {
       TracerTimer Timer(TracerPart::Statistics);
       Done = Capturing ? TraceWriter::Completion([&Lost = S.LostReadbacks](
                              TensorRecord &, std::optional<std::string> &) { ++Lost; })
-                       : deviceReadback(T, Captured, S.LostReadbacks);
+                       : deviceReadback(T, /*Bytes=*/true, S.LostReadbacks);
+    } else {
+      // Statistics only: shared with a later record of the same tensor,
+      // unchanged (a module returning its last submodule's output).
+      std::shared_ptr<DeferredStats> Later = std::move(Known);
+      if (!Later) {
+        TracerTimer Timer(TracerPart::Statistics);
+        Later = std::make_shared<DeferredStats>(
+            [Read = deviceReadback(T, /*Bytes=*/false, S.LostReadbacks)] {
+              TensorRecord Into;
+              std::optional<std::string> NoBytes;
+              Read(Into, NoBytes);
+              return Into.Stats;
+            });
+      }
+      if (Computed)
+        *Computed = Later;
+      Done = [Later](TensorRecord &Out, std::optional<std::string> &) {
+        Out.Stats = Later->resolve();
+      };
     }
     S.Writer->addTensor(std::move(R), std::move(Done), Captured ? Size : 0, Use);
     return Id;
