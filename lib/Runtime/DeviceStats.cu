@@ -13,6 +13,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "DeviceStats.h"
+#include "DeviceStatsMath.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,38 +26,7 @@ namespace ekka {
 
 namespace {
 
-constexpr int Threads = 256;
-constexpr int MaxBlocks = 1024;
-/// Elements a thread takes before a second block is worth its launch.
-constexpr int64_t PerThread = 16;
-
-struct Acc {
-  double Sum, SumSq, Min, Max, Nan, Inf;
-};
-
-__device__ inline Acc start() { return {0.0, 0.0, INFINITY, -INFINITY, 0.0, 0.0}; }
-
-__device__ inline void add(Acc &A, double V) {
-  A.Sum += V;
-  A.SumSq += V * V;
-  if (V != V) {
-    A.Nan += 1;
-    return;
-  }
-  if (isinf(V))
-    A.Inf += 1;
-  A.Min = V < A.Min ? V : A.Min;
-  A.Max = V > A.Max ? V : A.Max;
-}
-
-__device__ inline void merge(Acc &A, const Acc &B) {
-  A.Sum += B.Sum;
-  A.SumSq += B.SumSq;
-  A.Min = B.Min < A.Min ? B.Min : A.Min;
-  A.Max = B.Max > A.Max ? B.Max : A.Max;
-  A.Nan += B.Nan;
-  A.Inf += B.Inf;
-}
+using namespace devicestats;
 
 __device__ inline double load(const float *X, int64_t I) { return X[I]; }
 __device__ inline double load(const double *X, int64_t I) { return X[I]; }
@@ -81,16 +51,6 @@ __device__ Acc reduceBlock(Acc A) {
   return Block;
 }
 
-__device__ void writeFinal(const Acc &A, int64_t N, double *Out) {
-  bool AllNan = A.Nan == double(N);
-  Out[0] = A.Sum;
-  Out[1] = A.SumSq;
-  Out[2] = AllNan ? NAN : A.Min;
-  Out[3] = AllNan ? NAN : A.Max;
-  Out[4] = A.Nan;
-  Out[5] = A.Inf;
-}
-
 /// The statistics of \p X into \p Out. With several blocks each writes its
 /// partials into \p Partials and counts itself in \p Counter (zero before);
 /// the last one reduces them, and sets the counter back to zero.
@@ -104,7 +64,7 @@ __global__ void __launch_bounds__(Threads)
   A = reduceBlock(A);
   if (gridDim.x == 1) {
     if (threadIdx.x == 0)
-      writeFinal(A, N, Out);
+      finish(A, N, Out);
     return;
   }
   __shared__ bool Last;
@@ -131,19 +91,9 @@ __global__ void __launch_bounds__(Threads)
   }
   B = reduceBlock(B);
   if (threadIdx.x == 0) {
-    writeFinal(B, N, Out);
+    finish(B, N, Out);
     *Counter = 0;
   }
-}
-
-__global__ void zero(unsigned *P, unsigned N) {
-  for (unsigned I = blockIdx.x * blockDim.x + threadIdx.x; I < N; I += gridDim.x * blockDim.x)
-    P[I] = 0;
-}
-
-int blocksFor(int64_t N) {
-  int64_t Blocks = (N + Threads * PerThread - 1) / (Threads * PerThread);
-  return int(Blocks < 1 ? 1 : Blocks > MaxBlocks ? MaxBlocks : Blocks);
 }
 
 template <typename T>
@@ -171,9 +121,13 @@ int launch(DeviceStatsType Type, const void *Data, int64_t N, double *Scratch, u
 /// taken at the launch and freed once its result was read, so that a
 /// kernel never writes into a slot that is being read.
 struct Ring {
-  static constexpr unsigned Slots = 4096;
+  static constexpr unsigned Slots = 1 << 16;
+  /// Set-ups tried and failed before the kernel is given up on this device.
+  static constexpr int MaxTries = 3;
   std::mutex Mutex;
-  bool Tried = false, Usable = false;
+  int Failures = 0;
+  bool Usable = false;
+  const char *Why = nullptr; ///< The last set-up's error.
   double *Host = nullptr, *DeviceView = nullptr;
   unsigned *Counters = nullptr;
   std::vector<uint32_t> Free;
@@ -185,31 +139,44 @@ constexpr int MaxDevices = 64;
 Ring *const Rings = new Ring[MaxDevices];
 
 /// Sets up \p R at its device's first statistics, on \p Stream (the
-/// counters are zeroed there, and waited for, once).
-bool setUp(Ring &R, cudaStream_t Stream) {
+/// counters are zeroed there, and waited for, once). The kernels are
+/// loaded now rather than at their first launch (CUDA loads modules
+/// lazily), which also tells whether this GPU has an image of them.
+cudaError_t setUp(Ring &R, cudaStream_t Stream) {
   void *Host = nullptr, *View = nullptr, *Counters = nullptr;
-  bool Ok = cudaHostAlloc(&Host, Ring::Slots * 8 * sizeof(double),
-                          cudaHostAllocMapped | cudaHostAllocPortable) == cudaSuccess &&
-            cudaHostGetDevicePointer(&View, Host, 0) == cudaSuccess &&
-            cudaMalloc(&Counters, Ring::Slots * sizeof(unsigned)) == cudaSuccess;
-  if (Ok) {
-    zero<<<4, Threads, 0, Stream>>>(static_cast<unsigned *>(Counters), Ring::Slots);
-    Ok = cudaGetLastError() == cudaSuccess && cudaStreamSynchronize(Stream) == cudaSuccess;
-  }
-  if (!Ok) {
+  cudaFuncAttributes Attributes;
+  cudaError_t E = cudaFuncGetAttributes(&Attributes, stats<float>);
+  if (!E)
+    E = cudaFuncGetAttributes(&Attributes, stats<double>);
+  if (!E)
+    E = cudaFuncGetAttributes(&Attributes, stats<__half>);
+  if (!E)
+    E = cudaFuncGetAttributes(&Attributes, stats<__nv_bfloat16>);
+  if (!E)
+    E = cudaHostAlloc(&Host, Ring::Slots * 8 * sizeof(double),
+                      cudaHostAllocMapped | cudaHostAllocPortable);
+  if (!E)
+    E = cudaHostGetDevicePointer(&View, Host, 0);
+  if (!E)
+    E = cudaMalloc(&Counters, Ring::Slots * sizeof(unsigned));
+  if (!E)
+    E = cudaMemsetAsync(Counters, 0, Ring::Slots * sizeof(unsigned), Stream);
+  if (!E)
+    E = cudaStreamSynchronize(Stream);
+  if (E) {
     cudaGetLastError();
     if (Counters)
       cudaFree(Counters);
     if (Host)
       cudaFreeHost(Host);
-    return false;
+    return E;
   }
   R.Host = static_cast<double *>(Host);
   R.DeviceView = static_cast<double *>(View);
   R.Counters = static_cast<unsigned *>(Counters);
   for (uint32_t Slot = Ring::Slots; Slot-- > 0;)
     R.Free.push_back(Slot);
-  return true;
+  return cudaSuccess;
 }
 
 } // namespace
@@ -229,9 +196,13 @@ bool enqueueDeviceStats(int Device, DeviceStatsType Type, const void *Data, int6
   cudaEvent_t Event = nullptr;
   {
     std::lock_guard<std::mutex> Lock(R.Mutex);
-    if (!R.Tried) {
-      R.Tried = true;
-      R.Usable = setUp(R, S);
+    if (!R.Usable && R.Failures < Ring::MaxTries) {
+      cudaError_t E = setUp(R, S);
+      R.Usable = E == cudaSuccess;
+      if (!R.Usable) {
+        ++R.Failures;
+        R.Why = cudaGetErrorString(E);
+      }
     }
     if (!R.Usable || R.Free.empty())
       return false;
@@ -268,6 +239,15 @@ bool enqueueDeviceStats(int Device, DeviceStatsType Type, const void *Data, int6
   }
   Ticket = {Device, Slot, Event};
   return true;
+}
+
+const char *deviceStatsUnavailable() {
+  for (int D = 0; D < MaxDevices; ++D) {
+    std::lock_guard<std::mutex> Lock(Rings[D].Mutex);
+    if (!Rings[D].Usable && Rings[D].Why)
+      return Rings[D].Why;
+  }
+  return nullptr;
 }
 
 bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double Values[6]) {

@@ -51,6 +51,10 @@ bool enqueueDeviceStats(int Device, DeviceStatsType Type, const void *Data, int6
 /// in the program's own kernels makes every later wait fail).
 bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double Values[6]);
 
+/// Why the kernel could not be set up on a device, if it could not (a CUDA
+/// error's description); else null.
+const char *deviceStatsUnavailable();
+
 } // namespace ekka
 
 #endif

@@ -52,24 +52,28 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R) {
 namespace {
 
 /// Sum, sum of squares, min, max, NaN and Inf counts of \p T, as six
-/// doubles computed where \p T is (asynchronously on a GPU), in few
-/// kernels: reductions that accumulate in double without a double copy of
-/// the tensor, and one stack that promotes their results. The second is
-/// the 2-norm; statsOfSix squares it.
+/// doubles computed where \p T is (asynchronously on a GPU) by ATen's
+/// reductions: ones that accumulate in double without a double copy of the
+/// tensor, and one stack that promotes their results. The second is the
+/// 2-norm; statsOfSix squares it. Min and max skip NaNs, as statsOfBytes's
+/// do (statsOfSix makes them NaN when every element is one).
 at::Tensor statsOnDevice(const at::Tensor &T) {
   at::Tensor X = T.detach();
   switch (X.scalar_type()) {
   case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble: break;
   default: X = X.to(at::kDouble); // integers, booleans, float8
   }
-  auto [Min, Max] = at::aminmax(X);
+  at::Tensor Nan = at::isnan(X);
+  const double Inf = std::numeric_limits<double>::infinity();
   return at::stack({at::sum(X, at::kDouble),
-                    at::linalg_vector_norm(X, 2, std::nullopt, false, at::kDouble), Min, Max,
-                    at::isnan(X).sum(), at::isinf(X).sum()})
+                    at::linalg_vector_norm(X, 2, std::nullopt, false, at::kDouble),
+                    at::amin(X.masked_fill(Nan, Inf)), at::amax(X.masked_fill(Nan, -Inf)),
+                    Nan.sum(), at::isinf(X).sum()})
       .to(at::kDouble);
 }
 
-TensorStats statsOfSix(const at::Tensor &Host) {
+/// The statistics of \p N elements from statsOnDevice's six doubles.
+TensorStats statsOfSix(const at::Tensor &Host, int64_t N) {
   const double *V = Host.const_data_ptr<double>();
   TensorStats S;
   S.Sum = V[0];
@@ -78,6 +82,8 @@ TensorStats statsOfSix(const at::Tensor &Host) {
   S.Max = V[3];
   S.NanCount = int64_t(V[4]);
   S.InfCount = int64_t(V[5]);
+  if (N > 0 && S.NanCount == N)
+    S.Min = S.Max = std::numeric_limits<double>::quiet_NaN();
   return S;
 }
 
@@ -105,7 +111,15 @@ TensorStats tensorStats(const at::Tensor &T) {
   }
   // On a GPU, or an element type the loop does not know: reductions there,
   // brought back in one transfer.
-  return statsOfSix(statsOnDevice(T).cpu());
+  return statsByReductions(T);
+}
+
+TensorStats statsByReductions(const at::Tensor &T) {
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  if (T.numel() == 0)
+    return TensorStats();
+  return statsOfSix(statsOnDevice(T).cpu(), T.numel());
 }
 
 DeferredStats::DeferredStats(std::optional<TensorStats> Known)
@@ -317,13 +331,21 @@ private:
 std::shared_ptr<KernelStats> statsByKernel(const at::Tensor &T, const c10::Stream &Stream) {
 #if EKKA_HAVE_DEVICE_STATS
   std::optional<DeviceStatsType> Type = deviceStatsType(T);
-  if (!Type || T.layout() != at::kStrided || Stream.device_type() != c10::DeviceType::CUDA)
+  // A tensor subclass (one that Python dispatches: DTensor, FakeTensor)
+  // has no data pointer of its own; ATen's reductions take it.
+  if (!Type || T.layout() != at::kStrided || !T.has_storage() ||
+      T.key_set().has(c10::DispatchKey::Python) ||
+      Stream.device_type() != c10::DeviceType::CUDA)
     return nullptr;
-  at::Tensor X = T.is_contiguous() ? T : T.detach().contiguous();
-  int64_t N = X.numel();
-  at::Tensor Scratch;
-  if (int64_t Doubles = deviceStatsScratch(N))
-    Scratch = at::empty({Doubles}, X.options().dtype(at::kDouble));
+  at::Tensor X, Scratch;
+  int64_t N = T.numel();
+  try {
+    X = T.is_contiguous() ? T : T.detach().contiguous();
+    if (int64_t Doubles = deviceStatsScratch(N))
+      Scratch = at::empty({Doubles}, X.options().dtype(at::kDouble));
+  } catch (const std::exception &) {
+    return nullptr; // out of memory: the reductions may get by
+  }
   DeviceStatsTicket Ticket;
   if (!enqueueDeviceStats(T.device().index(), *Type, X.const_data_ptr(), N,
                           Scratch.defined() ? Scratch.mutable_data_ptr<double>() : nullptr,
@@ -337,26 +359,31 @@ std::shared_ptr<KernelStats> statsByKernel(const at::Tensor &T, const c10::Strea
 
 } // namespace
 
-TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
-                                       std::atomic<int64_t> &Lost) {
+TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes, std::atomic<int64_t> *Lost,
+                                       DeviceStatsCounts &Counts) {
   at::RecordFunctionGuard NoRecord(false);
   c10::NoGradGuard NoGrad;
-  if (T.numel() == 0 && !Bytes)
+  int64_t N = T.numel();
+  if (N == 0 && !Bytes)
     return [](TensorRecord &R, std::optional<std::string> &) { R.Stats = TensorStats(); };
   c10::DeviceGuard OnDevice(T.device());
   const c10::impl::DeviceGuardImplInterface *Device = c10::impl::getDeviceGuardImpl(T.device().type());
   c10::Stream Stream = Device->getStream(T.device());
   // Statistics: one pass by our kernel where it can; else ATen's
   // reductions, copied into pinned memory.
-  if (!Bytes)
-    if (std::shared_ptr<KernelStats> Kernel = statsByKernel(T, Stream))
-      return [Kernel, &Lost](TensorRecord &R, std::optional<std::string> &) {
+  if (!Bytes) {
+    if (std::shared_ptr<KernelStats> Kernel = statsByKernel(T, Stream)) {
+      ++Counts.ByKernel;
+      return [Kernel, Lost](TensorRecord &R, std::optional<std::string> &) {
         TensorStats S;
         if (Kernel->await(S))
           R.Stats = S;
-        else
-          ++Lost; // the record stays, without what the device did not deliver
+        else if (Lost)
+          ++*Lost; // the record stays, without what the device did not deliver
       };
+    }
+    ++Counts.ByReductions;
+  }
   at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
   at::Tensor Host = at::empty(Source.sizes(),
                               Source.options().device(at::kCPU).pinned_memory(true));
@@ -365,19 +392,35 @@ TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
   // it says when the pinned buffer holds the result.
   auto Done = std::make_shared<c10::Event>(T.device().type());
   Done->record(Stream);
-  return [Host, Done, Bytes, &Lost](TensorRecord &R, std::optional<std::string> &Data) {
+  return [Host, Done, Bytes, N, Lost](TensorRecord &R, std::optional<std::string> &Data) {
     try {
       Done->synchronize();
       if (Bytes) {
         const char *P = static_cast<const char *>(Host.const_data_ptr());
         Data = std::string(P, P + Host.numel() * Host.element_size());
       } else {
-        R.Stats = statsOfSix(Host);
+        R.Stats = statsOfSix(Host, N);
       }
     } catch (...) {
-      ++Lost; // the record stays, without what the device did not deliver
+      if (Lost)
+        ++*Lost; // the record stays, without what the device did not deliver
     }
   };
+}
+
+std::string DeviceStatsCounts::describe() const {
+  int64_t Kernel = ByKernel.load(), Reductions = ByReductions.load();
+  if (!Kernel && !Reductions)
+    return "";
+  std::string Out = std::to_string(Kernel) + " read back from Ekka's kernel, " +
+                    std::to_string(Reductions) + " from ATen's reductions";
+#if EKKA_HAVE_DEVICE_STATS
+  if (const char *Why = deviceStatsUnavailable())
+    Out += " (Ekka's kernel could not be set up: " + std::string(Why) + ")";
+#else
+  Out += " (this runtime was built without nvcc)";
+#endif
+  return Out;
 }
 
 } // namespace ekka

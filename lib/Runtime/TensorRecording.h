@@ -119,15 +119,29 @@ private:
 /// changes it in place.
 void tensorBytes(const at::Tensor &T, std::string &Out);
 
+/// How a session's GPU tensors' statistics were read back, for the
+/// trace's meta `gpu_statistics`: by this library's own kernel, or by
+/// ATen's reductions (other element types, a GPU the kernel was not built
+/// for, a runtime built without nvcc).
+struct DeviceStatsCounts {
+  std::atomic<int64_t> ByKernel{0}, ByReductions{0};
+  /// Empty when there were none.
+  std::string describe() const;
+};
+
 /// For a tensor on a GPU: its statistics (or, with \p Bytes, its bytes)
 /// copied to pinned host memory without blocking the program, in stream
 /// order (so, as it is now, even if an op later changes it in place). The
 /// completion, run on the trace writer's thread, waits for that copy and
 /// fills in the record. A failure there leaves the record without them and
-/// counts it in \p Lost. Not for a stream capturing a CUDA graph
+/// counts it in \p Lost, if given. Not for a stream capturing a CUDA graph
 /// (capturingGraph(): the caller asks first).
-TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes,
-                                       std::atomic<int64_t> &Lost);
+TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes, std::atomic<int64_t> *Lost,
+                                       DeviceStatsCounts &Counts);
+
+/// \p T's statistics by ATen's reductions, wherever it is, waited for: the
+/// GPU's fallback, and a CPU tensor the byte loop does not take.
+TensorStats statsByReductions(const at::Tensor &T);
 
 /// Whether \p T is on a GPU whose current stream is capturing a CUDA graph:
 /// nothing may be read back from it then (the read-back would be captured

@@ -100,6 +100,8 @@ struct Session {
   /// Device statistics or bytes that never arrived (an error waiting for
   /// the copy): their records are written without them.
   std::atomic<int64_t> LostReadbacks{0};
+  /// How GPU tensors' statistics were read back (meta gpu_statistics).
+  DeviceStatsCounts GpuStats;
   /// Launches inside captured ops, and those whose pointers matched no
   /// tensor of the op or whose copy failed: the meta's kernel_snapshots.
   std::atomic<int64_t> CapturedOpLaunches{0}, UnmatchedLaunches{0}, FailedCopies{0},
@@ -205,7 +207,7 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
       TracerTimer Timer(TracerPart::Statistics);
       Done = Capturing ? TraceWriter::Completion([&Lost = S.LostReadbacks](
                              TensorRecord &, std::optional<std::string> &) { ++Lost; })
-                       : deviceReadback(T, /*Bytes=*/true, S.LostReadbacks);
+                       : deviceReadback(T, /*Bytes=*/true, &S.LostReadbacks, S.GpuStats);
     } else {
       // Statistics only: shared with a later record of the same tensor,
       // unchanged (a module returning its last submodule's output).
@@ -213,7 +215,7 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
       if (!Later) {
         TracerTimer Timer(TracerPart::Statistics);
         Later = std::make_shared<DeferredStats>(
-            [Read = deviceReadback(T, /*Bytes=*/false, S.LostReadbacks)] {
+            [Read = deviceReadback(T, /*Bytes=*/false, nullptr, S.GpuStats)] {
               TensorRecord Into;
               std::optional<std::string> NoBytes;
               Read(Into, NoBytes);
@@ -222,8 +224,11 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
       }
       if (Computed)
         *Computed = Later;
-      Done = [Later](TensorRecord &Out, std::optional<std::string> &) {
+      // Each record that goes without them counts (they may be shared).
+      Done = [Later, &Lost = S.LostReadbacks](TensorRecord &Out, std::optional<std::string> &) {
         Out.Stats = Later->resolve();
+        if (!Out.Stats)
+          ++Lost;
       };
     }
     S.Writer->addTensor(std::move(R), std::move(Done), Captured ? Size : 0, Use);
@@ -924,6 +929,8 @@ std::string stopTrace() {
   }
   if (S->Options.Timings)
     S->Writer->setMeta("tracer_time", tracerTime(*S));
+  if (std::string GpuStats = S->GpuStats.describe(); !GpuStats.empty())
+    S->Writer->setMeta("gpu_statistics", GpuStats);
   // Written after every queued record: the device read-backs the writer's
   // thread waited for are all counted by then.
   S->Writer->setMeta("lost_records", [S, Lost]() -> std::string {

@@ -1,0 +1,85 @@
+//===- DeviceStatsMath.h - The statistics kernel's arithmetic ---*- C++ -*-===//
+//
+// What DeviceStats.cu's kernel does with each element and each partial
+// result, for the kernel and for the host alike, so that a unit test on a
+// machine without a GPU checks the GPU's statistics against the CPU's
+// (statsOfBytes): min and max skip NaNs, NaN if every element is one; the
+// sums take NaNs and infinities in.
+//
+//===----------------------------------------------------------------------===//
+#ifndef EKKA_LIB_RUNTIME_DEVICESTATSMATH_H
+#define EKKA_LIB_RUNTIME_DEVICESTATSMATH_H
+
+#include <cmath>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define EKKA_HOST_DEVICE __host__ __device__
+#else
+#define EKKA_HOST_DEVICE
+#endif
+
+namespace ekka {
+namespace devicestats {
+
+/// Threads per block.
+constexpr int Threads = 256;
+/// At most this many blocks; a thread then takes more elements.
+constexpr int MaxBlocks = 1024;
+/// Elements a thread takes before a second block is worth its launch.
+constexpr int64_t PerThread = 16;
+
+/// The blocks the statistics of \p N elements are computed in.
+EKKA_HOST_DEVICE inline int blocksFor(int64_t N) {
+  int64_t Blocks = (N + Threads * PerThread - 1) / (Threads * PerThread);
+  return int(Blocks < 1 ? 1 : Blocks > MaxBlocks ? MaxBlocks : Blocks);
+}
+
+/// A running sum, sum of squares, min and max of the non-NaN elements, and
+/// the NaN and infinity counts (as doubles: exact below 2^53).
+struct Acc {
+  double Sum, SumSq, Min, Max, Nan, Inf;
+};
+
+EKKA_HOST_DEVICE inline Acc start() {
+  return {0.0, 0.0, double(INFINITY), -double(INFINITY), 0.0, 0.0};
+}
+
+EKKA_HOST_DEVICE inline void add(Acc &A, double V) {
+  A.Sum += V;
+  A.SumSq += V * V;
+  if (V != V) {
+    A.Nan += 1;
+    return;
+  }
+  if (V == double(INFINITY) || V == -double(INFINITY))
+    A.Inf += 1;
+  A.Min = V < A.Min ? V : A.Min;
+  A.Max = V > A.Max ? V : A.Max;
+}
+
+EKKA_HOST_DEVICE inline void merge(Acc &A, const Acc &B) {
+  A.Sum += B.Sum;
+  A.SumSq += B.SumSq;
+  A.Min = B.Min < A.Min ? B.Min : A.Min;
+  A.Max = B.Max > A.Max ? B.Max : A.Max;
+  A.Nan += B.Nan;
+  A.Inf += B.Inf;
+}
+
+/// The six doubles of the trace's statistics of \p N elements, from their
+/// accumulator: sum, sum of squares, min, max, NaN count, infinity count.
+EKKA_HOST_DEVICE inline void finish(const Acc &A, int64_t N, double *Out) {
+  bool AllNan = A.Nan == double(N);
+  Out[0] = A.Sum;
+  Out[1] = A.SumSq;
+  Out[2] = AllNan ? double(NAN) : A.Min;
+  Out[3] = AllNan ? double(NAN) : A.Max;
+  Out[4] = A.Nan;
+  Out[5] = A.Inf;
+}
+
+} // namespace devicestats
+} // namespace ekka
+
+#endif

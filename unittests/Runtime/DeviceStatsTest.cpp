@@ -1,0 +1,172 @@
+//===- DeviceStatsTest.cpp - A GPU tensor's statistics, checked on a CPU ---===//
+//
+// The statistics kernel (lib/Runtime/DeviceStats.cu) and ATen's reductions,
+// its fallback, must give what statsOfBytes gives on a CPU: min and max skip
+// NaNs (NaN when every element is one), the sums take NaNs and infinities
+// in. Without a GPU: the kernel's arithmetic (DeviceStatsMath.h) in the
+// order the kernel applies it — a thread's grid-strided elements, a tree
+// over a block's threads, the blocks' partials reduced by the last block —
+// and the reductions on host tensors. utils/gpu-check runs the kernel.
+//
+//===----------------------------------------------------------------------===//
+#include "../../lib/Runtime/DeviceStatsMath.h"
+#include "../../lib/Runtime/TensorRecording.h"
+
+#include "ekka/Trace/TraceFormat.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+using namespace ekka;
+
+namespace {
+
+namespace ds = ekka::devicestats;
+
+ds::Acc tree(std::vector<ds::Acc> Threads) {
+  for (int Half = ds::Threads / 2; Half > 0; Half /= 2)
+    for (int I = 0; I < Half; ++I)
+      ds::merge(Threads[I], Threads[I + Half]);
+  return Threads[0];
+}
+
+/// What the kernel computes for \p X, on the host.
+TensorStats likeTheKernel(const std::vector<double> &X) {
+  int64_t N = int64_t(X.size());
+  int Blocks = ds::blocksFor(N);
+  std::vector<ds::Acc> Partials;
+  for (int B = 0; B < Blocks; ++B) {
+    std::vector<ds::Acc> Threads(ds::Threads, ds::start());
+    for (int T = 0; T < ds::Threads; ++T)
+      for (int64_t I = int64_t(B) * ds::Threads + T; I < N; I += int64_t(Blocks) * ds::Threads)
+        ds::add(Threads[T], X[I]);
+    Partials.push_back(tree(Threads));
+  }
+  ds::Acc All = Partials[0];
+  if (Blocks > 1) {
+    std::vector<ds::Acc> Threads(ds::Threads, ds::start());
+    for (int T = 0; T < ds::Threads; ++T)
+      for (int B = T; B < Blocks; B += ds::Threads)
+        ds::merge(Threads[T], Partials[B]);
+    All = tree(Threads);
+  }
+  double Out[6];
+  ds::finish(All, N, Out);
+  TensorStats S;
+  S.Sum = Out[0];
+  S.SumSq = Out[1];
+  S.Min = Out[2];
+  S.Max = Out[3];
+  S.NanCount = int64_t(Out[4]);
+  S.InfCount = int64_t(Out[5]);
+  return S;
+}
+
+TensorStats onTheCpu(const std::vector<double> &X) {
+  llvm::StringRef Bytes(reinterpret_cast<const char *>(X.data()), X.size() * sizeof(double));
+  return *statsOfBytes(DType::F64, Bytes);
+}
+
+/// Equal, but for the order of the sums' additions: within 1e-12 of the
+/// sum of magnitudes; NaN equal to NaN.
+void expectSame(const TensorStats &Got, const TensorStats &Want, const std::vector<double> &X,
+                const char *What) {
+  double Scale = 0, ScaleSq = 0;
+  for (double V : X)
+    if (std::isfinite(V)) {
+      Scale += std::fabs(V);
+      ScaleSq += V * V;
+    }
+  auto Near = [](double A, double B, double S) {
+    if (std::isnan(B))
+      return std::isnan(A);
+    if (std::isinf(B))
+      return A == B;
+    return std::fabs(A - B) <= 1e-12 * std::max(S, 1.0);
+  };
+  auto Same = [](double A, double B) { return std::isnan(B) ? std::isnan(A) : A == B; };
+  EXPECT_TRUE(Near(Got.Sum, Want.Sum, Scale)) << What << ": sum " << Got.Sum << " vs " << Want.Sum;
+  EXPECT_TRUE(Near(Got.SumSq, Want.SumSq, ScaleSq))
+      << What << ": sumsq " << Got.SumSq << " vs " << Want.SumSq;
+  EXPECT_TRUE(Same(Got.Min, Want.Min)) << What << ": min " << Got.Min << " vs " << Want.Min;
+  EXPECT_TRUE(Same(Got.Max, Want.Max)) << What << ": max " << Got.Max << " vs " << Want.Max;
+  EXPECT_EQ(Got.NanCount, Want.NanCount) << What;
+  EXPECT_EQ(Got.InfCount, Want.InfCount) << What;
+}
+
+const double Nan = std::numeric_limits<double>::quiet_NaN();
+const double Inf = std::numeric_limits<double>::infinity();
+
+/// Values of each kind the statistics treat apart, in tensors of one
+/// block, two, many, and more than the grid's cap (a thread then takes
+/// several elements per block stride).
+std::vector<std::pair<std::string, std::vector<double>>> cases() {
+  std::mt19937_64 Random(7);
+  std::normal_distribution<double> Normal(0.5, 3.0);
+  std::vector<std::pair<std::string, std::vector<double>>> Out;
+  int64_t Capped = int64_t(ds::MaxBlocks) * ds::Threads * ds::PerThread + 12345;
+  for (int64_t N : {int64_t(1), int64_t(255), int64_t(4096), int64_t(4097), int64_t(100003),
+                    Capped}) {
+    std::vector<double> X(N);
+    for (double &V : X)
+      V = Normal(Random);
+    Out.push_back({"normal " + std::to_string(N), X});
+    if (N > 300) {
+      std::vector<double> Specials = X;
+      Specials[7] = Nan;
+      Specials[N / 2] = Inf;
+      Specials[N - 1] = -Inf;
+      Out.push_back({"NaN and infinities " + std::to_string(N), Specials});
+      std::vector<double> OneNumber(N, Nan);
+      OneNumber[N / 3] = -2.5;
+      Out.push_back({"one number among NaNs " + std::to_string(N), OneNumber});
+    }
+    Out.push_back({"all NaN " + std::to_string(N), std::vector<double>(N, Nan)});
+    std::vector<double> Infinities(N, Inf);
+    Infinities[0] = -Inf;
+    Out.push_back({"only infinities " + std::to_string(N), Infinities});
+  }
+  return Out;
+}
+
+TEST(DeviceStats, TheKernelsArithmeticGivesTheCpusStatistics) {
+  for (const auto &[What, X] : cases())
+    expectSame(likeTheKernel(X), onTheCpu(X), X, What.c_str());
+}
+
+TEST(DeviceStats, GridSizes) {
+  EXPECT_EQ(ds::blocksFor(1), 1);
+  EXPECT_EQ(ds::blocksFor(ds::Threads * ds::PerThread), 1);
+  EXPECT_EQ(ds::blocksFor(ds::Threads * ds::PerThread + 1), 2);
+  EXPECT_EQ(ds::blocksFor(int64_t(1) << 40), ds::MaxBlocks);
+}
+
+TEST(DeviceStats, TheReductionsFallbackGivesTheCpusStatistics) {
+  // ATen's reductions, as a GPU tensor of another element type (or on a
+  // GPU the kernel was not built for) gets them; here on host tensors.
+  for (const auto &[What, X] : cases()) {
+    if (X.size() > 200000)
+      continue;
+    at::Tensor T = at::from_blob(const_cast<double *>(X.data()), {int64_t(X.size())},
+                                 at::kDouble);
+    expectSame(statsByReductions(T), onTheCpu(X), X, What.c_str());
+    std::vector<double> Rounded;
+    for (double V : X)
+      Rounded.push_back(double(float(V)));
+    expectSame(statsByReductions(T.to(at::kFloat)), onTheCpu(Rounded), Rounded,
+               (What + ", float").c_str());
+  }
+  at::Tensor Ints = at::arange(1000, at::kLong);
+  TensorStats S = statsByReductions(Ints);
+  EXPECT_EQ(S.Sum, 499500.0);
+  EXPECT_EQ(S.Min, 0.0);
+  EXPECT_EQ(S.Max, 999.0);
+  EXPECT_EQ(S.NanCount, 0);
+}
+
+} // namespace
