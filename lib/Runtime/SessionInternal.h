@@ -28,7 +28,11 @@ bool kernelSnapshotsWanted();
 
 /// The parts of the tracer's own time on the program's threads that
 /// `timings=1` (ekka-trace --timings) records in meta `tracer_time`.
-enum class TracerPart { Ops, Modules, Statistics, KernelCallbacks };
+/// DeviceSubmit: within Statistics, the CUDA work a GPU tensor's read-back
+/// enqueues (the statistics kernel and its event, or ATen's reductions, the
+/// copy and its event), to tell it from the tracer's own code around it.
+enum class TracerPart { Ops, Modules, Statistics, KernelCallbacks, DeviceSubmit };
+constexpr int TracerParts = 5;
 /// A scope whose duration counts toward a part, when the session records
 /// timings (otherwise a branch).
 class TracerTimer {

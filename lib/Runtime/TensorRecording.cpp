@@ -1,6 +1,7 @@
 //===- TensorRecording.cpp ------------------------------------------------===//
 #include "TensorRecording.h"
 #include "DeviceStats.h"
+#include "SessionInternal.h"
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -347,6 +348,7 @@ std::shared_ptr<KernelStats> statsByKernel(const at::Tensor &T, const c10::Strea
     return nullptr; // out of memory: the reductions may get by
   }
   DeviceStatsTicket Ticket;
+  TracerTimer Submit(TracerPart::DeviceSubmit);
   if (!enqueueDeviceStats(T.device().index(), *Type, X.const_data_ptr(), N,
                           Scratch.defined() ? Scratch.mutable_data_ptr<double>() : nullptr,
                           Stream.native_handle(), Ticket))
@@ -384,6 +386,7 @@ TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes, std::ato
     }
     ++Counts.ByReductions;
   }
+  TracerTimer Submit(TracerPart::DeviceSubmit);
   at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
   at::Tensor Host = at::empty(Source.sizes(),
                               Source.options().device(at::kCPU).pinned_memory(true));

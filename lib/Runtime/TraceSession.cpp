@@ -108,7 +108,7 @@ struct Session {
       RecordedSnapshots{0};
   std::string SnapshotError; ///< The first error recording a snapshot.
   /// With timings: nanoseconds spent in each TracerPart, and how often.
-  std::atomic<uint64_t> PartNanos[4] = {}, PartCalls[4] = {};
+  std::atomic<uint64_t> PartNanos[TracerParts] = {}, PartCalls[TracerParts] = {};
   std::mutex SnapshotErrorMutex;
   int64_t LostRecords = 0; ///< Under SnapshotErrorMutex, with the first reason.
   std::string FirstLoss;
@@ -614,9 +614,10 @@ void recordInput(Session &S, int64_t CallId, const at::Tensor &T, int64_t Index,
 
 /// What meta `tracer_time` says: milliseconds and calls of each part.
 std::string tracerTime(Session &S) {
-  static const char *Names[] = {"ops", "modules", "statistics", "kernel_callbacks"};
+  static const char *Names[TracerParts] = {"ops", "modules", "statistics", "kernel_callbacks",
+                                          "device_submit"};
   std::string Out = "{";
-  for (int P = 0; P < 4; ++P) {
+  for (int P = 0; P < TracerParts; ++P) {
     char Item[128];
     std::snprintf(Item, sizeof(Item), "%s\"%s_ms\": %.3f, \"%s\": %llu", P ? ", " : "",
                   Names[P], double(S.PartNanos[P].load()) / 1e6, Names[P],
