@@ -186,6 +186,22 @@ int64_t deviceStatsScratch(int64_t N) {
   return Blocks == 1 ? 0 : 6 * int64_t(Blocks);
 }
 
+bool prepareDeviceStats(int Device, void *Stream) {
+  if (Device < 0 || Device >= MaxDevices)
+    return false;
+  Ring &R = Rings[Device];
+  std::lock_guard<std::mutex> Lock(R.Mutex);
+  if (!R.Usable && R.Failures < Ring::MaxTries) {
+    cudaError_t E = setUp(R, static_cast<cudaStream_t>(Stream));
+    R.Usable = E == cudaSuccess;
+    if (!R.Usable) {
+      ++R.Failures;
+      R.Why = cudaGetErrorString(E);
+    }
+  }
+  return R.Usable;
+}
+
 bool enqueueDeviceStats(int Device, DeviceStatsType Type, const void *Data, int64_t N,
                         double *Scratch, void *Stream, DeviceStatsTicket &Ticket) {
   if (Device < 0 || Device >= MaxDevices)
@@ -196,14 +212,6 @@ bool enqueueDeviceStats(int Device, DeviceStatsType Type, const void *Data, int6
   cudaEvent_t Event = nullptr;
   {
     std::lock_guard<std::mutex> Lock(R.Mutex);
-    if (!R.Usable && R.Failures < Ring::MaxTries) {
-      cudaError_t E = setUp(R, S);
-      R.Usable = E == cudaSuccess;
-      if (!R.Usable) {
-        ++R.Failures;
-        R.Why = cudaGetErrorString(E);
-      }
-    }
     if (!R.Usable || R.Free.empty())
       return false;
     Slot = R.Free.back();

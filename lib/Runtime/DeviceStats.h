@@ -34,11 +34,17 @@ struct DeviceStatsTicket {
   void *Event = nullptr;
 };
 
+/// Sets the device's ring up at its first call (pinned slots, counters
+/// zeroed on \p Stream and waited for, the kernels loaded; tried again
+/// after a failure, three times at most). Whether the kernel can be used.
+bool prepareDeviceStats(int Device, void *Stream);
+
 /// Enqueues on \p Stream (a cudaStream_t of device \p Device, which is
 /// current) the statistics of the \p N contiguous elements at \p Data: sum,
 /// sum of squares, min and max (both skipping NaNs; NaN if all are), NaN
 /// count and infinity count. One kernel, which writes the six doubles into a
-/// slot of the device's ring of pinned memory, and an event from a pool.
+/// slot of the device's ring of pinned memory (prepareDeviceStats first),
+/// and an event from a pool.
 /// \p Scratch holds deviceStatsScratch(N) doubles of device memory,
 /// untouched until the kernel ran. False when nothing was enqueued (no free
 /// slot, a GPU the kernel was not built for, a CUDA error): the caller

@@ -32,7 +32,7 @@ bool kernelSnapshotsWanted();
 /// enqueues (the statistics kernel and its event, or ATen's reductions, the
 /// copy and its event), to tell it from the tracer's own code around it.
 enum class TracerPart { Ops, Modules, Statistics, KernelCallbacks, DeviceSubmit };
-constexpr int TracerParts = 5;
+constexpr int TracerParts = int(TracerPart::DeviceSubmit) + 1;
 /// A scope whose duration counts toward a part, when the session records
 /// timings (otherwise a branch).
 class TracerTimer {

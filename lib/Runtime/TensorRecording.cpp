@@ -60,16 +60,24 @@ namespace {
 /// do (statsOfSix makes them NaN when every element is one).
 at::Tensor statsOnDevice(const at::Tensor &T) {
   at::Tensor X = T.detach();
+  bool Floating = X.is_floating_point(); // only these hold NaNs
   switch (X.scalar_type()) {
   case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble: break;
   default: X = X.to(at::kDouble); // integers, booleans, float8
   }
-  at::Tensor Nan = at::isnan(X);
-  const double Inf = std::numeric_limits<double>::infinity();
+  at::Tensor Min, Max, Nan;
+  if (Floating) {
+    Nan = at::isnan(X);
+    const double Inf = std::numeric_limits<double>::infinity();
+    Min = at::amin(X.masked_fill(Nan, Inf));
+    Max = at::amax(X.masked_fill(Nan, -Inf));
+  } else {
+    std::tie(Min, Max) = at::aminmax(X);
+  }
   return at::stack({at::sum(X, at::kDouble),
-                    at::linalg_vector_norm(X, 2, std::nullopt, false, at::kDouble),
-                    at::amin(X.masked_fill(Nan, Inf)), at::amax(X.masked_fill(Nan, -Inf)),
-                    Nan.sum(), at::isinf(X).sum()})
+                    at::linalg_vector_norm(X, 2, std::nullopt, false, at::kDouble), Min, Max,
+                    Floating ? Nan.sum() : at::zeros({}, X.options().dtype(at::kLong)),
+                    at::isinf(X).sum()})
       .to(at::kDouble);
 }
 
@@ -329,27 +337,32 @@ private:
 /// \p T's statistics by this library's own kernel, in the stream order of
 /// \p Stream. Null where it cannot (built without nvcc, an element type or
 /// a GPU the kernel does not take, no free slot): nothing was enqueued then.
-std::shared_ptr<KernelStats> statsByKernel(const at::Tensor &T, const c10::Stream &Stream) {
+/// \p OutOfMemory: its few bytes of scratch could not be had (ATen's
+/// reductions, which need more, are not tried then).
+std::shared_ptr<KernelStats> statsByKernel(const at::Tensor &T, const c10::Stream &Stream,
+                                           bool &OutOfMemory) {
 #if EKKA_HAVE_DEVICE_STATS
   std::optional<DeviceStatsType> Type = deviceStatsType(T);
-  // A tensor subclass (one that Python dispatches: DTensor, FakeTensor)
-  // has no data pointer of its own; ATen's reductions take it.
-  if (!Type || T.layout() != at::kStrided || !T.has_storage() ||
-      T.key_set().has(c10::DispatchKey::Python) ||
-      Stream.device_type() != c10::DeviceType::CUDA)
+  if (!Type || T.layout() != at::kStrided || Stream.device_type() != c10::DeviceType::CUDA ||
+      !prepareDeviceStats(T.device().index(), Stream.native_handle()))
     return nullptr;
+  TracerTimer Submit(TracerPart::DeviceSubmit);
   at::Tensor X, Scratch;
   int64_t N = T.numel();
+  const void *Data = nullptr;
   try {
     X = T.is_contiguous() ? T : T.detach().contiguous();
+    Data = X.const_data_ptr();
     if (int64_t Doubles = deviceStatsScratch(N))
       Scratch = at::empty({Doubles}, X.options().dtype(at::kDouble));
+  } catch (const c10::OutOfMemoryError &) {
+    OutOfMemory = true;
+    return nullptr;
   } catch (const std::exception &) {
-    return nullptr; // out of memory: the reductions may get by
+    return nullptr; // no data pointer of its own: the reductions may take it
   }
   DeviceStatsTicket Ticket;
-  TracerTimer Submit(TracerPart::DeviceSubmit);
-  if (!enqueueDeviceStats(T.device().index(), *Type, X.const_data_ptr(), N,
+  if (!enqueueDeviceStats(T.device().index(), *Type, Data, N,
                           Scratch.defined() ? Scratch.mutable_data_ptr<double>() : nullptr,
                           Stream.native_handle(), Ticket))
     return nullptr;
@@ -374,7 +387,8 @@ TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes, std::ato
   // Statistics: one pass by our kernel where it can; else ATen's
   // reductions, copied into pinned memory.
   if (!Bytes) {
-    if (std::shared_ptr<KernelStats> Kernel = statsByKernel(T, Stream)) {
+    bool OutOfMemory = false;
+    if (std::shared_ptr<KernelStats> Kernel = statsByKernel(T, Stream, OutOfMemory)) {
       ++Counts.ByKernel;
       return [Kernel, Lost](TensorRecord &R, std::optional<std::string> &) {
         TensorStats S;
@@ -384,7 +398,11 @@ TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes, std::ato
           ++*Lost; // the record stays, without what the device did not deliver
       };
     }
-    ++Counts.ByReductions;
+    if (OutOfMemory)
+      return [Lost](TensorRecord &, std::optional<std::string> &) {
+        if (Lost)
+          ++*Lost;
+      };
   }
   TracerTimer Submit(TracerPart::DeviceSubmit);
   at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
@@ -395,6 +413,8 @@ TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes, std::ato
   // it says when the pinned buffer holds the result.
   auto Done = std::make_shared<c10::Event>(T.device().type());
   Done->record(Stream);
+  if (!Bytes)
+    ++Counts.ByReductions;
   return [Host, Done, Bytes, N, Lost](TensorRecord &R, std::optional<std::string> &Data) {
     try {
       Done->synchronize();

@@ -177,7 +177,13 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   if (!describeTensor(T, R))
     return 0;
   R.SourceId = SourceId;
-  if (T.is_meta()) { // no data to read: metadata only
+  // No data to read, or none of ours to read: a meta tensor; a tensor
+  // subclass that Python dispatches (DTensor, FakeTensor: a read would run
+  // its Python, may issue collectives, or find no data); a functional
+  // wrapper. Metadata only.
+  if (T.is_meta() ||
+      T.key_set().has_any(c10::DispatchKeySet(
+          {c10::DispatchKey::Python, c10::DispatchKey::Functionalize}))) {
     Stats = Capture = false;
   }
   R.Id = S.Writer->nextTensorId();

@@ -1,5 +1,5 @@
 """Programs that tracing must not change: a module that raises (caught),
-torch.jit.trace, torch.compile, meta tensors, a keyword input written in
+torch.jit.trace, torch.compile, meta tensors, a tensor subclass, a keyword input written in
 place inside the module, a submodule called on its own after its root's
 forward (as vLLM computes logits), two unrelated models taking turns, an
 inner model run alone before its whole, a model whose forward is called
@@ -54,6 +54,30 @@ elif kind == "compile":
     compiled(x)
 elif kind == "meta":
     torch.nn.Linear(4, 4, device="meta")(torch.empty(2, 4, device="meta"))
+elif kind == "subclass":
+    from torch.utils._pytree import tree_map
+
+    class Wrapped(torch.Tensor):
+        """A wrapper subclass (as DTensor is): no data of its own."""
+        @staticmethod
+        def __new__(cls, inner):
+            return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype,
+                                                       device=inner.device)
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            unwrap = lambda t: t.inner if isinstance(t, Wrapped) else t
+            out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+            return tree_map(lambda t: Wrapped(t) if isinstance(t, torch.Tensor) else t, out)
+
+    class Both(torch.nn.Module):
+        def forward(self, x):
+            return Wrapped(x * 2) + 1, x + 1
+
+    Both()(x)
 elif kind == "inplace":
     class Model(torch.nn.Module):
         def __init__(self):
