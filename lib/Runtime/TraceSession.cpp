@@ -179,11 +179,14 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   R.SourceId = SourceId;
   // No data to read, or none of ours to read: a meta tensor; a tensor
   // subclass that Python dispatches (DTensor, FakeTensor: a read would run
-  // its Python, may issue collectives, or find no data); a functional
-  // wrapper. Metadata only.
+  // its Python, may issue collectives, or find a null data pointer, which
+  // crashed the program before); a functional wrapper; any other storage
+  // without memory. Metadata only.
   if (T.is_meta() ||
       T.key_set().has_any(c10::DispatchKeySet(
-          {c10::DispatchKey::Python, c10::DispatchKey::Functionalize}))) {
+          {c10::DispatchKey::Python, c10::DispatchKey::Functionalize})) ||
+      (T.numel() > 0 && T.has_storage() &&
+       !T.unsafeGetTensorImpl()->unsafe_storage().data())) {
     Stats = Capture = false;
   }
   R.Id = S.Writer->nextTensorId();
