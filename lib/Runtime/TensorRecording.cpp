@@ -26,6 +26,9 @@ std::optional<DType> traceDType(const at::Tensor &T) {
   case at::kByte: return DType::U8;
   case at::kChar: return DType::I8;
   case at::kShort: return DType::I16;
+  case at::kUInt16: return DType::U16;
+  case at::kUInt32: return DType::U32;
+  case at::kUInt64: return DType::U64;
   case at::kInt: return DType::I32;
   case at::kLong: return DType::I64;
   case at::kHalf: return DType::F16;
@@ -36,6 +39,14 @@ std::optional<DType> traceDType(const at::Tensor &T) {
   case at::kFloat8_e5m2: return DType::F8E5M2;
   default: return std::nullopt;
   }
+}
+
+at::Tensor logicalValues(const at::Tensor &T) {
+  if (!T.is_neg() && !T.is_conj())
+    return T;
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  return T.detach().resolve_conj().resolve_neg();
 }
 
 bool describeTensor(const at::Tensor &T, TensorRecord &R) {
@@ -110,7 +121,8 @@ TensorStats tensorStats(const at::Tensor &T) {
     // on the program's thread, where the tensor was just written and sits
     // in the cache (reading it costs less than a copy for the writer's
     // thread would, whose fresh pages the kernel must first clear).
-    at::Tensor C = T.is_contiguous() ? T : T.detach().contiguous();
+    at::Tensor V = logicalValues(T);
+    at::Tensor C = V.is_contiguous() ? V : V.detach().contiguous();
     if (auto Type = traceDType(C)) {
       llvm::StringRef Bytes(static_cast<const char *>(C.const_data_ptr()),
                             size_t(C.numel()) * C.element_size());
@@ -174,7 +186,7 @@ const std::optional<TensorStats> *DeferredStats::settled() const {
 
 std::shared_ptr<DeferredStats> DeferredStatsQueue::defer(const at::Tensor &T) {
   if (!T.device().is_cpu() || T.layout() != at::kStrided || !T.has_storage() ||
-      !T.is_contiguous())
+      !T.is_contiguous() || T.is_neg() || T.is_conj())
     return nullptr;
   std::optional<DType> Type = traceDType(T);
   uint64_t Bytes = uint64_t(T.numel()) * T.element_size();
@@ -248,7 +260,8 @@ void DeferredStatsQueue::releaseSettled() {
 void tensorBytes(const at::Tensor &T, std::string &Out) {
   at::RecordFunctionGuard NoRecord(false);
   c10::NoGradGuard NoGrad;
-  at::Tensor C = T.device().is_cpu() && T.is_contiguous() ? T : T.detach().to(at::kCPU).contiguous();
+  at::Tensor V = logicalValues(T);
+  at::Tensor C = V.device().is_cpu() && V.is_contiguous() ? V : V.detach().to(at::kCPU).contiguous();
   Out.assign(static_cast<const char *>(C.const_data_ptr()), size_t(C.numel()) * C.element_size());
 }
 
@@ -351,7 +364,8 @@ std::shared_ptr<KernelStats> statsByKernel(const at::Tensor &T, const c10::Strea
   int64_t N = T.numel();
   const void *Data = nullptr;
   try {
-    X = T.is_contiguous() ? T : T.detach().contiguous();
+    at::Tensor V = logicalValues(T);
+    X = V.is_contiguous() ? V : V.detach().contiguous();
     Data = X.const_data_ptr();
     if (int64_t Doubles = deviceStatsScratch(N))
       Scratch = at::empty({Doubles}, X.options().dtype(at::kDouble));
@@ -405,7 +419,7 @@ TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes, std::ato
       };
   }
   TracerTimer Submit(TracerPart::DeviceSubmit);
-  at::Tensor Source = Bytes ? T.detach().contiguous() : statsOnDevice(T);
+  at::Tensor Source = Bytes ? logicalValues(T).detach().contiguous() : statsOnDevice(T);
   at::Tensor Host = at::empty(Source.sizes(),
                               Source.options().device(at::kCPU).pinned_memory(true));
   Host.copy_(Source, /*non_blocking=*/true);

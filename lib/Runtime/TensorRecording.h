@@ -19,6 +19,10 @@ namespace ekka {
 
 /// The trace dtype of a tensor, if the trace can hold it.
 std::optional<DType> traceDType(const at::Tensor &T);
+/// \p T with its negation and conjugation bits applied to its values (a
+/// new tensor), where it has them: what reading its memory gives otherwise
+/// is not what the program computes with.
+at::Tensor logicalValues(const at::Tensor &T);
 /// Shape, strides, dtype and device of \p T into \p R.
 bool describeTensor(const at::Tensor &T, TensorRecord &R);
 /// Sum, sum of squares, min, max (in double precision) and NaN/Inf counts.
@@ -81,8 +85,8 @@ private:
 class DeferredStatsQueue {
 public:
   /// A deferred computation for \p T; null when it is cheaper to compute
-  /// them now (a small or non-contiguous tensor, one not in host memory) or
-  /// too many bytes are held already.
+  /// them now (a small or non-contiguous tensor, one not in host memory, a
+  /// negated or conjugated view) or too many bytes are held already.
   std::shared_ptr<DeferredStats> defer(const at::Tensor &T);
   /// Before an op writes to \p T: settles the statistics of the tensors
   /// held that share its storage.

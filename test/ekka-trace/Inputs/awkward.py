@@ -1,5 +1,6 @@
 """Programs that tracing must not change: a module that raises (caught),
-torch.jit.trace, torch.compile, meta tensors, a tensor subclass, a keyword input written in
+torch.jit.trace, torch.compile, meta tensors, a tensor subclass, a
+negated view and a uint16 tensor, a keyword input written in
 place inside the module, a submodule called on its own after its root's
 forward (as vLLM computes logits), two unrelated models taking turns, an
 inner model run alone before its whole, a model whose forward is called
@@ -54,6 +55,14 @@ elif kind == "compile":
     compiled(x)
 elif kind == "meta":
     torch.nn.Linear(4, 4, device="meta")(torch.empty(2, 4, device="meta"))
+elif kind == "views":
+    class Views(torch.nn.Module):
+        def forward(self, x):
+            # A negated view (its memory holds the values before negation)
+            # and an element type new to PyTorch (uint16).
+            return torch._neg_view(torch.arange(6.0).reshape(2, 3)), torch.arange(4).to(torch.uint16)
+
+    Views()(x)
 elif kind == "subclass":
     from torch.utils._pytree import tree_map
 
