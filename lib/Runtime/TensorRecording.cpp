@@ -41,6 +41,17 @@ std::optional<DType> traceDType(const at::Tensor &T) {
   }
 }
 
+TensorStats statsOfDoubles(const double *V) {
+  TensorStats S;
+  S.Sum = V[0];
+  S.SumSq = V[1];
+  S.Min = V[2];
+  S.Max = V[3];
+  S.NanCount = int64_t(V[4]);
+  S.InfCount = int64_t(V[5]);
+  return S;
+}
+
 at::Tensor logicalValues(const at::Tensor &T) {
   if (!T.is_neg() && !T.is_conj())
     return T;
@@ -94,14 +105,8 @@ at::Tensor statsOnDevice(const at::Tensor &T) {
 
 /// The statistics of \p N elements from statsOnDevice's six doubles.
 TensorStats statsOfSix(const at::Tensor &Host, int64_t N) {
-  const double *V = Host.const_data_ptr<double>();
-  TensorStats S;
-  S.Sum = V[0];
-  S.SumSq = V[1] * V[1];
-  S.Min = V[2];
-  S.Max = V[3];
-  S.NanCount = int64_t(V[4]);
-  S.InfCount = int64_t(V[5]);
+  TensorStats S = statsOfDoubles(Host.const_data_ptr<double>());
+  S.SumSq *= S.SumSq; // the norm
   if (N > 0 && S.NanCount == N)
     S.Min = S.Max = std::numeric_limits<double>::quiet_NaN();
   return S;
@@ -330,12 +335,7 @@ public:
     double V[6];
     if (!awaitDeviceStats(Ticket, V))
       return false;
-    S.Sum = V[0];
-    S.SumSq = V[1];
-    S.Min = V[2];
-    S.Max = V[3];
-    S.NanCount = int64_t(V[4]);
-    S.InfCount = int64_t(V[5]);
+    S = statsOfDoubles(V);
     return true;
 #else
     return false;

@@ -25,6 +25,9 @@ std::optional<DType> traceDType(const at::Tensor &T);
 at::Tensor logicalValues(const at::Tensor &T);
 /// Shape, strides, dtype and device of \p T into \p R.
 bool describeTensor(const at::Tensor &T, TensorRecord &R);
+/// The statistics from six doubles in their order in the trace: sum, sum
+/// of squares, min, max, NaN count, infinity count.
+TensorStats statsOfDoubles(const double *V);
 /// Sum, sum of squares, min, max (in double precision) and NaN/Inf counts.
 TensorStats tensorStats(const at::Tensor &T);
 /// A tensor's statistics, known, or to be computed later from the tensor

@@ -57,14 +57,7 @@ TensorStats likeTheKernel(const std::vector<double> &X) {
   }
   double Out[6];
   ds::finish(All, N, Out);
-  TensorStats S;
-  S.Sum = Out[0];
-  S.SumSq = Out[1];
-  S.Min = Out[2];
-  S.Max = Out[3];
-  S.NanCount = int64_t(Out[4]);
-  S.InfCount = int64_t(Out[5]);
-  return S;
+  return statsOfDoubles(Out);
 }
 
 TensorStats onTheCpu(const std::vector<double> &X) {
