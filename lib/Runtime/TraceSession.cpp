@@ -79,10 +79,15 @@ struct OpenCall {
 /// another module's input: that is the dataflow between module calls. Weak,
 /// so tracing keeps no activation alive; the version counter tells an output
 /// changed in place since (vLLM's fused residual add) from the one recorded.
+/// An inference tensor (torch.inference_mode, as vLLM and SGLang run) has
+/// no version counter: the op observer marks it written instead, when an op
+/// writes to its storage.
 struct ProducedTensor {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> Impl;
-  int64_t Version;
+  int64_t Version; ///< -1: an inference tensor.
   int64_t TensorId;
+  const c10::StorageImpl *Storage = nullptr; ///< For an inference tensor's writes.
+  bool Written = false;
   /// Its statistics, where this thread computed or deferred them, and how
   /// many ops this thread had begun then.
   std::shared_ptr<DeferredStats> Stats;
@@ -127,6 +132,20 @@ Session *Current = nullptr;
 
 thread_local std::vector<OpenCall> CallStack;
 thread_local std::unordered_map<const c10::TensorImpl *, ProducedTensor> Producers;
+/// Whether Producers holds an inference tensor, whose writes the op
+/// observer must note.
+thread_local bool ProducedInference = false;
+
+/// An op is about to write to \p T: an inference tensor among the module
+/// outputs recorded that shares its storage is changed from then on.
+void noteWrite(const at::Tensor &T) {
+  if (!T.defined() || !T.has_storage())
+    return;
+  const c10::StorageImpl *Storage = T.storage().unsafeGetStorageImpl();
+  for (auto &[Impl, P] : Producers)
+    if (P.Version < 0 && P.Storage == Storage)
+      P.Written = true;
+}
 struct OpContext;
 thread_local std::vector<OpContext *> OpStack; ///< Ops running on this thread.
 thread_local uint64_t OpsBegun = 0;             ///< Ops of the program this thread began.
@@ -300,7 +319,7 @@ Provenance provenanceOf(const at::Tensor &T) {
   auto Alive = It->second.Impl.lock();
   if (Alive.get() != T.unsafeGetTensorImpl())
     return P;
-  if (T._version() != It->second.Version) {
+  if (It->second.Version < 0 ? It->second.Written : T._version() != It->second.Version) {
     P.ChangedInPlace = true;
   } else {
     P.Source = It->second.TensorId;
@@ -529,13 +548,18 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   // Statistics the writer's thread has not computed yet, of what the op is
   // about to write (an input just recorded that aliases its `out` too), are
   // computed now, before it runs.
-  if (S->Deferred.holding()) {
-    for (const at::Tensor &T : Ctx->Mutated)
+  if (S->Deferred.holding() || ProducedInference) {
+    auto Written = [&](const at::Tensor &T) {
       S->Deferred.beforeWrite(T);
+      if (ProducedInference)
+        noteWrite(T);
+    };
+    for (const at::Tensor &T : Ctx->Mutated)
+      Written(T);
     for (size_t I : WrittenLists)
       for (const c10::IValue &V : Inputs[I].toListRef())
         if (V.isTensor())
-          S->Deferred.beforeWrite(V.toTensor());
+          Written(V.toTensor());
   }
   OpStack.push_back(Ctx.get());
   return Ctx;
@@ -595,6 +619,7 @@ void forgetSessionInChild() {
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
   CallStack.clear();
   Producers.clear();
+  ProducedInference = false;
   PendingSnapshots.clear();
   LastLaunch = {};
   new (&SessionMutex) std::mutex();
@@ -873,16 +898,24 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     int64_t TensorId = recordTensor(*S, T, TensorOwner::ModuleCall, Id, "output", int64_t(I),
                                     /*Stats=*/true, Capture, std::nullopt,
                                     provenanceOf(T).Stats, &Computed);
-    if (TensorId && T.defined())
+    if (TensorId && T.defined()) {
+      bool Inference = T.is_inference();
+      ProducedInference |= Inference;
       Producers.insert_or_assign(
           T.unsafeGetTensorImpl(),
           ProducedTensor{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
                              T.getIntrusivePtr()),
-                         T._version(), TensorId, Computed, OpsBegun});
+                         Inference ? -1 : T._version(), TensorId,
+                         Inference && T.has_storage() ? T.storage().unsafeGetStorageImpl()
+                                                      : nullptr,
+                         false, Computed, OpsBegun});
+    }
   }
   // A forward of the root is over: its tensors feed nothing later.
-  if (CallStack.empty())
+  if (CallStack.empty()) {
     Producers.clear();
+    ProducedInference = false;
+  }
 }
 
 /// What the writer's thread could not complete, as the trace's meta and

@@ -1,6 +1,6 @@
 """Programs that tracing must not change: a module that raises (caught),
 torch.jit.trace, torch.compile, meta tensors, a tensor subclass, a
-negated view and a uint16 tensor, a keyword input written in
+negated view and a uint16 tensor, torch.inference_mode, a keyword input written in
 place inside the module, a submodule called on its own after its root's
 forward (as vLLM computes logits), two unrelated models taking turns, an
 inner model run alone before its whole, a model whose forward is called
@@ -55,6 +55,21 @@ elif kind == "compile":
     compiled(x)
 elif kind == "meta":
     torch.nn.Linear(4, 4, device="meta")(torch.empty(2, 4, device="meta"))
+elif kind == "inference":
+    # torch.inference_mode, as vLLM and SGLang run: inference tensors have
+    # no version counter.
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = (torch.nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x):
+            r = self.b(self.a(x))  # b's input is a's output
+            r.mul_(3)              # b's output written in place before c sees it
+            return self.c(r)
+
+    with torch.inference_mode():
+        Model()(x)
 elif kind == "views":
     class Views(torch.nn.Module):
         def forward(self, x):
