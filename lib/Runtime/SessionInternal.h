@@ -5,6 +5,7 @@
 #include "ekka/Runtime/KernelLaunch.h"
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,11 @@ void snapshotKernelBuffers();
 void matchKernelPointers(const std::vector<PointerArgument> &Pointers);
 /// Whether the op open on this thread wants its kernels' buffers copied.
 bool kernelSnapshotsWanted();
+
+/// A record lost to an error in the tracer: counted, and the first error
+/// kept (without a C++ backtrace), for the trace's meta `lost_records`: a
+/// trace must not be silently partial. False when no trace is being written.
+bool lostRecord(const char *Where, const std::exception &E);
 
 /// The parts of the tracer's own time on the program's threads that
 /// `timings=1` (ekka-trace --timings) records in meta `tracer_time`.

@@ -18,27 +18,31 @@
 namespace {
 
 // Nothing may throw into the traced program: an error in recording costs
-// that record, and is said once on stderr.
-template <typename Fn, typename R> R guarded(Fn F, R Fallback) {
+// that record, which the trace's meta `lost_records` counts (and the
+// summary at the end says); outside a trace, stderr says it once.
+template <typename Fn, typename R> R guarded(const char *Where, Fn F, R Fallback) {
   try {
     return F();
   } catch (const std::exception &E) {
     static std::atomic<bool> Said{false};
-    if (!Said.exchange(true))
-      std::fprintf(stderr, "ekka-trace: warning: a record was lost: %s\n", E.what());
+    if (!ekka::lostRecord(Where, E) && !Said.exchange(true)) {
+      const auto *TorchError = dynamic_cast<const c10::Error *>(&E);
+      std::fprintf(stderr, "ekka-trace: warning: %s: %s\n", Where,
+                   TorchError ? TorchError->what_without_backtrace() : E.what());
+    }
     return Fallback;
   }
 }
 
 std::string startOp(std::string Dir, std::string Options, std::string CommandLine) {
-  return guarded([&] { return ekka::startTrace(Dir, Options, CommandLine); },
+  return guarded("start", [&] { return ekka::startTrace(Dir, Options, CommandLine); },
                  std::string("the runtime failed to start"));
 }
 
 int64_t enterOp(std::string Path, std::string ClassName, std::string ClassQualname,
               std::string SourceFile, int64_t SourceLine, bool IsRoot,
               std::vector<at::Tensor> Inputs) {
-  return guarded([&] {
+  return guarded("module entry", [&] {
     return ekka::enterModule(Path, ClassName, ClassQualname, SourceFile, SourceLine, IsRoot,
                              Inputs);
   }, int64_t(0));
@@ -46,14 +50,14 @@ int64_t enterOp(std::string Path, std::string ClassName, std::string ClassQualna
 
 void exitOp(int64_t Id, std::vector<at::Tensor> Outputs, std::vector<at::Tensor> KeywordInputs,
             int64_t FirstKeywordIndex) {
-  guarded([&] {
+  guarded("module exit", [&] {
     ekka::exitModule(Id, Outputs, KeywordInputs, FirstKeywordIndex);
     return 0;
   }, 0);
 }
 
 std::string stopOp() {
-  return guarded([&] { return ekka::stopTrace(); }, std::string("error: stopping failed"));
+  return guarded("stop", [&] { return ekka::stopTrace(); }, std::string("error: stopping failed"));
 }
 
 /// A kernel launch as CUPTI would report it, made from inside a program:
@@ -62,7 +66,7 @@ std::string stopOp() {
 /// and module call open around this call; its buffers are snapshotted as
 /// after a real launch.
 void simulatedLaunchOp(std::string Name, std::vector<at::Tensor> Buffers) {
-  guarded([&] {
+  guarded("simulated launch", [&] {
     ekka::KernelLaunch L;
     L.Name = Name;
     L.Grid[0] = L.Block[0] = 1;

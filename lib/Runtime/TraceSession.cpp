@@ -457,17 +457,22 @@ void recordKernelSnapshots(Session &S, OpContext &Ctx) {
 std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn);
 void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw);
 
-/// A record lost to an error inside the observer: counted, and the first
-/// error kept, for the trace's meta (`lost_records`): a trace must not be
-/// silently partial.
-void lostRecord(const char *Where, const std::exception &E) {
+} // namespace
+
+bool lostRecord(const char *Where, const std::exception &E) {
   Session *S = Current;
   if (!S)
-    return;
+    return false;
   std::lock_guard<std::mutex> Lock(S->SnapshotErrorMutex);
-  if (S->LostRecords++ == 0)
-    S->FirstLoss = std::string(Where) + ": " + E.what();
+  if (S->LostRecords++ == 0) {
+    const auto *TorchError = dynamic_cast<const c10::Error *>(&E);
+    S->FirstLoss = std::string(Where) + ": " +
+                   (TorchError ? TorchError->what_without_backtrace() : E.what());
+  }
+  return true;
 }
+
+namespace {
 
 // RecordFunction callbacks must not throw into PyTorch.
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction &Fn) {
