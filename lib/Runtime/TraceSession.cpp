@@ -199,13 +199,14 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   // No data to read, or none of ours to read: a meta tensor; a tensor
   // subclass that Python dispatches (DTensor, FakeTensor: a read would run
   // its Python, may issue collectives, or find a null data pointer, which
-  // crashed the program before); a functional wrapper; any other storage
-  // without memory. Metadata only.
+  // crashed the program before); a functional wrapper; a tensor without
+  // storage (torch.func's wrappers) or whose storage has no memory.
+  // Metadata only.
   if (T.is_meta() ||
       T.key_set().has_any(c10::DispatchKeySet(
           {c10::DispatchKey::Python, c10::DispatchKey::Functionalize})) ||
-      (T.numel() > 0 && T.has_storage() &&
-       !T.unsafeGetTensorImpl()->unsafe_storage().data())) {
+      (T.numel() > 0 && (!T.has_storage() ||
+                         !T.unsafeGetTensorImpl()->unsafe_storage().data()))) {
     Stats = Capture = false;
   }
   R.Id = S.Writer->nextTensorId();

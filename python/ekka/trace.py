@@ -58,12 +58,18 @@ class _State:
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 _tracing_state = torch._C._get_tracing_state
 _is_scripting = torch.jit.is_scripting
+_functorch_level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level",
+                           lambda: None)
 
 
 def _not_traceable():
     """While torch.compile or torch.jit traces the program, hooks must stay
-    out of the graph: the ekka ops have no meta kernels and return strings."""
-    return _is_compiling() or _tracing_state() is not None or _is_scripting()
+    out of the graph: the ekka ops have no meta kernels and return strings.
+    Inside a torch.func transform (vmap, grad) the tensors are the
+    transform's wrappers, which the ekka ops take no batching rule for: the
+    modules called there are not recorded (their calls, as the whole, are)."""
+    return (_is_compiling() or _tracing_state() is not None or _is_scripting()
+            or _functorch_level() is not None)
 
 
 def _tensors(value, outputs=False):

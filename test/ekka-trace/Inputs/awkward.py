@@ -1,6 +1,7 @@
 """Programs that tracing must not change: a module that raises (caught),
 torch.jit.trace, torch.compile, meta tensors, a tensor subclass, a
-negated view and a uint16 tensor, torch.inference_mode, a keyword input written in
+negated view and a uint16 tensor, torch.inference_mode, torch.func's vmap
+and grad, a keyword input written in
 place inside the module, a submodule called on its own after its root's
 forward (as vLLM computes logits), two unrelated models taking turns, an
 inner model run alone before its whole, a model whose forward is called
@@ -70,6 +71,21 @@ elif kind == "inference":
 
     with torch.inference_mode():
         Model()(x)
+elif kind == "functorch":
+    # Modules called inside torch.func transforms get the transforms'
+    # wrapper tensors (the tracer's ops have no batching rule: vmap raised).
+    lin = torch.nn.Linear(4, 4)
+
+    class Batched(torch.nn.Module):
+        def forward(self, x):
+            return torch.func.vmap(lin)(x.unsqueeze(0).repeat(3, 1, 1))
+
+    class Gradient(torch.nn.Module):
+        def forward(self, x):
+            return torch.func.grad(lambda t: lin(t).sum())(x)
+
+    Batched()(x)
+    Gradient()(x)
 elif kind == "views":
     class Views(torch.nn.Module):
         def forward(self, x):
