@@ -14,18 +14,21 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 
 namespace {
 
 // Nothing may throw into the traced program: an error in recording costs
 // that record, which the trace's meta `lost_records` counts (and the
-// summary at the end says); outside a trace, stderr says it once.
+// summary at the end says). Starting and stopping are no records: their
+// errors, and those outside a trace, stderr says, once.
 template <typename Fn, typename R> R guarded(const char *Where, Fn F, R Fallback) {
   try {
     return F();
   } catch (const std::exception &E) {
     static std::atomic<bool> Said{false};
-    if (!ekka::lostRecord(Where, E) && !Said.exchange(true)) {
+    bool Record = std::strcmp(Where, "start") != 0 && std::strcmp(Where, "stop") != 0;
+    if (!(Record && ekka::lostRecord(Where, E)) && !Said.exchange(true)) {
       const auto *TorchError = dynamic_cast<const c10::Error *>(&E);
       std::fprintf(stderr, "ekka-trace: warning: %s: %s\n", Where,
                    TorchError ? TorchError->what_without_backtrace() : E.what());

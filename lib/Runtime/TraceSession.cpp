@@ -80,14 +80,13 @@ struct OpenCall {
 /// so tracing keeps no activation alive; the version counter tells an output
 /// changed in place since (vLLM's fused residual add) from the one recorded.
 /// An inference tensor (torch.inference_mode, as vLLM and SGLang run) has
-/// no version counter: the op observer marks it written instead, when an op
-/// writes to its storage.
+/// no version counter: the op observer counts the writes to its storage
+/// instead (StorageWrites).
 struct ProducedTensor {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> Impl;
-  int64_t Version; ///< -1: an inference tensor.
+  int64_t Version; ///< For an inference tensor, its storage's writes then.
+  bool Inference;
   int64_t TensorId;
-  const c10::StorageImpl *Storage = nullptr; ///< For an inference tensor's writes.
-  bool Written = false;
   /// Its statistics, where this thread computed or deferred them, and how
   /// many ops this thread had begun then.
   std::shared_ptr<DeferredStats> Stats;
@@ -133,18 +132,30 @@ Session *Current = nullptr;
 thread_local std::vector<OpenCall> CallStack;
 thread_local std::unordered_map<const c10::TensorImpl *, ProducedTensor> Producers;
 /// Whether Producers holds an inference tensor, whose writes the op
-/// observer must note.
+/// observer must count.
 thread_local bool ProducedInference = false;
+/// While it does: how many ops have begun writing to each storage, the
+/// version counter that inference tensors lack. Cleared with Producers.
+thread_local std::unordered_map<const c10::StorageImpl *, int64_t> StorageWrites;
 
-/// An op is about to write to \p T: an inference tensor among the module
-/// outputs recorded that shares its storage is changed from then on.
+int64_t storageWrites(const at::Tensor &T) {
+  if (!T.has_storage())
+    return 0;
+  auto It = StorageWrites.find(T.storage().unsafeGetStorageImpl());
+  return It == StorageWrites.end() ? 0 : It->second;
+}
+
+/// An op is about to write to \p T.
 void noteWrite(const at::Tensor &T) {
-  if (!T.defined() || !T.has_storage())
-    return;
-  const c10::StorageImpl *Storage = T.storage().unsafeGetStorageImpl();
-  for (auto &[Impl, P] : Producers)
-    if (P.Version < 0 && P.Storage == Storage)
-      P.Written = true;
+  if (T.defined() && T.has_storage())
+    ++StorageWrites[T.storage().unsafeGetStorageImpl()];
+}
+
+/// The end of a root's forward: its outputs feed nothing later.
+void forgetProducers() {
+  Producers.clear();
+  StorageWrites.clear();
+  ProducedInference = false;
 }
 struct OpContext;
 thread_local std::vector<OpContext *> OpStack; ///< Ops running on this thread.
@@ -199,14 +210,16 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   // No data to read, or none of ours to read: a meta tensor; a tensor
   // subclass that Python dispatches (DTensor, FakeTensor: a read would run
   // its Python, may issue collectives, or find a null data pointer, which
-  // crashed the program before); a functional wrapper; a tensor without
-  // storage (torch.func's wrappers) or whose storage has no memory.
-  // Metadata only.
+  // crashed the program before); a functional wrapper; a CPU or GPU tensor
+  // without storage (torch.func's wrappers; XLA's and lazy tensors, which
+  // have none either, take ATen's reductions) or whose storage has no
+  // memory. Metadata only.
   if (T.is_meta() ||
       T.key_set().has_any(c10::DispatchKeySet(
           {c10::DispatchKey::Python, c10::DispatchKey::Functionalize})) ||
-      (T.numel() > 0 && (!T.has_storage() ||
-                         !T.unsafeGetTensorImpl()->unsafe_storage().data()))) {
+      (!T.has_storage() && (T.is_cpu() || T.is_cuda())) ||
+      (T.numel() > 0 && T.has_storage() &&
+       !T.unsafeGetTensorImpl()->unsafe_storage().data())) {
     Stats = Capture = false;
   }
   R.Id = S.Writer->nextTensorId();
@@ -320,7 +333,7 @@ Provenance provenanceOf(const at::Tensor &T) {
   auto Alive = It->second.Impl.lock();
   if (Alive.get() != T.unsafeGetTensorImpl())
     return P;
-  if (It->second.Version < 0 ? It->second.Written : T._version() != It->second.Version) {
+  if ((It->second.Inference ? storageWrites(T) : T._version()) != It->second.Version) {
     P.ChangedInPlace = true;
   } else {
     P.Source = It->second.TensorId;
@@ -533,6 +546,22 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
       Ctx->ArgumentMutable.push_back(Written);
     }
   }
+  // Before anything that may fail: statistics the writer's thread has not
+  // computed yet, of what the op is about to write, are computed now,
+  // before it runs; and the writes to recorded inference tensors counted.
+  if (S->Deferred.holding() || ProducedInference) {
+    auto WillWrite = [&](const at::Tensor &T) {
+      S->Deferred.beforeWrite(T);
+      if (ProducedInference)
+        noteWrite(T);
+    };
+    for (const at::Tensor &T : Ctx->Mutated)
+      WillWrite(T);
+    for (size_t I : WrittenLists)
+      for (const c10::IValue &V : Inputs[I].toListRef())
+        if (V.isTensor())
+          WillWrite(V.toTensor());
+  }
   if (Kind.Schema.empty()) {
     S->Writer->addOp(OpRecord{Id, Call, Seq, Kind.Name, ""}); // a named scope
   } else {
@@ -550,22 +579,6 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     for (size_t I = 0; I < Read.size(); ++I)
       recordTensor(*S, Read[I], TensorOwner::Op, Ctx->OpId, "input", int64_t(I), /*Stats=*/true,
                    /*Capture=*/true);
-  }
-  // Statistics the writer's thread has not computed yet, of what the op is
-  // about to write (an input just recorded that aliases its `out` too), are
-  // computed now, before it runs.
-  if (S->Deferred.holding() || ProducedInference) {
-    auto Written = [&](const at::Tensor &T) {
-      S->Deferred.beforeWrite(T);
-      if (ProducedInference)
-        noteWrite(T);
-    };
-    for (const at::Tensor &T : Ctx->Mutated)
-      Written(T);
-    for (size_t I : WrittenLists)
-      for (const c10::IValue &V : Inputs[I].toListRef())
-        if (V.isTensor())
-          Written(V.toTensor());
   }
   OpStack.push_back(Ctx.get());
   return Ctx;
@@ -624,8 +637,7 @@ void forgetSessionInChild() {
   ForkingSession = nullptr;
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
   CallStack.clear();
-  Producers.clear();
-  ProducedInference = false;
+  forgetProducers();
   PendingSnapshots.clear();
   LastLaunch = {};
   new (&SessionMutex) std::mutex();
@@ -895,6 +907,14 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
   for (size_t I = 0; I < KeywordInputs.size(); ++I)
     recordInput(*S, Id, KeywordInputs[I], FirstKeywordIndex + int64_t(I), Capture,
                 /*AtExit=*/true, FirstTensor);
+  // A forward of the root is over: its tensors feed nothing later (also
+  // when recording one of them fails).
+  struct AtRootEnd {
+    ~AtRootEnd() {
+      if (CallStack.empty())
+        forgetProducers();
+    }
+  } ForgetAtRootEnd;
   for (size_t I = 0; I < Outputs.size(); ++I) {
     const at::Tensor &T = Outputs[I];
     // A module often returns what its last submodule returned (a model its
@@ -911,16 +931,9 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
           T.unsafeGetTensorImpl(),
           ProducedTensor{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
                              T.getIntrusivePtr()),
-                         Inference ? -1 : T._version(), TensorId,
-                         Inference && T.has_storage() ? T.storage().unsafeGetStorageImpl()
-                                                      : nullptr,
-                         false, Computed, OpsBegun});
+                         Inference ? storageWrites(T) : T._version(), Inference, TensorId,
+                         Computed, OpsBegun});
     }
-  }
-  // A forward of the root is over: its tensors feed nothing later.
-  if (CallStack.empty()) {
-    Producers.clear();
-    ProducedInference = false;
   }
 }
 
