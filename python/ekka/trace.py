@@ -174,7 +174,34 @@ def _start(state):
     return True
 
 
+def _hook_failed(where, error):
+    """The hooks must not change what the program does: an error of their
+    own costs the module call's record, and is said once on stderr."""
+    global _hook_error_said
+    if not _hook_error_said:
+        _hook_error_said = True
+        print(f"ekka-trace: warning: a module call was not recorded: the {where} failed: "
+              f"{type(error).__name__}: {error}", file=sys.stderr)
+
+
+_hook_error_said = False
+
+
 def _pre_hook(module, args, kwargs=None):
+    try:
+        _before(module, args, kwargs)
+    except Exception as error:
+        _hook_failed("hook before the call", error)
+
+
+def _post_hook(module, args, *rest):
+    try:
+        _after(module, args, *rest)
+    except Exception as error:
+        _hook_failed("hook after the call", error)
+
+
+def _before(module, args, kwargs=None):
     """Before a module's forward. PyTorch passes the keyword arguments too
     for the modules of a named root's tree (see _names_of); otherwise only
     the positional ones, and the keyword ones are recorded at the exit."""
@@ -490,7 +517,7 @@ def _names_of(root):
     return names
 
 
-def _post_hook(module, args, *rest):
+def _after(module, args, *rest):
     # PyTorch passes (kwargs, output) normally, but only (output) when it
     # calls an always_call hook for a forward that raised.
     kwargs, output = (rest[0], rest[1]) if len(rest) == 2 else ({}, None)

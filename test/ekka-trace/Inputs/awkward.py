@@ -1,7 +1,7 @@
 """Programs that tracing must not change: a module that raises (caught),
 torch.jit.trace, torch.compile, meta tensors, a tensor subclass, a
 negated view and a uint16 tensor, torch.inference_mode, torch.func's vmap
-and grad, a keyword input written in
+and grad, an output the hooks cannot walk, a keyword input written in
 place inside the module, a submodule called on its own after its root's
 forward (as vLLM computes logits), two unrelated models taking turns, an
 inner model run alone before its whole, a model whose forward is called
@@ -86,6 +86,24 @@ elif kind == "functorch":
 
     Batched()(x)
     Gradient()(x)
+elif kind == "cycle":
+    # An output the hooks cannot walk (a list that holds itself): the call
+    # goes unrecorded; the program runs on.
+    class Cyclic(torch.nn.Module):
+        def forward(self, x):
+            out = [x * 2]
+            out.append(out)
+            return out
+
+    class Outer2(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.lin = Cyclic(), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(self.c(x)[0])
+
+    Outer2()(x)
 elif kind == "views":
     class Views(torch.nn.Module):
         def forward(self, x):
