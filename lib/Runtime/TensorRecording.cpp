@@ -266,7 +266,8 @@ void tensorBytes(const at::Tensor &T, std::string &Out) {
   at::RecordFunctionGuard NoRecord(false);
   c10::NoGradGuard NoGrad;
   at::Tensor V = logicalValues(T);
-  at::Tensor C = V.device().is_cpu() && V.is_contiguous() ? V : V.detach().to(at::kCPU).contiguous();
+  at::Tensor C =
+      V.device().is_cpu() && V.is_contiguous() ? V : V.detach().to(at::kCPU).contiguous();
   Out.assign(static_cast<const char *>(C.const_data_ptr()), size_t(C.numel()) * C.element_size());
 }
 
@@ -388,59 +389,76 @@ std::shared_ptr<KernelStats> statsByKernel(const at::Tensor &T, const c10::Strea
 
 } // namespace
 
-TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes, std::atomic<int64_t> *Lost,
-                                       DeviceStatsCounts &Counts) {
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
-  int64_t N = T.numel();
-  if (N == 0 && !Bytes)
-    return [](TensorRecord &R, std::optional<std::string> &) { R.Stats = TensorStats(); };
-  c10::DeviceGuard OnDevice(T.device());
-  const c10::impl::DeviceGuardImplInterface *Device = c10::impl::getDeviceGuardImpl(T.device().type());
-  c10::Stream Stream = Device->getStream(T.device());
-  // Statistics: one pass by our kernel where it can; else ATen's
-  // reductions, copied into pinned memory.
-  if (!Bytes) {
-    bool OutOfMemory = false;
-    if (std::shared_ptr<KernelStats> Kernel = statsByKernel(T, Stream, OutOfMemory)) {
-      ++Counts.ByKernel;
-      return [Kernel, Lost](TensorRecord &R, std::optional<std::string> &) {
-        TensorStats S;
-        if (Kernel->await(S))
-          R.Stats = S;
-        else if (Lost)
-          ++*Lost; // the record stays, without what the device did not deliver
-      };
-    }
-    if (OutOfMemory)
-      return [Lost](TensorRecord &, std::optional<std::string> &) {
-        if (Lost)
-          ++*Lost;
-      };
-  }
-  TracerTimer Submit(TracerPart::DeviceSubmit);
-  at::Tensor Source = Bytes ? logicalValues(T).detach().contiguous() : statsOnDevice(T);
+namespace {
+
+/// \p Source copied into pinned memory on \p Stream without waiting, and
+/// the event after the copy, which says when the copy holds it.
+std::pair<at::Tensor, std::shared_ptr<c10::Event>> copyToPinned(const at::Tensor &Source,
+                                                                const c10::Stream &Stream) {
   at::Tensor Host = at::empty(Source.sizes(),
                               Source.options().device(at::kCPU).pinned_memory(true));
   Host.copy_(Source, /*non_blocking=*/true);
-  // The copy is on the tensor's device's current stream: the event after
-  // it says when the pinned buffer holds the result.
-  auto Done = std::make_shared<c10::Event>(T.device().type());
+  auto Done = std::make_shared<c10::Event>(Stream.device_type());
   Done->record(Stream);
-  if (!Bytes)
-    ++Counts.ByReductions;
-  return [Host, Done, Bytes, N, Lost](TensorRecord &R, std::optional<std::string> &Data) {
+  return {Host, Done};
+}
+
+/// The current stream of \p T's device.
+c10::Stream currentStream(const at::Tensor &T) {
+  return c10::impl::getDeviceGuardImpl(T.device().type())->getStream(T.device());
+}
+
+} // namespace
+
+std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
+                                                        DeviceStatsCounts &Counts) {
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  int64_t N = T.numel();
+  if (N == 0)
+    return [] { return std::optional<TensorStats>(TensorStats()); };
+  c10::DeviceGuard OnDevice(T.device());
+  c10::Stream Stream = currentStream(T);
+  // One pass by our kernel where it can; else ATen's reductions, copied.
+  bool OutOfMemory = false;
+  if (std::shared_ptr<KernelStats> Kernel = statsByKernel(T, Stream, OutOfMemory)) {
+    ++Counts.ByKernel;
+    return [Kernel]() -> std::optional<TensorStats> {
+      TensorStats S;
+      if (!Kernel->await(S))
+        return std::nullopt;
+      return S;
+    };
+  }
+  if (OutOfMemory)
+    return [] { return std::optional<TensorStats>(); };
+  TracerTimer Submit(TracerPart::DeviceSubmit);
+  auto [Host, Done] = copyToPinned(statsOnDevice(T), Stream);
+  ++Counts.ByReductions;
+  return [Host, Done, N]() -> std::optional<TensorStats> {
     try {
       Done->synchronize();
-      if (Bytes) {
-        const char *P = static_cast<const char *>(Host.const_data_ptr());
-        Data = std::string(P, P + Host.numel() * Host.element_size());
-      } else {
-        R.Stats = statsOfSix(Host, N);
-      }
+      return statsOfSix(Host, N);
     } catch (...) {
-      if (Lost)
-        ++*Lost; // the record stays, without what the device did not deliver
+      return std::nullopt;
+    }
+  };
+}
+
+TraceWriter::Completion deviceBytes(const at::Tensor &T, std::atomic<int64_t> &Lost) {
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  c10::DeviceGuard OnDevice(T.device());
+  c10::Stream Stream = currentStream(T);
+  TracerTimer Submit(TracerPart::DeviceSubmit);
+  auto [Host, Done] = copyToPinned(logicalValues(T).detach().contiguous(), Stream);
+  return [Host, Done, &Lost](TensorRecord &, std::optional<std::string> &Data) {
+    try {
+      Done->synchronize();
+      const char *P = static_cast<const char *>(Host.const_data_ptr());
+      Data = std::string(P, P + Host.numel() * Host.element_size());
+    } catch (...) {
+      ++Lost; // the record stays, without what the device did not deliver
     }
   };
 }

@@ -136,15 +136,22 @@ struct DeviceStatsCounts {
   std::string describe() const;
 };
 
-/// For a tensor on a GPU: its statistics (or, with \p Bytes, its bytes)
-/// copied to pinned host memory without blocking the program, in stream
-/// order (so, as it is now, even if an op later changes it in place). The
-/// completion, run on the trace writer's thread, waits for that copy and
-/// fills in the record. A failure there leaves the record without them and
-/// counts it in \p Lost, if given. Not for a stream capturing a CUDA graph
-/// (capturingGraph(): the caller asks first).
-TraceWriter::Completion deviceReadback(const at::Tensor &T, bool Bytes, std::atomic<int64_t> *Lost,
-                                       DeviceStatsCounts &Counts);
+/// For a tensor on a GPU: its statistics, enqueued now in stream order (so,
+/// as the tensor is now, even if an op later changes it in place), without
+/// blocking the program. The function returned, run on the trace writer's
+/// thread, waits for them; none where the device did not deliver them. Not
+/// for a stream capturing a CUDA graph (capturingGraph(): the caller asks
+/// first).
+std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
+                                                        DeviceStatsCounts &Counts);
+
+/// For a tensor on a GPU: its bytes copied to pinned host memory in stream
+/// order, without blocking the program. The completion, run on the trace
+/// writer's thread, waits for the copy and fills in the record's data (the
+/// writer computes the statistics from it); a failure there leaves the
+/// record without them and counts it in \p Lost. Not for a stream capturing
+/// a CUDA graph.
+TraceWriter::Completion deviceBytes(const at::Tensor &T, std::atomic<int64_t> &Lost);
 
 /// \p T's statistics by ATen's reductions, wherever it is, waited for: the
 /// GPU's fallback, and a CPU tensor the byte loop does not take.

@@ -14,20 +14,18 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstring>
 
 namespace {
 
 // Nothing may throw into the traced program: an error in recording costs
-// that record, which the trace's meta `lost_records` counts (and the
-// summary at the end says). Starting and stopping are no records: their
+// that record (\p Record), which the trace's meta `lost_records` counts (and
+// the summary at the end says). Starting and stopping are no records: their
 // errors, and those outside a trace, stderr says, once.
-template <typename Fn, typename R> R guarded(const char *Where, Fn F, R Fallback) {
+template <typename Fn, typename R> R guarded(const char *Where, bool Record, Fn F, R Fallback) {
   try {
     return F();
   } catch (const std::exception &E) {
     static std::atomic<bool> Said{false};
-    bool Record = std::strcmp(Where, "start") != 0 && std::strcmp(Where, "stop") != 0;
     if (!(Record && ekka::lostRecord(Where, E)) && !Said.exchange(true)) {
       const auto *TorchError = dynamic_cast<const c10::Error *>(&E);
       std::fprintf(stderr, "ekka-trace: warning: %s: %s\n", Where,
@@ -38,14 +36,15 @@ template <typename Fn, typename R> R guarded(const char *Where, Fn F, R Fallback
 }
 
 std::string startOp(std::string Dir, std::string Options, std::string CommandLine) {
-  return guarded("start", [&] { return ekka::startTrace(Dir, Options, CommandLine); },
-                 std::string("the runtime failed to start"));
+  return guarded(
+      "start", /*Record=*/false, [&] { return ekka::startTrace(Dir, Options, CommandLine); },
+      std::string("the runtime failed to start"));
 }
 
 int64_t enterOp(std::string Path, std::string ClassName, std::string ClassQualname,
               std::string SourceFile, int64_t SourceLine, bool IsRoot,
               std::vector<at::Tensor> Inputs) {
-  return guarded("module entry", [&] {
+  return guarded("module entry", /*Record=*/true, [&] {
     return ekka::enterModule(Path, ClassName, ClassQualname, SourceFile, SourceLine, IsRoot,
                              Inputs);
   }, int64_t(0));
@@ -53,14 +52,15 @@ int64_t enterOp(std::string Path, std::string ClassName, std::string ClassQualna
 
 void exitOp(int64_t Id, std::vector<at::Tensor> Outputs, std::vector<at::Tensor> KeywordInputs,
             int64_t FirstKeywordIndex) {
-  guarded("module exit", [&] {
+  guarded("module exit", /*Record=*/true, [&] {
     ekka::exitModule(Id, Outputs, KeywordInputs, FirstKeywordIndex);
     return 0;
   }, 0);
 }
 
 std::string stopOp() {
-  return guarded("stop", [&] { return ekka::stopTrace(); }, std::string("error: stopping failed"));
+  return guarded("stop", /*Record=*/false, [&] { return ekka::stopTrace(); },
+                 std::string("error: stopping failed"));
 }
 
 /// A kernel launch as CUPTI would report it, made from inside a program:
@@ -69,7 +69,7 @@ std::string stopOp() {
 /// and module call open around this call; its buffers are snapshotted as
 /// after a real launch.
 void simulatedLaunchOp(std::string Name, std::vector<at::Tensor> Buffers) {
-  guarded("simulated launch", [&] {
+  guarded("simulated launch", /*Record=*/true, [&] {
     ekka::KernelLaunch L;
     L.Name = Name;
     L.Grid[0] = L.Block[0] = 1;

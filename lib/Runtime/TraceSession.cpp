@@ -249,20 +249,14 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
       TracerTimer Timer(TracerPart::Statistics);
       Done = Capturing ? TraceWriter::Completion([&Lost = S.LostReadbacks](
                              TensorRecord &, std::optional<std::string> &) { ++Lost; })
-                       : deviceReadback(T, /*Bytes=*/true, &S.LostReadbacks, S.GpuStats);
+                       : deviceBytes(T, S.LostReadbacks);
     } else {
       // Statistics only: shared with a later record of the same tensor,
       // unchanged (a module returning its last submodule's output).
       std::shared_ptr<DeferredStats> Later = std::move(Known);
       if (!Later) {
         TracerTimer Timer(TracerPart::Statistics);
-        Later = std::make_shared<DeferredStats>(
-            [Read = deviceReadback(T, /*Bytes=*/false, nullptr, S.GpuStats)] {
-              TensorRecord Into;
-              std::optional<std::string> NoBytes;
-              Read(Into, NoBytes);
-              return Into.Stats;
-            });
+        Later = std::make_shared<DeferredStats>(deviceStats(T, S.GpuStats));
       }
       if (Computed)
         *Computed = Later;
