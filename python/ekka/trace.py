@@ -150,7 +150,22 @@ def _gpu_options():
 
 
 def _start(state):
-    state.started = True
+    """Starts the trace at the first module call of any thread. The others
+    wait for it: a call that entered before the trace existed would be
+    lost, its children recorded without it."""
+    with _start_lock:
+        if state.started:  # another thread's call started it meanwhile
+            return True
+        try:
+            return _start_now(state)
+        finally:
+            state.started = True  # once, whether or not it failed
+
+
+_start_lock = threading.Lock()
+
+
+def _start_now(state):
     state.options = _gpu_options() + state.base_options
     error = torch.ops.ekka.start(_trace_dir(state.trace_dir), state.options,
                                  os.environ.get("EKKA_COMMAND_LINE", " ".join(sys.argv)))
@@ -672,6 +687,8 @@ def _remove_trace(trace_dir):
 def _after_fork_in_child():
     # The runtime forgot the parent's trace (pthread_atfork); a child that
     # runs modules starts its own, in a process-PID directory.
+    global _start_lock
+    _start_lock = threading.Lock()  # another thread may have held it at the fork
     if _state is not None:
         _state.started = False
         _state.stack = []

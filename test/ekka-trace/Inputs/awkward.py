@@ -9,7 +9,8 @@ directly (as SGLang's model runner does), two overloads of one op, and
 modules that return their submodule's output, as it is or changed in
 place, a module that returns a dataclass, arguments and outputs nested in
 tuples, lists and dicts, and module outputs the caller writes to in place
-right away."""
+right away, and threads whose first module calls start the trace
+together."""
 import sys
 
 import torch
@@ -328,4 +329,23 @@ elif kind == "input-written":
             buffer.numpy()[:] = k                        # filled outside the ops
             Read()(buffer)
             buffer.numpy()[:] = 99                       # and again, right away
+elif kind == "threads":
+    # Four threads start their models at once: the first module call of
+    # each may come while another one's starts the trace.
+    import threading
+    models = [Outer() for _ in range(4)]
+    for m in models:
+        m.bad = torch.nn.Identity()
+    barrier = threading.Barrier(4)
+
+    def work(m):
+        barrier.wait()
+        for _ in range(3):
+            m(x)
+
+    threads = [threading.Thread(target=work, args=(m,)) for m in models]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 print(kind, "ok")
