@@ -53,7 +53,7 @@ template <double (*Convert)(uint8_t)> std::vector<double> widen8(llvm::StringRef
 } // namespace
 
 std::optional<std::vector<double>> toDoubles(DType Type, llvm::StringRef Bytes) {
-  switch (Type) {
+  switch (partType(Type)) { // a complex tensor's parts, interleaved
   case DType::F32: return widen<float>(Bytes);
   case DType::F64: return widen<double>(Bytes);
   case DType::F16: return widen16<halfToDouble>(Bytes);
@@ -66,12 +66,15 @@ std::optional<std::vector<double>> toDoubles(DType Type, llvm::StringRef Bytes) 
   case DType::I8: return widen<int8_t>(Bytes);
   case DType::U8: return widen<uint8_t>(Bytes);
   case DType::Bool: return widen<uint8_t>(Bytes);
+  case DType::U16: return widen<uint16_t>(Bytes);
+  case DType::U32: return widen<uint32_t>(Bytes);
+  case DType::U64: return widen<uint64_t>(Bytes);
   default: return std::nullopt;
   }
 }
 
 double unitRoundoff(DType Type) {
-  switch (Type) {
+  switch (partType(Type)) {
   case DType::F64: return std::ldexp(1.0, -53);
   case DType::F32: return std::ldexp(1.0, -24);
   case DType::F16: return std::ldexp(1.0, -11);

@@ -37,6 +37,9 @@ std::optional<DType> traceDType(const at::Tensor &T) {
   case at::kDouble: return DType::F64;
   case at::kFloat8_e4m3fn: return DType::F8E4M3;
   case at::kFloat8_e5m2: return DType::F8E5M2;
+  case at::kComplexHalf: return DType::C32;
+  case at::kComplexFloat: return DType::C64;
+  case at::kComplexDouble: return DType::C128;
   default: return std::nullopt;
   }
 }
@@ -60,6 +63,15 @@ at::Tensor logicalValues(const at::Tensor &T) {
   return T.detach().resolve_conj().resolve_neg();
 }
 
+at::Tensor realValues(const at::Tensor &T) {
+  at::Tensor V = logicalValues(T);
+  if (!V.is_complex())
+    return V;
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  return at::view_as_real(V.detach());
+}
+
 bool describeTensor(const at::Tensor &T, TensorRecord &R) {
   auto Type = traceDType(T);
   if (!Type || T.is_sparse() || T.is_quantized() || T.is_nested())
@@ -81,7 +93,7 @@ namespace {
 /// 2-norm; statsOfSix squares it. Min and max skip NaNs, as statsOfBytes's
 /// do (statsOfSix makes them NaN when every element is one).
 at::Tensor statsOnDevice(const at::Tensor &T) {
-  at::Tensor X = T.detach();
+  at::Tensor X = realValues(T).detach();
   bool Floating = X.is_floating_point(); // only these hold NaNs
   switch (X.scalar_type()) {
   case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble: break;
@@ -145,7 +157,7 @@ TensorStats statsByReductions(const at::Tensor &T) {
   c10::NoGradGuard NoGrad;
   if (T.numel() == 0)
     return TensorStats();
-  return statsOfSix(statsOnDevice(T).cpu(), T.numel());
+  return statsOfSix(statsOnDevice(T).cpu(), realValues(T).numel());
 }
 
 DeferredStats::DeferredStats(std::optional<TensorStats> Known)
@@ -307,11 +319,12 @@ bool capturingGraph(const at::Tensor &T) {
 namespace {
 
 #if EKKA_HAVE_DEVICE_STATS
+/// The type the kernel reads \p T's values (or a complex tensor's parts) as.
 std::optional<DeviceStatsType> deviceStatsType(const at::Tensor &T) {
   switch (T.scalar_type()) {
-  case at::kFloat: return DeviceStatsType::F32;
-  case at::kDouble: return DeviceStatsType::F64;
-  case at::kHalf: return DeviceStatsType::F16;
+  case at::kFloat: case at::kComplexFloat: return DeviceStatsType::F32;
+  case at::kDouble: case at::kComplexDouble: return DeviceStatsType::F64;
+  case at::kHalf: case at::kComplexHalf: return DeviceStatsType::F16;
   case at::kBFloat16: return DeviceStatsType::BF16;
   default: return std::nullopt;
   }
@@ -362,11 +375,12 @@ std::shared_ptr<KernelStats> statsByKernel(const at::Tensor &T, const c10::Strea
     return nullptr;
   TracerTimer Submit(TracerPart::DeviceSubmit);
   at::Tensor X, Scratch;
-  int64_t N = T.numel();
+  int64_t N = 0;
   const void *Data = nullptr;
   try {
-    at::Tensor V = logicalValues(T);
+    at::Tensor V = realValues(T);
     X = V.is_contiguous() ? V : V.detach().contiguous();
+    N = X.numel();
     Data = X.const_data_ptr();
     if (int64_t Doubles = deviceStatsScratch(N))
       Scratch = at::empty({Doubles}, X.options().dtype(at::kDouble));
@@ -414,7 +428,7 @@ std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
                                                         DeviceStatsCounts &Counts) {
   at::RecordFunctionGuard NoRecord(false);
   c10::NoGradGuard NoGrad;
-  int64_t N = T.numel();
+  int64_t N = T.numel() * (T.is_complex() ? 2 : 1); // values, or a complex tensor's parts
   if (N == 0)
     return [] { return std::optional<TensorStats>(TensorStats()); };
   c10::DeviceGuard OnDevice(T.device());

@@ -23,6 +23,9 @@ std::optional<DType> traceDType(const at::Tensor &T);
 /// new tensor), where it has them: what reading its memory gives otherwise
 /// is not what the program computes with.
 at::Tensor logicalValues(const at::Tensor &T);
+/// logicalValues, and a complex tensor as its parts (torch.view_as_real):
+/// what statistics are computed over.
+at::Tensor realValues(const at::Tensor &T);
 /// Shape, strides, dtype and device of \p T into \p R.
 bool describeTensor(const at::Tensor &T, TensorRecord &R);
 /// The statistics from six doubles in their order in the trace: sum, sum

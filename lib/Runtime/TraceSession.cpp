@@ -207,6 +207,8 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   if (!describeTensor(T, R))
     return 0;
   R.SourceId = SourceId;
+  if (!storableDType(R.Type))
+    Capture = false; // no safetensors type for it: statistics only
   // No data to read, or none of ours to read: a meta tensor; a tensor
   // subclass that Python dispatches (DTensor, FakeTensor: a read would run
   // its Python, may issue collectives, or find a null data pointer, which

@@ -83,6 +83,9 @@ StringRef dtypeName(DType T) {
   case DType::F64: return "F64";
   case DType::F8E4M3: return "F8_E4M3";
   case DType::F8E5M2: return "F8_E5M2";
+  case DType::C32: return "C32";
+  case DType::C64: return "C64";
+  case DType::C128: return "C128";
   }
   return "?";
 }
@@ -104,6 +107,9 @@ std::optional<DType> parseDType(StringRef Name) {
       .Case("F64", DType::F64)
       .Case("F8_E4M3", DType::F8E4M3)
       .Case("F8_E5M2", DType::F8E5M2)
+      .Case("C32", DType::C32)
+      .Case("C64", DType::C64)
+      .Case("C128", DType::C128)
       .Default(std::nullopt);
 }
 
@@ -123,13 +129,28 @@ unsigned dtypeSize(DType T) {
   case DType::I32:
   case DType::U32:
   case DType::F32:
+  case DType::C32:
     return 4;
   case DType::I64:
   case DType::U64:
   case DType::F64:
+  case DType::C64:
     return 8;
+  case DType::C128:
+    return 16;
   }
   return 1;
+}
+
+bool storableDType(DType T) { return T != DType::C32 && T != DType::C128; }
+
+DType partType(DType T) {
+  switch (T) {
+  case DType::C32: return DType::F16;
+  case DType::C64: return DType::F32;
+  case DType::C128: return DType::F64;
+  default: return T;
+  }
 }
 
 std::string shardFileName(unsigned Index) {
@@ -307,7 +328,8 @@ template <typename L> TensorStats statsWith(StringRef Bytes) {
 std::optional<TensorStats> statsOfBytes(DType Type, StringRef Bytes) {
   using lanes::LoadAs;
   using lanes::LoadBy;
-  switch (Type) {
+  // A complex tensor's: those of its parts, real and imaginary together.
+  switch (partType(Type)) {
   case DType::F32: return statsWith<LoadAs<float>>(Bytes);
   case DType::F64: return statsWith<LoadAs<double>>(Bytes);
   case DType::F16: return statsWith<LoadBy<uint16_t, halfToDouble>>(Bytes);

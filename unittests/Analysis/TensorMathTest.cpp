@@ -37,6 +37,20 @@ TEST(TensorMath, WidensFloat8) {
   EXPECT_EQ(S->Min, -0.5);
 }
 
+TEST(TensorMath, WidensComplexAndUnsigned) {
+  const float C[] = {1.5f, -2.0f, 0.0f, 3.0f}; // 1.5 - 2i, 3i
+  auto A = toDoubles(DType::C64, llvm::StringRef(reinterpret_cast<const char *>(C), sizeof(C)));
+  ASSERT_TRUE(A.has_value());
+  EXPECT_EQ(*A, (std::vector<double>{1.5, -2.0, 0.0, 3.0}));
+  EXPECT_EQ(unitRoundoff(DType::C64), unitRoundoff(DType::F32));
+  EXPECT_EQ(unitRoundoff(DType::C128), unitRoundoff(DType::F64));
+  const uint32_t U[] = {0, 4000000000u};
+  auto B = toDoubles(DType::U32, llvm::StringRef(reinterpret_cast<const char *>(U), sizeof(U)));
+  ASSERT_TRUE(B.has_value());
+  EXPECT_EQ(*B, (std::vector<double>{0.0, 4e9}));
+  EXPECT_EQ(unitRoundoff(DType::U32), 0.0);
+}
+
 TEST(TensorMath, WidensHalfAndBFloat16) {
   uint16_t Half[3] = {0x3c00, 0xc000, 0x3555}; // 1, -2, ~0.333
   auto H = toDoubles(DType::F16, llvm::StringRef(reinterpret_cast<char *>(Half), 6));

@@ -153,6 +153,33 @@ TEST_P(Stats, EveryDTypeIsRead) {
   auto SB = statsOfBytes(DType::Bool, bytesOf(Bools));
   ASSERT_TRUE(SB);
   expectSame(*SB, plain({1, 0, 1}), "bool");
+  // Complex: the parts, real and imaginary together; C32's are halves.
+  std::vector<float> C64 = {0, -1, 1, -2, 2, -3, std::nanf(""), 4};
+  auto SC = statsOfBytes(DType::C64, bytesOf(C64));
+  ASSERT_TRUE(SC);
+  expectSame(*SC, plain({0, -1, 1, -2, 2, -3, std::nan(""), 4}), "c64");
+  std::vector<double> C128 = {0.5, -Inf, 3, 1};
+  auto SD = statsOfBytes(DType::C128, bytesOf(C128));
+  ASSERT_TRUE(SD);
+  expectSame(*SD, plain({0.5, -Inf, 3, 1}), "c128");
+  std::vector<uint16_t> C32 = {0x3c00, 0xc000}; // 1 - 2i
+  auto SH = statsOfBytes(DType::C32, bytesOf(C32));
+  ASSERT_TRUE(SH);
+  expectSame(*SH, plain({1, -2}), "c32");
+}
+
+TEST(DTypes, ComplexTypesAreNamedAndSized) {
+  for (DType T : {DType::C32, DType::C64, DType::C128})
+    EXPECT_EQ(parseDType(dtypeName(T)), T);
+  EXPECT_EQ(dtypeSize(DType::C32), 4u);
+  EXPECT_EQ(dtypeSize(DType::C64), 8u);
+  EXPECT_EQ(dtypeSize(DType::C128), 16u);
+  EXPECT_EQ(partType(DType::C64), DType::F32);
+  EXPECT_EQ(partType(DType::BF16), DType::BF16);
+  // safetensors has C64 alone: the others are not captured.
+  EXPECT_TRUE(storableDType(DType::C64));
+  EXPECT_FALSE(storableDType(DType::C32));
+  EXPECT_FALSE(storableDType(DType::C128));
 }
 
 } // namespace

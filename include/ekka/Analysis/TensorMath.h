@@ -11,12 +11,14 @@
 
 namespace ekka {
 
-/// A captured tensor's elements widened to double (F32, F16, BF16, F64 and
-/// the integer types); nullopt for a type that is not numeric here.
+/// A captured tensor's elements widened to double (the floating types, fp8
+/// included, and the integer types); a complex tensor's parts, real and
+/// imaginary interleaved (two values per element); nullopt for a type that
+/// is not numeric here.
 std::optional<std::vector<double>> toDoubles(DType Type, llvm::StringRef Bytes);
 
-/// The unit roundoff of a floating type (2^-24 for F32, 2^-8 for BF16, ...);
-/// 0 for integers, which compare exactly.
+/// The unit roundoff of a floating type (2^-24 for F32, 2^-8 for BF16, ...;
+/// a complex type's parts'); 0 for integers, which compare exactly.
 double unitRoundoff(DType Type);
 
 /// ‖A − B‖₂ and ‖A‖₂, accumulated in double. A and B have the same size.

@@ -24,21 +24,31 @@ namespace ekka {
 
 /// Readers refuse a trace of a newer major version; minor versions only add.
 constexpr int TraceFormatMajor = 1;
-constexpr int TraceFormatMinor = 1; ///< 1.1: tensors.source_id
+constexpr int TraceFormatMinor = 2; ///< 1.1: tensors.source_id; 1.2: complex dtypes
 
 constexpr llvm::StringLiteral TraceDatabaseName = "trace.db";
 
 /// The SQL that creates an empty trace database.
 llvm::StringRef traceSchema();
 
-/// Element types, named as safetensors names them.
-enum class DType { Bool, U8, I8, I16, U16, I32, U32, I64, U64, F16, BF16, F32, F64, F8E4M3, F8E5M2 };
+/// Element types, named as safetensors names them. The complex ones hold
+/// a real and an imaginary part of half, single or double precision; of
+/// those safetensors has only C64.
+enum class DType {
+  Bool, U8, I8, I16, U16, I32, U32, I64, U64, F16, BF16, F32, F64, F8E4M3, F8E5M2,
+  C32, C64, C128
+};
 
-/// "F32", "BF16", "F8_E4M3", ...
+/// "F32", "BF16", "F8_E4M3", "C64", ...
 llvm::StringRef dtypeName(DType T);
 std::optional<DType> parseDType(llvm::StringRef Name);
 /// Bytes per element.
 unsigned dtypeSize(DType T);
+/// Whether a safetensors file can hold it (all but C32 and C128): only such
+/// tensors are captured.
+bool storableDType(DType T);
+/// The type of a complex type's parts (F16, F32, F64); \p T itself if real.
+DType partType(DType T);
 
 /// The file name of shard \p Index: tensors-0000.safetensors, ...
 std::string shardFileName(unsigned Index);
@@ -60,8 +70,10 @@ double bfloat16ToDouble(uint16_t Bits);
 double float8e4m3ToDouble(uint8_t Bits); ///< e4m3fn (no infinities)
 double float8e5m2ToDouble(uint8_t Bits);
 
-/// The statistics of a contiguous tensor's bytes, in one pass; none for an
-/// element type without a numeric reading (fp8).
+/// The statistics of a contiguous tensor's bytes, in one pass. A complex
+/// tensor's are those of its parts, real and imaginary together, as
+/// torch.view_as_real lays them out: the sum of squares is that of the
+/// magnitudes; a NaN or infinity is counted per part.
 std::optional<TensorStats> statsOfBytes(DType Type, llvm::StringRef Bytes);
 
 struct ModuleCallRecord {

@@ -1,6 +1,6 @@
 """Programs that tracing must not change: a module that raises (caught),
 torch.jit.trace, torch.compile, meta tensors, a tensor subclass, a
-negated view and a uint16 tensor, torch.inference_mode, torch.func's vmap
+negated view and a uint16 tensor, complex tensors, torch.inference_mode, torch.func's vmap
 and grad, an output the hooks cannot walk, a keyword input written in
 place inside the module, a submodule called on its own after its root's
 forward (as vLLM computes logits), two unrelated models taking turns, an
@@ -113,6 +113,15 @@ elif kind == "views":
             return torch._neg_view(torch.arange(6.0).reshape(2, 3)), torch.arange(4).to(torch.uint16)
 
     Views()(x)
+elif kind == "complex":
+    class Complex(torch.nn.Module):
+        def forward(self, x):
+            # 0+1i, 1+2i, 2+3i: returned conjugated (a view whose memory
+            # holds the values before), in double and in half precision.
+            z = torch.complex(torch.arange(3.0), torch.arange(3.0) + 1)
+            return torch.conj(z), z.to(torch.complex128), z.to(torch.complex32)
+
+    Complex()(x)
 elif kind == "subclass":
     from torch.utils._pytree import tree_map
 
