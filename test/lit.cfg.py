@@ -26,6 +26,8 @@ config.substitutions.append(
     ("%zoo-side", "env EKKA_BUILD_DIR={1} {2} {0}/run_side.py".format(
         os.path.join(config.ekka_src_root, "utils", "zoo"), config.ekka_obj_root,
         config.python_executable)))
+config.substitutions.append(
+    ("%native-program", os.path.join(config.ekka_obj_root, "test", "bin", "ekka-native-program")))
 config.substitutions.append(("%zoo-dir", os.path.join(config.ekka_src_root, "utils", "zoo")))
 config.substitutions.append(
     ("%expect-exit", os.path.join(config.ekka_src_root, "utils", "lit", "expect-exit")))

@@ -54,6 +54,8 @@ CaptureOptions CaptureOptions::parse(const std::string &Text, std::string &Error
         O.GpuStatus = Value;
       else if (Key == "timings")
         O.Timings = Value == "1";
+      else if (Key == "native")
+        O.Native = Value == "1";
       else if (Key == "gpu_kernels" && Value == "off") {
         O.CuptiLibrary.clear(); // the shim's libcupti, which comes first
         O.GpuStatus = "disabled by --no-gpu-kernels";
@@ -822,6 +824,9 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
   const char *World = std::getenv("WORLD_SIZE");
   W.setMeta("rank", Rank ? Rank : "0");
   W.setMeta("world_size", World ? World : "1");
+  if (S->Options.Native)
+    W.setMeta("module_calls", "not traced: a native LibTorch program, whose C++ modules have no "
+                              "hooks (its ops and record_function scopes are traced)");
   Current = S;
   // GPU kernels: CUPTI's launch callbacks, when the shim found a GPU and
   // the libcupti that torch ships with.

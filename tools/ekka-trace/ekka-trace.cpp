@@ -11,6 +11,7 @@
 #include "ekka/Config.h"
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/Executables.h"
 #include "ekka/Trace/TraceReader.h"
 #include "ekka/Trace/TraceWriter.h"
 
@@ -82,6 +83,13 @@ cl::opt<bool> Timings(
              "module calls, statistics, GPU launch callbacks), in the trace's meta "
              "`tracer_time`: where a traced run's extra time goes"),
     cl::cat(TraceCategory));
+cl::opt<bool> Native(
+    "native",
+    cl::desc("Trace a C++ LibTorch program started through a wrapper (a shell script): preload "
+             "the runtime into every process. A LibTorch executable named directly is "
+             "recognised without it. Its ops, record_function scopes and kernels are traced; "
+             "C++ modules have no hooks, so no module calls"),
+    cl::cat(TraceCategory));
 cl::opt<std::string> Framework("framework", cl::value_desc("LABEL"),
                                cl::desc("A label stored in the trace: hf, vllm, sglang, ..."),
                                cl::cat(TraceCategory));
@@ -141,6 +149,18 @@ bool holdsTrace(StringRef Dir) {
   return sys::fs::exists(Dir + "/trace.db") || sys::fs::exists(Dir + "/rank-0/trace.db");
 }
 
+/// \p Command's program as a shell finds it; exits on failure.
+std::string findProgram(const std::vector<std::string> &Command) {
+  std::string Program = Command[0];
+  if (Program.find('/') == std::string::npos) {
+    auto Found = sys::findProgramByName(Program);
+    if (!Found)
+      exitWithError(Tool, makeError("cannot run '" + Program + "': not found on PATH"));
+    Program = *Found;
+  }
+  return Program;
+}
+
 /// Runs Command with Env added; returns its exit code, 128+N for signal N.
 int runProgram(const std::vector<std::string> &Command,
                const std::map<std::string, std::string> &Env) {
@@ -159,14 +179,7 @@ int runProgram(const std::vector<std::string> &Command,
   for (const std::string &E : EnvStrings)
     Envp.push_back(const_cast<char *>(E.c_str()));
   Envp.push_back(nullptr);
-  // PATH lookup as a shell would do.
-  std::string Program = Command[0];
-  if (Program.find('/') == std::string::npos) {
-    auto Found = sys::findProgramByName(Program);
-    if (!Found)
-      exitWithError(Tool, makeError("cannot run '" + Program + "': not found on PATH"));
-    Program = *Found;
-  }
+  std::string Program = findProgram(Command);
   pid_t Pid = fork();
   if (Pid < 0)
     exitWithError(Tool, makeError("cannot start '" + Command[0] + "'"));
@@ -284,6 +297,14 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
       {"EKKA_COMMAND_LINE", CommandLine},
       {"PYTHONPATH", PythonPath},
   };
+  // A C++ program: the runtime is preloaded and starts with it.
+  if (Native || linksLibTorch(findProgram(Command))) {
+    std::string Preload = R.RuntimeLibrary;
+    if (const char *Old = std::getenv("LD_PRELOAD"); Old && *Old)
+      Preload += std::string(":") + Old;
+    Env["LD_PRELOAD"] = Preload;
+    Env["EKKA_TRACE_NATIVE"] = "1";
+  }
   auto Start = std::chrono::steady_clock::now();
   int Code = runProgram(Command, Env);
   double Seconds =
@@ -362,6 +383,8 @@ int main(int argc, char **argv) {
       "  ekka-trace -o ref.trace -- python run_reference.py\n"
       "  ekka-trace -o tgt.trace --capture-ops 'zoo::' -- python run_target.py\n"
       "  ekka-trace show ref.trace\n\n"
+      "A C++ program that links LibTorch is traced too, op by op (its C++ modules\n"
+      "have no hooks): ekka-trace -o cpp.trace -- ./my_libtorch_program\n\n"
       "The exit code is the program's own (128+N if a signal N ended it).\n");
   if (ShowCmd)
     return runShow();

@@ -34,6 +34,7 @@ struct CaptureOptions {
   std::string CuptiLibrary;          ///< libcupti to load; empty: no GPU kernels.
   std::string GpuStatus;             ///< Why not, when the shim found no GPU.
   bool Timings = false;              ///< Record the tracer's own time (meta tracer_time).
+  bool Native = false;               ///< A LibTorch program, preloaded: no module hooks.
 
   static CaptureOptions parse(const std::string &Text, std::string &Error);
 };

@@ -1,0 +1,84 @@
+//===- Executables.cpp - What an executable links -------------------------===//
+#include "ekka/Support/Executables.h"
+
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <cstring>
+#include <elf.h>
+#include <optional>
+
+using namespace llvm;
+
+namespace ekka {
+
+std::vector<std::string> neededLibraries(StringRef Path) {
+  auto File = MemoryBuffer::getFile(Path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!File)
+    return {};
+  StringRef Bytes = (*File)->getBuffer();
+  auto At = [&](uint64_t Offset, uint64_t Size) -> const char * {
+    return Offset <= Bytes.size() && Size <= Bytes.size() - Offset ? Bytes.data() + Offset
+                                                                  : nullptr;
+  };
+  Elf64_Ehdr H;
+  if (!At(0, sizeof(H)))
+    return {};
+  std::memcpy(&H, Bytes.data(), sizeof(H));
+  if (std::memcmp(H.e_ident, ELFMAG, SELFMAG) != 0 || H.e_ident[EI_CLASS] != ELFCLASS64 ||
+      H.e_ident[EI_DATA] != ELFDATA2LSB || H.e_phentsize != sizeof(Elf64_Phdr))
+    return {};
+  std::vector<Elf64_Phdr> Segments;
+  for (unsigned I = 0; I < H.e_phnum; ++I) {
+    Elf64_Phdr P;
+    const char *Src = At(H.e_phoff + uint64_t(I) * sizeof(P), sizeof(P));
+    if (!Src)
+      return {};
+    std::memcpy(&P, Src, sizeof(P));
+    Segments.push_back(P);
+  }
+  // The dynamic section's string table is given as an address: the file
+  // offset is that of the loaded segment holding it.
+  auto FileOffset = [&](uint64_t Address) -> std::optional<uint64_t> {
+    for (const Elf64_Phdr &P : Segments)
+      if (P.p_type == PT_LOAD && Address >= P.p_vaddr && Address - P.p_vaddr < P.p_filesz)
+        return P.p_offset + (Address - P.p_vaddr);
+    return std::nullopt;
+  };
+  std::vector<std::string> Needed;
+  for (const Elf64_Phdr &P : Segments) {
+    if (P.p_type != PT_DYNAMIC)
+      continue;
+    std::vector<uint64_t> Names;
+    std::optional<uint64_t> Strings;
+    for (uint64_t Off = 0; Off + sizeof(Elf64_Dyn) <= P.p_filesz; Off += sizeof(Elf64_Dyn)) {
+      Elf64_Dyn D;
+      const char *Src = At(P.p_offset + Off, sizeof(D));
+      if (!Src)
+        break;
+      std::memcpy(&D, Src, sizeof(D));
+      if (D.d_tag == DT_NULL)
+        break;
+      if (D.d_tag == DT_NEEDED)
+        Names.push_back(D.d_un.d_val);
+      else if (D.d_tag == DT_STRTAB)
+        Strings = FileOffset(D.d_un.d_ptr);
+    }
+    if (!Strings)
+      continue;
+    for (uint64_t Name : Names)
+      if (const char *S = At(*Strings + Name, 1))
+        Needed.emplace_back(S, strnlen(S, Bytes.size() - (*Strings + Name)));
+  }
+  return Needed;
+}
+
+bool linksLibTorch(StringRef Program) {
+  for (const std::string &Lib : neededLibraries(Program)) {
+    StringRef L(Lib);
+    if (L.starts_with("libtorch") || L.starts_with("libc10.so"))
+      return true;
+  }
+  return false;
+}
+
+} // namespace ekka
