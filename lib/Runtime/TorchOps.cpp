@@ -1,9 +1,10 @@
 //===- TorchOps.cpp - The runtime as PyTorch custom ops -------------------===//
 //
 // The Python shim reaches the runtime through torch.ops.ekka.*: tensors pass
-// to C++ without pybind11 or a Python C extension, through the dispatcher
-// PyTorch already has. The observer ignores these ops (their names start
-// with "ekka::"); enter and exit are not even observed.
+// to C++ through the dispatcher PyTorch already has, in any build. The
+// observer ignores these ops (their names start with "ekka::"); enter and
+// exit are not even observed. Where Python's headers were found, the module
+// calls take a shorter way (PythonBinding.cpp), to the same functions.
 //
 //===----------------------------------------------------------------------===//
 #include "SessionInternal.h"
@@ -14,6 +15,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <stdexcept>
 
 namespace {
 
@@ -22,9 +24,7 @@ namespace {
 // the summary at the end says). Starting and stopping are no records: their
 // errors, and those outside a trace, stderr says, once.
 template <typename Fn, typename R> R guarded(const char *Where, bool Record, Fn F, R Fallback) {
-  try {
-    return F();
-  } catch (const std::exception &E) {
+  auto Failed = [&](const std::exception &E) {
     static std::atomic<bool> Said{false};
     if (!(Record && ekka::lostRecord(Where, E)) && !Said.exchange(true)) {
       const auto *TorchError = dynamic_cast<const c10::Error *>(&E);
@@ -32,6 +32,13 @@ template <typename Fn, typename R> R guarded(const char *Where, bool Record, Fn 
                    TorchError ? TorchError->what_without_backtrace() : E.what());
     }
     return Fallback;
+  };
+  try {
+    return F();
+  } catch (const std::exception &E) {
+    return Failed(E);
+  } catch (...) {
+    return Failed(std::runtime_error("an exception of unknown type"));
   }
 }
 
@@ -44,18 +51,13 @@ std::string startOp(std::string Dir, std::string Options, std::string CommandLin
 int64_t enterOp(std::string Path, std::string ClassName, std::string ClassQualname,
               std::string SourceFile, int64_t SourceLine, bool IsRoot,
               std::vector<at::Tensor> Inputs) {
-  return guarded("module entry", /*Record=*/true, [&] {
-    return ekka::enterModule(Path, ClassName, ClassQualname, SourceFile, SourceLine, IsRoot,
-                             Inputs);
-  }, int64_t(0));
+  return ekka::enterModuleNoThrow(Path, ClassName, ClassQualname, SourceFile, SourceLine, IsRoot,
+                                  Inputs);
 }
 
 void exitOp(int64_t Id, std::vector<at::Tensor> Outputs, std::vector<at::Tensor> KeywordInputs,
             int64_t FirstKeywordIndex) {
-  guarded("module exit", /*Record=*/true, [&] {
-    ekka::exitModule(Id, Outputs, KeywordInputs, FirstKeywordIndex);
-    return 0;
-  }, 0);
+  ekka::exitModuleNoThrow(Id, Outputs, KeywordInputs, FirstKeywordIndex);
 }
 
 std::string stopOp() {
@@ -94,6 +96,24 @@ const bool ModuleCallsUnobserved = [] {
 }();
 
 } // namespace
+
+int64_t ekka::enterModuleNoThrow(const std::string &Path, const std::string &ClassName,
+                                 const std::string &ClassQualname, const std::string &SourceFile,
+                                 int64_t SourceLine, bool IsRoot,
+                                 const std::vector<at::Tensor> &Inputs) noexcept {
+  return guarded("module entry", /*Record=*/true, [&] {
+    return enterModule(Path, ClassName, ClassQualname, SourceFile, SourceLine, IsRoot, Inputs);
+  }, int64_t(0));
+}
+
+void ekka::exitModuleNoThrow(int64_t Id, const std::vector<at::Tensor> &Outputs,
+                             const std::vector<at::Tensor> &KeywordInputs,
+                             int64_t FirstKeywordIndex) noexcept {
+  guarded("module exit", /*Record=*/true, [&] {
+    exitModule(Id, Outputs, KeywordInputs, FirstKeywordIndex);
+    return 0;
+  }, 0);
+}
 
 TORCH_LIBRARY(ekka, m) {
   m.def("simulated_launch(str name, Tensor[] buffers) -> ()", simulatedLaunchOp);

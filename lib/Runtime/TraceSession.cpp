@@ -56,6 +56,8 @@ CaptureOptions CaptureOptions::parse(const std::string &Text, std::string &Error
         O.Timings = Value == "1";
       else if (Key == "native")
         O.Native = Value == "1";
+      else if (Key == "binding")
+        O.Binding = Value;
       else if (Key == "gpu_kernels" && Value == "off") {
         O.CuptiLibrary.clear(); // the shim's libcupti, which comes first
         O.GpuStatus = "disabled by --no-gpu-kernels";
@@ -824,6 +826,8 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
   const char *World = std::getenv("WORLD_SIZE");
   W.setMeta("rank", Rank ? Rank : "0");
   W.setMeta("world_size", World ? World : "1");
+  if (!S->Options.Binding.empty())
+    W.setMeta("shim_binding", S->Options.Binding);
   if (S->Options.Native)
     W.setMeta("module_calls", "not traced: a native LibTorch program, whose C++ modules have no "
                               "hooks (its ops and record_function scopes are traced)");

@@ -35,6 +35,7 @@ struct CaptureOptions {
   std::string GpuStatus;             ///< Why not, when the shim found no GPU.
   bool Timings = false;              ///< Record the tracer's own time (meta tracer_time).
   bool Native = false;               ///< A LibTorch program, preloaded: no module hooks.
+  std::string Binding;               ///< How the shim calls the runtime: python, torch.ops.
 
   static CaptureOptions parse(const std::string &Text, std::string &Error);
 };
@@ -52,6 +53,16 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
 void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
                 const std::vector<at::Tensor> &KeywordInputs = {},
                 int64_t FirstKeywordIndex = 0);
+/// enterModule and exitModule for callers that must not see an exception
+/// (the shim's hooks, through either binding): an error costs that record,
+/// which meta `lost_records` counts.
+int64_t enterModuleNoThrow(const std::string &Path, const std::string &ClassName,
+                           const std::string &ClassQualname, const std::string &SourceFile,
+                           int64_t SourceLine, bool IsRoot,
+                           const std::vector<at::Tensor> &Inputs) noexcept;
+void exitModuleNoThrow(int64_t Id, const std::vector<at::Tensor> &Outputs,
+                       const std::vector<at::Tensor> &KeywordInputs,
+                       int64_t FirstKeywordIndex) noexcept;
 /// Flushes and closes the trace; returns a one-line summary or an error
 /// message starting with "error: ".
 std::string stopTrace();
