@@ -75,9 +75,10 @@ def _not_traceable():
 def _tensors(value, outputs=False):
     """The tensors in a module's arguments or, with `outputs`, its result,
     in order. The common shapes (a tensor, a tuple or list of tensors and
-    None, a dict of them, nested: HF's `position_embeddings=(cos, sin)`)
-    directly, in pytree's order; anything else through pytree: a hook runs
-    at every module call, and pytree's flattening is most of its cost."""
+    None, a dict of them, nested: HF's `position_embeddings=(cos, sin)`,
+    beside objects that hold none: HF's `past_key_values` cache) directly,
+    in pytree's order; anything else through pytree: a hook runs at every
+    module call, and pytree's flattening is most of its cost."""
     if isinstance(value, torch.Tensor):
         return [value]
     if type(value) in (tuple, list):
@@ -87,12 +88,23 @@ def _tensors(value, outputs=False):
                 out.append(leaf)
             elif type(leaf) in (tuple, list, dict):
                 out.extend(_tensors(leaf, outputs))
-            elif leaf is not None and not isinstance(leaf, (int, float, bool, str)):
+            elif leaf is not None and not isinstance(leaf, (int, float, bool, str)) and \
+                    not _opaque(leaf, outputs):
                 return _tensors_of_any(value, outputs)
         return out
     if type(value) is dict:
         return _tensors(list(value.values()), outputs)
     return _tensors_of_any(value, outputs)
+
+
+def _opaque(leaf, outputs):
+    """Whether _tensors_of_any would find no tensor in `leaf`: an object that
+    is no pytree node (nor a namedtuple, which pytree flattens), no
+    ModelOutput and, among outputs, no dataclass: pytree keeps it whole,
+    and only tensors are taken from its leaves."""
+    return (type(leaf) not in _pytree.SUPPORTED_NODES and not isinstance(leaf, tuple)
+            and not hasattr(leaf, "to_tuple")
+            and not (outputs and dataclasses.is_dataclass(leaf)))
 
 
 def _tensors_of_any(value, outputs=False):

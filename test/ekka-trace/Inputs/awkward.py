@@ -302,11 +302,16 @@ elif kind == "dataclass":
 elif kind == "nested":
     class Nested(torch.nn.Module):
         def forward(self, a, pair, named, pe=None):
-            b, (c, _) = pair
+            b, (c, _, _) = pair
             return a * 2, [b * 2, {"c": named["k"] * 2}]
 
+    class Cache:
+        """An object that holds no tensor pytree sees (HF's DynamicCache)."""
+
+    import collections
+    Pair = collections.namedtuple("Pair", "cos sin")
     t = [torch.full((2, 4), float(i)) for i in range(7)]
-    Nested()(t[1], (t[2], [t[3], None]), {"k": t[4]}, pe=(t[5], t[6]))
+    Nested()(t[1], (t[2], [t[3], None, Cache()]), {"k": t[4]}, pe=Pair(t[5], t[6]))
 elif kind == "written-later":
     class Ones(torch.nn.Module):
         def forward(self, k):
