@@ -8,7 +8,7 @@ under torch.profiler with record_shapes — and prints the time per forward and
 the ratios to plain. Then the capture's write rate against memcpy measured
 here. A benchmark, not a test: nothing asserts a timing.
 
-  utils/bench/trace_overhead.py [--iters N] [--rounds R] [--device cuda]
+  utils/bench/trace_overhead.py [--iters N] [--rounds R] [--device cuda] [--size tiny]
                                 [--trace-dir DIR] [--ekka-trace PATH]
 
 Each of the four runs is repeated --rounds times, interleaved, and the best
@@ -70,6 +70,10 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--ekka-trace", default=os.path.join(ROOT, "build", "bin", "ekka-trace"))
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--size", default="bench", choices=("bench", "tiny"),
+                    help="the Llama's size: bench (hidden 512, 256 tokens; default) or tiny "
+                         "(hidden 32, 4 tokens: each op's work negligible, the per-call cost "
+                         "of tracing as on a GPU, on a CPU)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trace-dir", default=None, help="where the traces go (a file system)")
     ap.add_argument("--steady", type=int, default=10, metavar="R",
@@ -77,7 +81,8 @@ def main():
     args = ap.parse_args()
     py = sys.executable
     tmp = tempfile.mkdtemp(prefix="ekka-trace-bench-", dir=args.trace_dir)
-    work = [py, WORKLOAD, "--iters", str(args.iters), "--device", args.device]
+    work = [py, WORKLOAD, "--iters", str(args.iters), "--device", args.device,
+            "--size", args.size]
 
     runs = {
         "plain": lambda: work,
@@ -106,7 +111,9 @@ def main():
     # into its cache at memory speed may slow down once it must write back.
     disk = file_write_gbps(tmp, nbytes=max(int(captured), 64 << 20))
 
-    print(f"workload: HF Llama, hidden 512, 4 layers, 256 tokens, {args.device} float32, "
+    shape = "hidden 512, 4 layers, 256 tokens" if args.size == "bench" else \
+        "hidden 32, 4 layers, 4 tokens"
+    print(f"workload: HF Llama, {shape}, {args.device} float32, "
           f"1 CPU thread; {args.iters} forwards after a warm-up; best of {args.rounds} rounds")
     print(f"  {'':34}{'ms/forward':>11}{'ratio':>8}")
     for name, v in [("plain", plain), ("ekka-trace --capture=none", meta),

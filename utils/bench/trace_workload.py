@@ -1,6 +1,8 @@
 """The workload of utils/bench/trace_overhead.py: a HuggingFace Llama (random
 weights, float32, CPU or --device cuda), timed over repeated forwards after a
-warm-up.
+warm-up. --size tiny (hidden 32, 4 tokens) makes each op's own work
+negligible: what a traced forward costs per module call and per op, as on a
+GPU, whose forward of this Llama is bound by launching its kernels.
 Prints one line: `ms_per_forward=<float>`; with --steady, one line
 `steady plain=<ms> meta=<ms> profiler=<ms>`."""
 import argparse
@@ -16,6 +18,8 @@ parser.add_argument("--profiler", action="store_true",
                     help="run under torch.profiler with record_shapes=True")
 parser.add_argument("--iters", type=int, default=10)
 parser.add_argument("--device", default="cpu")
+parser.add_argument("--size", default="bench", choices=("bench", "tiny"),
+                    help="bench: hidden 512, 256 tokens (default); tiny: hidden 32, 4 tokens")
 parser.add_argument("--steady", type=int, default=0, metavar="ROUNDS",
                     help="in this one process, ROUNDS rounds of plain forwards, forwards "
                          "traced with metadata only (ekka.trace.Trace, capture='none') and "
@@ -25,11 +29,14 @@ args = parser.parse_args()
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
+hidden, tokens = (512, 256) if args.size == "bench" else (32, 4)
 config = transformers.LlamaConfig(
-    vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+    vocab_size=4096, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=4,
     num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512)
 model = transformers.LlamaForCausalLM(config).eval().to(args.device)
-ids = torch.randint(0, 4096, (1, 256)).to(args.device)
+ids = torch.randint(0, 4096, (1, tokens)).to(args.device)
+# Forwards per timing in the steady state: about 0.5 s of plain forwards.
+per_round = 5 if args.size == "bench" else 100
 
 
 def run():
@@ -50,6 +57,7 @@ if args.steady:
     # and the process's heap has settled. On a CPU the program's thread's
     # own time (other load on a shared machine counts less); on a GPU the
     # wall time, as the forward waits for the device.
+    import gc
     import shutil
     import statistics
     import tempfile
@@ -60,7 +68,11 @@ if args.steady:
     activities = profiler_activities()
     tmp = tempfile.mkdtemp(prefix="ekka-steady-")
 
-    def timed(n=5):
+    def timed(n=per_round):
+        # What the previous measurement left to the garbage collector (the
+        # profiler's events: millions of objects) is collected first, not
+        # by a collection that this one's allocations would set off.
+        gc.collect()
         start = clock()
         for _ in range(n):
             run()
