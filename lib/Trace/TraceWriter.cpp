@@ -386,12 +386,16 @@ Expected<std::unique_ptr<TraceWriter>> TraceWriter::create(StringRef Dir,
     return E;
   if (Error E = (*Db)->exec(traceSchema()))
     return E;
+  // The format now, not with the first batch: a program that dies before
+  // that (within milliseconds) leaves a trace that opens, empty.
+  if (Error E = (*Db)->exec("INSERT INTO meta(key, value) VALUES('format', 'ekka-trace " +
+                            std::to_string(TraceFormatMajor) + "." +
+                            std::to_string(TraceFormatMinor) + "')"))
+    return E;
   std::unique_ptr<TraceWriter> W(new TraceWriter(Dir.str(), Options));
   W->Storage = std::make_unique<Backend>(*W, Dir.str(), std::move(*Db), Options.ShardBytes);
   if (Error E = W->Storage->prepare())
     return E;
-  W->setMeta("format", "ekka-trace " + std::to_string(TraceFormatMajor) + "." +
-                           std::to_string(TraceFormatMinor));
   W->Worker = std::thread([Raw = W.get()] {
     // Named, so that top and perf tell the writer from the program.
     pthread_setname_np(pthread_self(), "ekka-writer");

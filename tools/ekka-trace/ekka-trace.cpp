@@ -221,7 +221,11 @@ void printSummary(StringRef Dir, double Seconds) {
     return;
   }
   uint64_t Calls = 0, Ops = 0, Kernels = 0, Tensors = 0, Captured = 0;
+  unsigned Unclosed = 0;
   for (auto &R : *Ranks) {
+    // Written when tracing stops: without it, the process ended first.
+    if (!R->meta().count("lost_records"))
+      ++Unclosed;
     auto C = R->moduleCalls();
     auto O = R->ops();
     auto K = R->kernels();
@@ -250,6 +254,12 @@ void printSummary(StringRef Dir, double Seconds) {
          << " kernels, " << Tensors << " tensors, " << humanBytes(Captured) << " captured"
          << (Ranks->size() > 1 ? ", " + std::to_string(Ranks->size()) + " ranks" : "")
          << format(", %.1f s", Seconds) << "; trace in " << Dir << "\n";
+  if (Unclosed)
+    errs() << Tool << ": warning: "
+           << (Ranks->size() > 1 ? std::to_string(Unclosed) + " of the traces were"
+                                 : std::string("the trace was"))
+           << " not closed: the program ended without stopping tracing (killed, crashed, or "
+              "_exit), and what it recorded after its last written batch is lost\n";
 }
 
 int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
