@@ -17,6 +17,10 @@ config.environment["PATH"] = os.pathsep.join(
 # Progress bars only on a terminal; never inside lit.
 config.environment["EKKA_PROGRESS"] = "0"
 config.substitutions.append(("%python", config.python_executable))
+# Where the build found Python's headers, the shim's module calls take the
+# runtime's Python binding (binding.test compares it with torch.ops).
+if getattr(config, "ekka_python_binding", False):
+    config.available_features.add("python-binding")
 config.substitutions.append(("%ekka-python", os.path.join(config.ekka_src_root, "python")))
 config.substitutions.append(
     ("%ekka-runtime", os.path.join(config.ekka_obj_root, "lib", "libekka_runtime.so")))

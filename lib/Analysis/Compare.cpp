@@ -540,6 +540,10 @@ bool Diagnoser::sharded(const TensorRecord *X, const Dims &RefShape) const {
 
 std::optional<std::vector<double>> Diagnoser::gathered(const TensorRecord *X, int64_t Local) const {
   auto Ps = peerTensors(X);
+  // A complex tensor's values are its parts, two per element: the shards'
+  // rows are not what the shape says. Not gathered (not compared).
+  if (partType(X->Type) != X->Type)
+    return std::nullopt;
   auto V = T.values(X);
   if (!V || Ps.empty())
     return std::nullopt;

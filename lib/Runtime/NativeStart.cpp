@@ -1,24 +1,33 @@
-//===- NativeStart.cpp - Tracing a LibTorch program from its start --------===//
+//===- NativeStart.cpp - Tracing a LibTorch program around its main -------===//
 //
 // A C++ program that links LibTorch has no Python shim: ekka-trace preloads
-// this library into it (LD_PRELOAD, with EKKA_TRACE_NATIVE=1), and the
-// trace starts when the library is loaded, before the program's main, and
-// stops when the program exits. LibTorch's C++ modules have no hooks: such
-// a trace holds the program's ops (and its record_function scopes), their
-// tensors and GPU kernels, but no module calls.
+// this library into it (LD_PRELOAD, with EKKA_TRACE_NATIVE set), and the
+// trace runs around the program's main. C's start-up (__libc_start_main) is
+// interposed here: by the time it calls main, every library's static
+// initialisers have run (this one's own, CUDA's and LibTorch's included);
+// when main returns, tracing stops before exit() runs anything, so no
+// static destructor or thread-local teardown comes first. A program that
+// calls exit() itself stops through an atexit handler registered at main's
+// start, which runs before the handlers of everything initialised earlier.
+// LibTorch's C++ modules have no hooks: such a trace holds the program's
+// ops (and its record_function scopes), their tensors and GPU kernels, but
+// no module calls.
 //
-// Only a process whose executable links LibTorch itself is traced so: the
-// preload reaches every process the program starts (under --native, the
-// shell that starts it too), and a Python one is left to the shim, which
-// starts its trace at its first module call.
+// Only a process whose executable links LibTorch itself is traced so.
+// EKKA_TRACE_NATIVE=auto (the program was recognised by ekka-trace) takes
+// the runtime back out of LD_PRELOAD for the processes the program starts;
+// EKKA_TRACE_NATIVE=all (--native) leaves it, for a program that is started
+// through a wrapper.
 //
 //===----------------------------------------------------------------------===//
 #include "ekka/Runtime/TraceSession.h"
 #include "ekka/Support/Executables.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <string>
 #include <unistd.h>
 
@@ -40,7 +49,11 @@ std::string traceDirectory(const std::string &Base) {
   return Base;
 }
 
-void stopAtExit() {
+std::atomic<bool> Stopped{false};
+
+void stopNativeTrace() {
+  if (Stopped.exchange(true))
+    return;
   std::string Summary;
   try {
     Summary = ekka::stopTrace();
@@ -53,11 +66,20 @@ void stopAtExit() {
     std::fprintf(stderr, "ekka-trace: warning: %s\n", Summary.c_str() + At + 11);
 }
 
-__attribute__((constructor)) void startNativeTrace() {
+/// The processes the program starts do not get the runtime (ekka-trace
+/// recognised this one; it names the preload it added).
+void stopPreloading() {
+  unsetenv("EKKA_TRACE_NATIVE");
+  std::string Before = environment("EKKA_LD_PRELOAD_BEFORE");
+  if (Before.empty())
+    unsetenv("LD_PRELOAD");
+  else
+    setenv("LD_PRELOAD", Before.c_str(), 1);
+  unsetenv("EKKA_LD_PRELOAD_BEFORE");
+}
+
+void startNativeTrace() {
   std::string Base = environment("EKKA_TRACE_DIR");
-  if (environment("EKKA_TRACE_NATIVE") != "1" || Base.empty() ||
-      !ekka::linksLibTorch("/proc/self/exe"))
-    return;
   // GPU kernels only with a libcupti named: finding out whether there is a
   // GPU would initialise CUDA here, before the program does (and a child
   // it forks could then use none).
@@ -78,14 +100,51 @@ __attribute__((constructor)) void startNativeTrace() {
       Error = ekka::startTrace(Base + "/process-" + std::to_string(::getpid()), Options,
                                CommandLine);
     }
-  } catch (const std::exception &E) { // nothing may escape into the program's start
+  } catch (const std::exception &E) { // nothing may escape into the program
     Error = E.what();
   }
   if (!Error.empty()) {
     std::fprintf(stderr, "ekka-trace: error: %s\n", Error.c_str());
     return;
   }
-  std::atexit(stopAtExit);
+  std::atexit(stopNativeTrace);
+}
+
+using MainFn = int (*)(int, char **, char **);
+MainFn ProgramMain = nullptr;
+
+int tracedMain(int Argc, char **Argv, char **Envp) {
+  startNativeTrace();
+  int Code = ProgramMain(Argc, Argv, Envp);
+  stopNativeTrace();
+  return Code;
+}
+
+/// Whether this process is to be traced around its main.
+bool tracesThisProcess() {
+  std::string Mode = environment("EKKA_TRACE_NATIVE");
+  if ((Mode != "auto" && Mode != "all") || environment("EKKA_TRACE_DIR").empty())
+    return false;
+  if (Mode == "auto")
+    stopPreloading();
+  return ekka::linksLibTorch("/proc/self/exe");
 }
 
 } // namespace
+
+/// C's start-up, interposed where this library is preloaded: the program's
+/// main, traced. Everywhere else (the runtime loaded by the Python shim, a
+/// process not to be traced) it is glibc's own, unchanged.
+extern "C" int __libc_start_main(MainFn Main, int Argc, char **Argv, void (*Init)(),
+                                 void (*Fini)(), void (*RtldFini)(), void *StackEnd) {
+  using StartFn = int (*)(MainFn, int, char **, void (*)(), void (*)(), void (*)(), void *);
+  static auto Real = reinterpret_cast<StartFn>(dlsym(RTLD_NEXT, "__libc_start_main"));
+  if (!Real) {
+    std::fprintf(stderr, "ekka-trace: error: the C library's __libc_start_main is missing\n");
+    std::abort();
+  }
+  if (!tracesThisProcess())
+    return Real(Main, Argc, Argv, Init, Fini, RtldFini, StackEnd);
+  ProgramMain = Main;
+  return Real(tracedMain, Argc, Argv, Init, Fini, RtldFini, StackEnd);
+}

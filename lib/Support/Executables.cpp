@@ -16,12 +16,16 @@ std::vector<std::string> neededLibraries(StringRef Path) {
   if (!File)
     return {};
   StringRef Bytes = (*File)->getBuffer();
-  auto At = [&](uint64_t Offset, uint64_t Size) -> const char * {
-    return Offset <= Bytes.size() && Size <= Bytes.size() - Offset ? Bytes.data() + Offset
-                                                                  : nullptr;
+  // \p Size bytes at \p Base + \p Delta, all inside the file (a sum that
+  // wraps around is outside too); else null.
+  auto At = [&](uint64_t Base, uint64_t Delta, uint64_t Size) -> const char * {
+    uint64_t Offset = Base + Delta;
+    if (Offset < Base || Offset > Bytes.size() || Size > Bytes.size() - Offset)
+      return nullptr;
+    return Bytes.data() + Offset;
   };
   Elf64_Ehdr H;
-  if (!At(0, sizeof(H)))
+  if (!At(0, 0, sizeof(H)))
     return {};
   std::memcpy(&H, Bytes.data(), sizeof(H));
   if (std::memcmp(H.e_ident, ELFMAG, SELFMAG) != 0 || H.e_ident[EI_CLASS] != ELFCLASS64 ||
@@ -30,7 +34,7 @@ std::vector<std::string> neededLibraries(StringRef Path) {
   std::vector<Elf64_Phdr> Segments;
   for (unsigned I = 0; I < H.e_phnum; ++I) {
     Elf64_Phdr P;
-    const char *Src = At(H.e_phoff + uint64_t(I) * sizeof(P), sizeof(P));
+    const char *Src = At(H.e_phoff, uint64_t(I) * sizeof(P), sizeof(P));
     if (!Src)
       return {};
     std::memcpy(&P, Src, sizeof(P));
@@ -40,7 +44,8 @@ std::vector<std::string> neededLibraries(StringRef Path) {
   // offset is that of the loaded segment holding it.
   auto FileOffset = [&](uint64_t Address) -> std::optional<uint64_t> {
     for (const Elf64_Phdr &P : Segments)
-      if (P.p_type == PT_LOAD && Address >= P.p_vaddr && Address - P.p_vaddr < P.p_filesz)
+      if (P.p_type == PT_LOAD && Address >= P.p_vaddr && Address - P.p_vaddr < P.p_filesz &&
+          At(P.p_offset, Address - P.p_vaddr, 0))
         return P.p_offset + (Address - P.p_vaddr);
     return std::nullopt;
   };
@@ -52,7 +57,7 @@ std::vector<std::string> neededLibraries(StringRef Path) {
     std::optional<uint64_t> Strings;
     for (uint64_t Off = 0; Off + sizeof(Elf64_Dyn) <= P.p_filesz; Off += sizeof(Elf64_Dyn)) {
       Elf64_Dyn D;
-      const char *Src = At(P.p_offset + Off, sizeof(D));
+      const char *Src = At(P.p_offset, Off, sizeof(D));
       if (!Src)
         break;
       std::memcpy(&D, Src, sizeof(D));
@@ -66,8 +71,8 @@ std::vector<std::string> neededLibraries(StringRef Path) {
     if (!Strings)
       continue;
     for (uint64_t Name : Names)
-      if (const char *S = At(*Strings + Name, 1))
-        Needed.emplace_back(S, strnlen(S, Bytes.size() - (*Strings + Name)));
+      if (const char *S = At(*Strings, Name, 1))
+        Needed.emplace_back(S, strnlen(S, size_t(Bytes.end() - S)));
   }
   return Needed;
 }

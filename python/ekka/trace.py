@@ -40,6 +40,8 @@ class _State:
         self.base_options = options  # without what _start adds
         self.active = True           # False between regions of Trace()
         self.started = False
+        self.starting = False    # _start is running (on the thread holding _start_lock)
+        self.start_ok = False    # whether it started
         self.exit_handlers = False
         self.local = threading.local()  # per thread: stack and names of its root
         self.sources = {}        # class -> (qualname, file, line)
@@ -98,12 +100,10 @@ def _tensors(value, outputs=False):
 
 
 def _opaque(leaf, outputs):
-    """Whether _tensors_of_any would find no tensor in `leaf`: an object that
-    is no pytree node (nor a namedtuple, which pytree flattens), no
-    ModelOutput and, among outputs, no dataclass: pytree keeps it whole,
-    and only tensors are taken from its leaves."""
-    return (type(leaf) not in _pytree.SUPPORTED_NODES and not isinstance(leaf, tuple)
-            and not hasattr(leaf, "to_tuple")
+    """Whether _tensors_of_any would find no tensor in `leaf`, no tensor
+    itself: a pytree leaf (no registered node, no namedtuple) that is no
+    ModelOutput and, among outputs, no dataclass (the leaves it looks into)."""
+    return (_pytree.tree_is_leaf(leaf) and not hasattr(leaf, "to_tuple")
             and not (outputs and dataclasses.is_dataclass(leaf)))
 
 
@@ -164,17 +164,23 @@ def _gpu_options():
 def _start(state):
     """Starts the trace at the first module call of any thread. The others
     wait for it: a call that entered before the trace existed would be
-    lost, its children recorded without it."""
+    lost, its children recorded without it. A module call that the start
+    itself makes on this thread (an import hook's) is not recorded."""
     with _start_lock:
         if state.started:  # another thread's call started it meanwhile
-            return True
+            return state.start_ok
+        if state.starting:
+            return False
+        state.starting = True
         try:
-            return _start_now(state)
+            state.start_ok = _start_now(state)
+            return state.start_ok
         finally:
+            state.starting = False
             state.started = True  # once, whether or not it failed
 
 
-_start_lock = threading.Lock()
+_start_lock = threading.RLock()
 
 
 def _start_now(state):
@@ -701,7 +707,7 @@ def _after_fork_in_child():
     # The runtime forgot the parent's trace (pthread_atfork); a child that
     # runs modules starts its own, in a process-PID directory.
     global _start_lock
-    _start_lock = threading.Lock()  # another thread may have held it at the fork
+    _start_lock = threading.RLock()  # another thread may have held it at the fork
     if _state is not None:
         _state.started = False
         _state.stack = []

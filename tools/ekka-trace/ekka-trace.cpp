@@ -86,8 +86,9 @@ cl::opt<bool> Timings(
 cl::opt<bool> Native(
     "native",
     cl::desc("Trace a C++ LibTorch program started through a wrapper (a shell script): preload "
-             "the runtime into every process. A LibTorch executable named directly is "
-             "recognised without it. Its ops, record_function scopes and kernels are traced; "
+             "the runtime into every process, and trace each whose executable links LibTorch. "
+             "An executable named directly is recognised without it. Its ops and "
+             "record_function scopes are traced (its GPU kernels with EKKA_CUPTI_LIB set); "
              "C++ modules have no hooks, so no module calls"),
     cl::cat(TraceCategory));
 cl::opt<std::string> Framework("framework", cl::value_desc("LABEL"),
@@ -307,13 +308,16 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
       {"EKKA_COMMAND_LINE", CommandLine},
       {"PYTHONPATH", PythonPath},
   };
-  // A C++ program: the runtime is preloaded and starts with it.
+  // A C++ program: the runtime is preloaded and traces its main. Recognised,
+  // it alone gets the runtime; under --native, every process does.
   if (Native || linksLibTorch(findProgram(Command))) {
     std::string Preload = R.RuntimeLibrary;
-    if (const char *Old = std::getenv("LD_PRELOAD"); Old && *Old)
+    if (const char *Old = std::getenv("LD_PRELOAD"); Old && *Old) {
       Preload += std::string(":") + Old;
+      Env["EKKA_LD_PRELOAD_BEFORE"] = Old;
+    }
     Env["LD_PRELOAD"] = Preload;
-    Env["EKKA_TRACE_NATIVE"] = "1";
+    Env["EKKA_TRACE_NATIVE"] = Native ? "all" : "auto";
   }
   auto Start = std::chrono::steady_clock::now();
   int Code = runProgram(Command, Env);

@@ -7,6 +7,8 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <cstring>
+#include <elf.h>
 #include <gtest/gtest.h>
 
 using namespace ekka;
@@ -48,6 +50,93 @@ TEST(Executables, AnythingElseNamesNone) {
     llvm::sys::fs::remove(Part);
   }
   llvm::sys::fs::remove(Script);
+}
+
+/// A minimal executable: its header, a loaded segment over the whole file,
+/// a dynamic segment naming \p Needed, and the string table.
+std::string syntheticElf(llvm::StringRef Needed) {
+  constexpr uint64_t Base = 0x400000;
+  Elf64_Ehdr H = {};
+  std::memcpy(H.e_ident, ELFMAG, SELFMAG);
+  H.e_ident[EI_CLASS] = ELFCLASS64;
+  H.e_ident[EI_DATA] = ELFDATA2LSB;
+  H.e_phoff = sizeof(H);
+  H.e_phentsize = sizeof(Elf64_Phdr);
+  H.e_phnum = 2;
+  uint64_t DynOff = sizeof(H) + 2 * sizeof(Elf64_Phdr);
+  uint64_t StrOff = DynOff + 3 * sizeof(Elf64_Dyn);
+  std::string Strings = std::string(1, '\0') + Needed.str() + '\0';
+  Elf64_Phdr Load = {}, Dynamic = {};
+  Load.p_type = PT_LOAD;
+  Load.p_vaddr = Base;
+  Load.p_filesz = StrOff + Strings.size();
+  Dynamic.p_type = PT_DYNAMIC;
+  Dynamic.p_offset = DynOff;
+  Dynamic.p_filesz = 3 * sizeof(Elf64_Dyn);
+  Elf64_Dyn Dyn[3] = {};
+  Dyn[0].d_tag = DT_NEEDED;
+  Dyn[0].d_un.d_val = 1;
+  Dyn[1].d_tag = DT_STRTAB;
+  Dyn[1].d_un.d_ptr = Base + StrOff;
+  Dyn[2].d_tag = DT_NULL;
+  std::string Out(reinterpret_cast<const char *>(&H), sizeof(H));
+  Out.append(reinterpret_cast<const char *>(&Load), sizeof(Load));
+  Out.append(reinterpret_cast<const char *>(&Dynamic), sizeof(Dynamic));
+  Out.append(reinterpret_cast<const char *>(Dyn), sizeof(Dyn));
+  return Out + Strings;
+}
+
+std::string writeTemporary(llvm::StringRef Bytes) {
+  llvm::SmallString<128> Path;
+  int FD;
+  EXPECT_FALSE(llvm::sys::fs::createTemporaryFile("ekka-elf", "bin", FD, Path));
+  llvm::raw_fd_ostream OS(FD, /*shouldClose=*/true);
+  OS << Bytes;
+  return std::string(Path);
+}
+
+TEST(Executables, ReadsTheDynamicSectionThroughTheLoadedSegment) {
+  std::string Elf = syntheticElf("libtorch_cpu.so");
+  std::string Path = writeTemporary(Elf);
+  EXPECT_EQ(neededLibraries(Path), std::vector<std::string>{"libtorch_cpu.so"});
+  EXPECT_TRUE(linksLibTorch(Path));
+  llvm::sys::fs::remove(Path);
+  // A name cut off by the file's end: what is there, no further.
+  Path = writeTemporary(llvm::StringRef(Elf).drop_back(4));
+  EXPECT_EQ(neededLibraries(Path), std::vector<std::string>{"libtorch_cpu"});
+  llvm::sys::fs::remove(Path);
+}
+
+TEST(Executables, HostileHeadersNameNothing) {
+  std::string Elf = syntheticElf("libc10.so");
+  auto Patched = [&](auto Patch) {
+    std::string Copy = Elf;
+    Patch(Copy);
+    std::string Path = writeTemporary(Copy);
+    auto Needed = neededLibraries(Path);
+    llvm::sys::fs::remove(Path);
+    return Needed;
+  };
+  auto Header = [](std::string &E) { return reinterpret_cast<Elf64_Ehdr *>(E.data()); };
+  auto Segment = [](std::string &E, int I) {
+    return reinterpret_cast<Elf64_Phdr *>(E.data() + sizeof(Elf64_Ehdr)) + I;
+  };
+  // Program headers past the end, or too many of them.
+  EXPECT_TRUE(Patched([&](std::string &E) { Header(E)->e_phoff = ~uint64_t(0) - 8; }).empty());
+  EXPECT_TRUE(Patched([&](std::string &E) { Header(E)->e_phnum = 0xffff; }).empty());
+  // The dynamic segment at the file's end, or reaching past it.
+  EXPECT_TRUE(Patched([&](std::string &E) { Segment(E, 1)->p_offset = E.size(); }).empty());
+  EXPECT_TRUE(Patched([&](std::string &E) { Segment(E, 1)->p_filesz = ~uint64_t(0); })
+                  .size() <= 1);
+  // A string table in no loaded segment.
+  EXPECT_TRUE(Patched([&](std::string &E) { Segment(E, 0)->p_vaddr = 0x10000000; }).empty());
+  // A name offset far outside the string table.
+  EXPECT_TRUE(Patched([&](std::string &E) {
+                auto *Dyn = reinterpret_cast<Elf64_Dyn *>(E.data() + Segment(E, 1)->p_offset);
+                Dyn[0].d_un.d_val = ~uint64_t(0) - 2;
+              }).empty());
+  // A 32-bit class.
+  EXPECT_TRUE(Patched([&](std::string &E) { Header(E)->e_ident[EI_CLASS] = ELFCLASS32; }).empty());
 }
 
 } // namespace

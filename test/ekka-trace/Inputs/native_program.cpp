@@ -1,7 +1,8 @@
 //===- native_program.cpp - A C++ LibTorch program, for native.test -------===//
 //
 // No Python anywhere: two record_function scopes holding ATen ops, the
-// result printed, and an exit code of its own (the first argument).
+// result printed, whether the processes it would start get Ekka's runtime
+// preloaded, and an exit code of its own (the first argument).
 // Seeded as Python's torch.manual_seed(0) seeds the same CPU generator, so
 // the test recomputes what it computed.
 //
@@ -11,6 +12,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 int main(int argc, char **argv) {
   at::manual_seed(0);
@@ -26,5 +28,8 @@ int main(int argc, char **argv) {
     H = at::softmax(at::mm(H, W), -1);
   }
   std::printf("sum %.4f\n", H.sum().item<double>());
+  const char *Preload = std::getenv("LD_PRELOAD");
+  std::printf("children preload %s\n",
+              Preload && std::strstr(Preload, "ekka_runtime") ? "the runtime" : "nothing");
   return argc > 1 ? std::atoi(argv[1]) : 0;
 }
