@@ -23,11 +23,14 @@
 #include "ekka/Runtime/TraceSession.h"
 #include "ekka/Support/Executables.h"
 
+#include <ATen/Context.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <glob.h>
 #include <string>
 #include <unistd.h>
 
@@ -47,6 +50,46 @@ std::string traceDirectory(const std::string &Base) {
     return Base + "/rank-" + (Rank.empty() ? "0" : Rank);
   }
   return Base;
+}
+
+/// The libcupti that the torch wheel LibTorch comes from depends on (in
+/// site-packages/nvidia/), as the shim finds it for Python; empty if none.
+std::string cuptiBesideTorch() {
+  Dl_info Info;
+  if (!dladdr(reinterpret_cast<void *>(&at::globalContext), &Info) || !Info.dli_fname)
+    return "";
+  std::string Path = Info.dli_fname; // .../site-packages/torch/lib/libtorch_cpu.so
+  for (int Up = 0; Up < 3; ++Up) {
+    size_t Slash = Path.rfind('/');
+    if (Slash == std::string::npos)
+      return "";
+    Path.resize(Slash);
+  }
+  std::string Found;
+  for (const char *Pattern : {"/nvidia/*/lib/libcupti.so*", "/nvidia/cuda_cupti/lib/libcupti.so*"}) {
+    glob_t Matches;
+    if (glob((Path + Pattern).c_str(), 0, nullptr, &Matches) == 0 && Matches.gl_pathc > 0 &&
+        (Found.empty() || Found > Matches.gl_pathv[0]))
+      Found = Matches.gl_pathv[0];
+    globfree(&Matches);
+  }
+  return Found;
+}
+
+/// What the runtime is told of GPU kernels: libcupti from EKKA_CUPTI_LIB or
+/// beside torch, where the machine has an NVIDIA GPU. Whether it has one is
+/// asked of the device files, not of CUDA: initialising CUDA before the
+/// program does would change it (a child it forks could use no GPU then).
+std::string gpuOptions() {
+  std::string Cupti = environment("EKKA_CUPTI_LIB");
+  if (!Cupti.empty())
+    return "cupti=" + Cupti + ";";
+  if (access("/dev/nvidiactl", F_OK) != 0)
+    return "gpu=no CUDA device;";
+  Cupti = cuptiBesideTorch();
+  if (Cupti.empty())
+    return "gpu=no libcupti found beside torch (set EKKA_CUPTI_LIB);";
+  return "cupti=" + Cupti + ";";
 }
 
 std::atomic<bool> Stopped{false};
@@ -80,16 +123,8 @@ void stopPreloading() {
 
 void startNativeTrace() {
   std::string Base = environment("EKKA_TRACE_DIR");
-  // GPU kernels only with a libcupti named: finding out whether there is a
-  // GPU would initialise CUDA here, before the program does (and a child
-  // it forks could then use none).
-  std::string Cupti = environment("EKKA_CUPTI_LIB");
   std::string Options =
-      std::string("native=1;") +
-      (Cupti.empty() ? std::string("gpu=a native program (set EKKA_CUPTI_LIB to libcupti's "
-                                   "path to trace its GPU kernels);")
-                     : "cupti=" + Cupti + ";") +
-      environment("EKKA_TRACE_OPTIONS");
+      std::string("native=1;") + gpuOptions() + environment("EKKA_TRACE_OPTIONS");
   std::string CommandLine = environment("EKKA_COMMAND_LINE");
   std::string Error;
   try {

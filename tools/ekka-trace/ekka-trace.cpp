@@ -88,7 +88,7 @@ cl::opt<bool> Native(
     cl::desc("Trace a C++ LibTorch program started through a wrapper (a shell script): preload "
              "the runtime into every process, and trace each whose executable links LibTorch. "
              "An executable named directly is recognised without it. Its ops and "
-             "record_function scopes are traced (its GPU kernels with EKKA_CUPTI_LIB set); "
+             "record_function scopes are traced, and its GPU kernels; "
              "C++ modules have no hooks, so no module calls"),
     cl::cat(TraceCategory));
 cl::opt<std::string> Framework("framework", cl::value_desc("LABEL"),
