@@ -801,8 +801,15 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
   }();
   (void)AtForkInstalled;
   std::lock_guard<std::mutex> Lock(SessionMutex);
-  if (Current)
+  if (Current) {
+    // A LibTorch program that embeds Python: the shim's module calls go
+    // into the program's trace.
+    if (Current->Options.Native && OptionsText.find("native=1") == std::string::npos)
+      Current->Writer->setMeta("module_calls",
+                               "traced in the Python that the native LibTorch program runs "
+                               "(its C++ modules have no hooks)");
     return "";
+  }
   std::string Error;
   CaptureOptions Options = CaptureOptions::parse(OptionsText, Error);
   if (!Error.empty())
