@@ -6,9 +6,12 @@
 // interposed here: by the time it calls main, every library's static
 // initialisers have run (this one's own, CUDA's and LibTorch's included);
 // when main returns, tracing stops before exit() runs anything, so no
-// static destructor or thread-local teardown comes first. A program that
-// calls exit() itself stops through an atexit handler registered at main's
-// start, which runs before the handlers of everything initialised earlier.
+// static destructor or thread-local teardown comes first. exit() is
+// interposed too, for a program that calls it itself: tracing stops before
+// exit() destroys the calling thread's thread-locals and runs its handlers
+// (CUDA's teardown among them). An atexit handler remains for an exit that
+// bypasses the interposed one. A process that replaces itself (exec) or
+// ends with _exit or a signal leaves its trace unclosed.
 // LibTorch's C++ modules have no hooks: such a trace holds the program's
 // ops (and its record_function scopes), their tensors and GPU kernels, but
 // no module calls.
@@ -147,10 +150,13 @@ void startNativeTrace() {
 
 using MainFn = int (*)(int, char **, char **);
 MainFn ProgramMain = nullptr;
+std::atomic<bool> InMain{false}; ///< tracedMain is running: exit() stops first.
 
 int tracedMain(int Argc, char **Argv, char **Envp) {
   startNativeTrace();
+  InMain = true;
   int Code = ProgramMain(Argc, Argv, Envp);
+  InMain = false;
   stopNativeTrace();
   return Code;
 }
@@ -166,6 +172,18 @@ bool tracesThisProcess() {
 }
 
 } // namespace
+
+/// exit(), interposed where this library is preloaded: in a traced program,
+/// tracing stops first. Elsewhere glibc's own, unchanged.
+extern "C" void exit(int Status) noexcept {
+  using ExitFn = void (*)(int);
+  static auto Real = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "exit"));
+  if (InMain.exchange(false))
+    stopNativeTrace();
+  if (Real)
+    Real(Status);
+  _exit(Status); // no C library exit found: cannot happen where the runtime loaded
+}
 
 /// C's start-up, interposed where this library is preloaded: the program's
 /// main, traced. Everywhere else (the runtime loaded by the Python shim, a

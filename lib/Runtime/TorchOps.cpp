@@ -61,8 +61,11 @@ void exitOp(int64_t Id, std::vector<at::Tensor> Outputs, std::vector<at::Tensor>
 }
 
 std::string stopOp() {
-  return guarded("stop", /*Record=*/false, [&] { return ekka::stopTrace(); },
-                 std::string("error: stopping failed"));
+  return guarded("stop", /*Record=*/false, [&] {
+    // The Python a LibTorch program embeds ends before the program does:
+    // its trace goes on until the program's main returns.
+    return ekka::nativeTraceRunning() ? std::string() : ekka::stopTrace();
+  }, std::string("error: stopping failed"));
 }
 
 /// A kernel launch as CUPTI would report it, made from inside a program:

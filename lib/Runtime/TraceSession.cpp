@@ -967,6 +967,11 @@ static std::string lostLater(Session &S, std::string Before) {
   return Before;
 }
 
+bool nativeTraceRunning() {
+  std::lock_guard<std::mutex> Lock(SessionMutex);
+  return Current && Current->Options.Native;
+}
+
 std::string stopTrace() {
   std::unique_lock<std::mutex> Lock(SessionMutex);
   Session *S = Current;

@@ -103,8 +103,13 @@ def _opaque(leaf, outputs):
     """Whether _tensors_of_any would find no tensor in `leaf`, no tensor
     itself: a pytree leaf (no registered node, no namedtuple) that is no
     ModelOutput and, among outputs, no dataclass (the leaves it looks into)."""
-    return (_pytree.tree_is_leaf(leaf) and not hasattr(leaf, "to_tuple")
+    return (_is_leaf(leaf) and not hasattr(leaf, "to_tuple")
             and not (outputs and dataclasses.is_dataclass(leaf)))
+
+
+# pytree's own test where it has one (torch 2.2 on); else no leaf is
+# opaque, and such arguments go through pytree whole, as before.
+_is_leaf = getattr(_pytree, "tree_is_leaf", lambda leaf: False)
 
 
 def _tensors_of_any(value, outputs=False):
@@ -709,7 +714,7 @@ def _after_fork_in_child():
     global _start_lock
     _start_lock = threading.RLock()  # another thread may have held it at the fork
     if _state is not None:
-        _state.started = False
+        _state.started = _state.starting = _state.start_ok = False
         _state.stack = []
         # multiprocessing clears a forked child's finalizers: the child's
         # own trace needs its exit handlers registered again.

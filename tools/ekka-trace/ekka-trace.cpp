@@ -312,6 +312,7 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   // it alone gets the runtime; under --native, every process does.
   if (Native || linksLibTorch(findProgram(Command))) {
     std::string Preload = R.RuntimeLibrary;
+    Env["EKKA_LD_PRELOAD_BEFORE"] = ""; // not an inherited one
     if (const char *Old = std::getenv("LD_PRELOAD"); Old && *Old) {
       Preload += std::string(":") + Old;
       Env["EKKA_LD_PRELOAD_BEFORE"] = Old;

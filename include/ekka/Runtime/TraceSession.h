@@ -63,6 +63,9 @@ int64_t enterModuleNoThrow(const std::string &Path, const std::string &ClassName
 void exitModuleNoThrow(int64_t Id, const std::vector<at::Tensor> &Outputs,
                        const std::vector<at::Tensor> &KeywordInputs,
                        int64_t FirstKeywordIndex) noexcept;
+/// Whether the trace running is a native program's (NativeStart.cpp): the
+/// Python such a program embeds does not stop it.
+bool nativeTraceRunning();
 /// Flushes and closes the trace; returns a one-line summary or an error
 /// message starting with "error: ".
 std::string stopTrace();
