@@ -32,6 +32,8 @@ config.substitutions.append(
         config.python_executable)))
 config.substitutions.append(
     ("%native-program", os.path.join(config.ekka_obj_root, "test", "bin", "ekka-native-program")))
+config.substitutions.append(
+    ("%foreign-program", os.path.join(config.ekka_obj_root, "test", "bin", "ekka-foreign-program")))
 config.substitutions.append(("%zoo-dir", os.path.join(config.ekka_src_root, "utils", "zoo")))
 config.substitutions.append(
     ("%expect-exit", os.path.join(config.ekka_src_root, "utils", "lit", "expect-exit")))

@@ -150,6 +150,36 @@ bool holdsTrace(StringRef Dir) {
   return sys::fs::exists(Dir + "/trace.db") || sys::fs::exists(Dir + "/rank-0/trace.db");
 }
 
+/// The LibTorch (its libtorch_cpu.so) that the dynamic loader would give
+/// \p Program, as ldd shows it: the program is started with
+/// LD_TRACE_LOADED_OBJECTS, which makes the loader list and exit. Empty if
+/// it names none, or it could not be run so.
+std::string libTorchOf(StringRef Program) {
+  SmallString<128> Listing;
+  if (sys::fs::createTemporaryFile("ekka-trace-ldd", "txt", Listing))
+    return "";
+  std::vector<StringRef> Args = {Program};
+  std::vector<std::string> EnvStrings;
+  for (char **E = environ; *E; ++E)
+    EnvStrings.push_back(*E);
+  EnvStrings.push_back("LD_TRACE_LOADED_OBJECTS=1");
+  std::vector<StringRef> EnvRefs(EnvStrings.begin(), EnvStrings.end());
+  std::optional<StringRef> Redirects[] = {StringRef(""), StringRef(Listing), StringRef("")};
+  sys::ExecuteAndWait(Program, Args, EnvRefs, Redirects, /*SecondsToWait=*/30);
+  std::string Found;
+  if (auto Text = MemoryBuffer::getFile(Listing)) {
+    SmallVector<StringRef> Lines;
+    (*Text)->getBuffer().split(Lines, '\n');
+    for (StringRef Line : Lines) {
+      auto [Name, Rest] = Line.trim().split(" => ");
+      if (Name == "libtorch_cpu.so")
+        Found = Rest.rsplit(" (").first.str();
+    }
+  }
+  sys::fs::remove(Listing);
+  return Found;
+}
+
 /// \p Command's program as a shell finds it; exits on failure.
 std::string findProgram(const std::vector<std::string> &Command) {
   std::string Program = Command[0];
@@ -310,7 +340,25 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   };
   // A C++ program: the runtime is preloaded and traces its main. Recognised,
   // it alone gets the runtime; under --native, every process does.
-  if (Native || linksLibTorch(findProgram(Command))) {
+  bool Recognised = !Native && linksLibTorch(findProgram(Command));
+  if (Recognised) {
+    // The runtime links the LibTorch it was built against: loaded into a
+    // program that links another, the program would not start.
+    std::string Theirs = libTorchOf(findProgram(Command));
+    SmallString<256> TheirsReal, OursReal;
+    std::string Ours = std::string(EKKA_TORCH_LIB_DIR) + "/libtorch_cpu.so";
+    if (Theirs.empty() || sys::fs::real_path(Theirs, TheirsReal) ||
+        sys::fs::real_path(Ours, OursReal) || TheirsReal != OursReal)
+      exitWithError(Tool, makeError(
+          "'" + Command[0] + "' links LibTorch from " +
+          (Theirs.empty() || Theirs == "not found" ? std::string("a libtorch_cpu.so the loader "
+                                                                 "does not find")
+                                                   : "'" + Theirs + "'") +
+          ", but this runtime was built against '" + Ours +
+          "': it cannot be loaded into the program (build Ekka with EKKA_PYTHON set to the "
+          "Python whose torch the program links)"));
+  }
+  if (Native || Recognised) {
     std::string Preload = R.RuntimeLibrary;
     Env["EKKA_LD_PRELOAD_BEFORE"] = ""; // not an inherited one
     if (const char *Old = std::getenv("LD_PRELOAD"); Old && *Old) {
