@@ -345,8 +345,19 @@ elif kind == "input-written":
             buffer.numpy()[:] = 99                       # and again, right away
 elif kind == "threads":
     # Four threads start their models at once: the first module call of
-    # each may come while another one's starts the trace.
+    # each comes while another one's starts the trace (made slow here, so
+    # that they do).
     import threading
+    import time
+
+    import ekka.trace as shim
+    gpu_options = shim._gpu_options
+
+    def slow_gpu_options():
+        time.sleep(0.3)
+        return gpu_options()
+
+    shim._gpu_options = slow_gpu_options
     models = [Outer() for _ in range(4)]
     for m in models:
         m.bad = torch.nn.Identity()
