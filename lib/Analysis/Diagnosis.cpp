@@ -353,10 +353,16 @@ Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks,
     S->dropPadding();
   for (auto &P : Peers)
     P->dropPadding();
+  // Why not, where the trace says (a C++ LibTorch program's has none).
+  auto NoCalls = [](StringRef Which, const TraceReader &Trace) {
+    auto Why = Trace.meta().find("module_calls");
+    return makeError("the " + Which + " trace '" + Trace.directory() + "' has no module calls" +
+                     (Why != Trace.meta().end() ? " (" + Why->second + ")" : std::string()));
+  };
   if (T.Calls.empty())
-    return makeError("the target trace '" + Target.directory() + "' has no module calls");
+    return NoCalls("target", Target);
   if (R.Calls.empty())
-    return makeError("the reference trace '" + Reference.directory() + "' has no module calls");
+    return NoCalls("reference", Reference);
   Diagnoser Run(T, R, ReferenceFP32 ? &F : nullptr, Options);
   for (auto &P : Peers)
     Run.Peers.push_back(P.get());

@@ -837,7 +837,7 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
     W.setMeta("shim_binding", S->Options.Binding);
   if (S->Options.Native)
     W.setMeta("module_calls", "not traced: a native LibTorch program, whose C++ modules have no "
-                              "hooks (its ops and record_function scopes are traced)");
+                              "hooks; its ops and record_function scopes are traced");
   Current = S;
   // GPU kernels: CUPTI's launch callbacks, when the shim found a GPU and
   // the libcupti that torch ships with.
