@@ -9,6 +9,7 @@
 #include <ATen/ops/empty_like.h>
 
 #include <algorithm>
+#include <dlfcn.h>
 #include <atomic>
 #include <cstring>
 #include <ctime>
@@ -508,6 +509,15 @@ void onOpEnd(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
   }
 }
 
+/// Whether this process runs a Python interpreter (a native program may
+/// embed one).
+bool pythonRunning() {
+  using IsInitializedFn = int (*)();
+  static auto IsInitialized =
+      reinterpret_cast<IsInitializedFn>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+  return IsInitialized && IsInitialized();
+}
+
 std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn) {
   Session *S = Current;
   if (!S || InsideEkka)
@@ -516,6 +526,11 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   if (Name.substr(0, 6) == "ekka::")
     return nullptr;
   ++OpsBegun;
+  // A native program has no module entries, where settled statistics'
+  // tensors are let go: every few thousand ops instead. Not where Python
+  // runs (a release may take the GIL, which this op's caller may not hold).
+  if (S->Options.Native && OpsBegun % 4096 == 0 && S->Deferred.holding() && !pythonRunning())
+    S->Deferred.releaseSettled();
   auto Ctx = std::make_unique<OpContext>();
   int64_t Id = Ctx->OpId = S->Writer->nextOpId();
   std::optional<int64_t> Call;
