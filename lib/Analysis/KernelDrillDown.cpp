@@ -95,7 +95,7 @@ std::optional<OpFinding> Diagnoser::cacheWriteDrillDown(const ComponentRatio &C)
       // [blocks, block_size, per-token dims...]; an fp8 cache holds scaled
       // values (its scales are other inputs): not compared.
       if (Cache->Shape.size() < 3 || unitRoundoff(Cache->Type) == 0 ||
-          dtypeSize(Cache->Type) < 2)
+          dtypeBits(Cache->Type) < 16)
         continue;
       ArrayRef<int64_t> PerToken = ArrayRef<int64_t>(Cache->Shape).drop_front(2);
       int64_t Row = numElements(PerToken);
@@ -117,7 +117,7 @@ std::optional<OpFinding> Diagnoser::cacheWriteDrillDown(const ComponentRatio &C)
       if (!Bytes || !Keys)
         continue;
       // Un-paged from the bytes: only the slots' rows are read.
-      auto Rows = unpageBytes(*Bytes, Cache->Shape, dtypeSize(Cache->Type), SlotIds);
+      auto Rows = unpageBytes(*Bytes, Cache->Shape, dtypeBits(Cache->Type) / 8, SlotIds);
       bool Past = !Rows;
       Elements Wanted;
       for (size_t K = 0; K < Tokens; ++K)

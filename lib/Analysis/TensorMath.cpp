@@ -60,6 +60,15 @@ std::optional<std::vector<double>> toDoubles(DType Type, llvm::StringRef Bytes) 
   case DType::BF16: return widen16<bfloat16ToDouble>(Bytes);
   case DType::F8E4M3: return widen8<float8e4m3ToDouble>(Bytes);
   case DType::F8E5M2: return widen8<float8e5m2ToDouble>(Bytes);
+  case DType::F8E4M3FNUZ: return widen8<float8e4m3fnuzToDouble>(Bytes);
+  case DType::F8E5M2FNUZ: return widen8<float8e5m2fnuzToDouble>(Bytes);
+  case DType::F8E8M0: return widen8<float8e8m0ToDouble>(Bytes);
+  case DType::F4: {
+    std::vector<double> Out(2 * Bytes.size()); // a byte's two, the low bits' first
+    for (size_t I = 0; I < Bytes.size(); ++I)
+      valuesOfByte(Type, uint8_t(Bytes[I]), &Out[2 * I]);
+    return Out;
+  }
   case DType::I64: return widen<int64_t>(Bytes);
   case DType::I32: return widen<int32_t>(Bytes);
   case DType::I16: return widen<int16_t>(Bytes);
@@ -81,6 +90,12 @@ double unitRoundoff(DType Type) {
   case DType::BF16: return std::ldexp(1.0, -8);
   case DType::F8E4M3: return std::ldexp(1.0, -4);
   case DType::F8E5M2: return std::ldexp(1.0, -3);
+  case DType::F8E4M3FNUZ: return std::ldexp(1.0, -4);
+  case DType::F8E5M2FNUZ: return std::ldexp(1.0, -3);
+  case DType::F4: return std::ldexp(1.0, -2);
+  // Powers of two alone: a value between two is at most a third off the
+  // nearer (the arithmetic mean rounding to a power).
+  case DType::F8E8M0: return std::ldexp(1.0, -1);
   default: return 0;
   }
 }

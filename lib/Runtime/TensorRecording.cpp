@@ -37,6 +37,10 @@ std::optional<DType> traceDType(const at::Tensor &T) {
   case at::kDouble: return DType::F64;
   case at::kFloat8_e4m3fn: return DType::F8E4M3;
   case at::kFloat8_e5m2: return DType::F8E5M2;
+  case at::kFloat8_e4m3fnuz: return DType::F8E4M3FNUZ;
+  case at::kFloat8_e5m2fnuz: return DType::F8E5M2FNUZ;
+  case at::kFloat8_e8m0fnu: return DType::F8E8M0;
+  case at::kFloat4_e2m1fn_x2: return DType::F4;
   case at::kComplexHalf: return DType::C32;
   case at::kComplexFloat: return DType::C64;
   case at::kComplexDouble: return DType::C128;
@@ -72,6 +76,10 @@ at::Tensor realValues(const at::Tensor &T) {
   return at::view_as_real(V.detach());
 }
 
+int64_t valueCount(const at::Tensor &T) {
+  return T.numel() * (T.is_complex() || T.scalar_type() == at::kFloat4_e2m1fn_x2 ? 2 : 1);
+}
+
 bool describeTensor(const at::Tensor &T, TensorRecord &R) {
   auto Type = traceDType(T);
   if (!Type || T.is_sparse() || T.is_quantized() || T.is_nested())
@@ -80,11 +88,43 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R) {
   R.Shape.assign(T.sizes().begin(), T.sizes().end());
   if (T.layout() == at::kStrided)
     R.Strides.assign(T.strides().begin(), T.strides().end());
+  if (*Type == DType::F4) {
+    // Counted in 4-bit elements, as safetensors counts them: a byte's two
+    // are the last dimension's (a scalar byte: a pair). Strides in them
+    // only where a byte's two are next to each other in it.
+    if (R.Shape.empty()) {
+      R.Shape = {2};
+      R.Strides = {1};
+    } else {
+      R.Shape.back() *= 2;
+      if (!R.Strides.empty() && (R.Strides.back() == 1 || T.size(-1) <= 1)) {
+        for (int64_t &S : R.Strides)
+          S *= 2;
+        R.Strides.back() = 1;
+      } else {
+        R.Strides.clear();
+      }
+    }
+  }
   R.Device = T.device().str();
   return true;
 }
 
 namespace {
+
+/// The values of a float4_e2m1fn_x2 tensor as floats, a byte's two side by
+/// side: decoded arithmetically (sign, exponent, mantissa), ATen having no
+/// conversion for the type and a table lookup wanting 64-bit indices.
+at::Tensor float4Values(const at::Tensor &T) {
+  at::Tensor B = T.contiguous().view(at::kByte);
+  at::Tensor Codes = at::stack({B.bitwise_and(0xF), B.bitwise_right_shift(4)}, -1);
+  at::Tensor Exp = Codes.bitwise_right_shift(1).bitwise_and(3).to(at::kFloat);
+  at::Tensor Mant = Codes.bitwise_and(1).to(at::kFloat);
+  // Exponent 0: 0 or 0.5 (subnormal); else (1 + m/2) * 2^(e-1).
+  at::Tensor Magnitude =
+      at::where(Exp == 0, Mant * 0.5, (Mant * 0.5 + 1) * at::exp2(Exp - 1));
+  return at::where(Codes.bitwise_and(8) != 0, -Magnitude, Magnitude);
+}
 
 /// Sum, sum of squares, min, max, NaN and Inf counts of \p T, as six
 /// doubles computed where \p T is (asynchronously on a GPU) by ATen's
@@ -97,7 +137,13 @@ at::Tensor statsOnDevice(const at::Tensor &T) {
   bool Floating = X.is_floating_point(); // only these hold NaNs
   switch (X.scalar_type()) {
   case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble: break;
-  default: X = X.to(at::kDouble); // integers, booleans, float8
+  case at::kFloat8_e4m3fn: case at::kFloat8_e5m2: case at::kFloat8_e4m3fnuz:
+  case at::kFloat8_e5m2fnuz: case at::kFloat8_e8m0fnu:
+    X = X.to(at::kFloat); // each value exactly, in half the memory of a double
+    Floating = true;      // whatever ATen says of the type: e8m0 has a NaN
+    break;
+  case at::kFloat4_e2m1fn_x2: X = float4Values(X); break;
+  default: X = X.to(at::kDouble); // integers, booleans
   }
   at::Tensor Min, Max, Nan;
   if (Floating) {
@@ -157,7 +203,7 @@ TensorStats statsByReductions(const at::Tensor &T) {
   c10::NoGradGuard NoGrad;
   if (T.numel() == 0)
     return TensorStats();
-  return statsOfSix(statsOnDevice(T).cpu(), realValues(T).numel());
+  return statsOfSix(statsOnDevice(T).cpu(), valueCount(T));
 }
 
 DeferredStats::DeferredStats(std::optional<TensorStats> Known)
@@ -428,7 +474,7 @@ std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
                                                         DeviceStatsCounts &Counts) {
   at::RecordFunctionGuard NoRecord(false);
   c10::NoGradGuard NoGrad;
-  int64_t N = T.numel() * (T.is_complex() ? 2 : 1); // values, or a complex tensor's parts
+  int64_t N = valueCount(T);
   if (N == 0)
     return [] { return std::optional<TensorStats>(TensorStats()); };
   c10::DeviceGuard OnDevice(T.device());

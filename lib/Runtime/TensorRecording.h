@@ -26,6 +26,9 @@ at::Tensor logicalValues(const at::Tensor &T);
 /// logicalValues, and a complex tensor as its parts (torch.view_as_real):
 /// what statistics are computed over.
 at::Tensor realValues(const at::Tensor &T);
+/// How many values statistics are over: a complex tensor's parts, a
+/// float4_e2m1fn_x2 tensor's 4-bit elements (two to its element).
+int64_t valueCount(const at::Tensor &T);
 /// Shape, strides, dtype and device of \p T into \p R.
 bool describeTensor(const at::Tensor &T, TensorRecord &R);
 /// The statistics from six doubles in their order in the trace: sum, sum

@@ -137,14 +137,16 @@ Expected<std::unique_ptr<SafeTensorsFile>> SafeTensorsFile::open(StringRef Path)
       if (!N || *N < 0)
         return Bad("entry '" + Key + "' has a bad shape");
       Info.Shape.push_back(*N);
-      Elements *= uint64_t(*N);
+      if (__builtin_mul_overflow(Elements, uint64_t(*N), &Elements))
+        return Bad("entry '" + Key + "' has a shape too large to hold");
     }
     auto B = (*Offsets)[0].getAsInteger(), E = (*Offsets)[1].getAsInteger();
     if (!B || !E || *B < 0 || *E < *B || uint64_t(*E) > File->DataSection.size())
       return Bad("entry '" + Key + "' has data_offsets outside the file (truncated?)");
     Info.Begin = uint64_t(*B);
     Info.End = uint64_t(*E);
-    if (Info.End - Info.Begin != Elements * dtypeSize(Info.Type))
+    std::optional<uint64_t> Size = dtypeBytes(Info.Type, Elements);
+    if (!Size || Info.End - Info.Begin != *Size)
       return Bad("entry '" + Key + "' has " + Twine(Info.End - Info.Begin) +
                  " bytes for " + Twine(Elements) + " elements of " + *DTypeName);
     File->ByName[Info.Name] = File->Infos.size();

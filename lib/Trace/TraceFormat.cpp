@@ -86,6 +86,10 @@ StringRef dtypeName(DType T) {
   case DType::C32: return "C32";
   case DType::C64: return "C64";
   case DType::C128: return "C128";
+  case DType::F8E4M3FNUZ: return "F8_E4M3FNUZ";
+  case DType::F8E5M2FNUZ: return "F8_E5M2FNUZ";
+  case DType::F8E8M0: return "F8_E8M0";
+  case DType::F4: return "F4";
   }
   return "?";
 }
@@ -110,36 +114,52 @@ std::optional<DType> parseDType(StringRef Name) {
       .Case("C32", DType::C32)
       .Case("C64", DType::C64)
       .Case("C128", DType::C128)
+      .Case("F8_E4M3FNUZ", DType::F8E4M3FNUZ)
+      .Case("F8_E5M2FNUZ", DType::F8E5M2FNUZ)
+      .Case("F8_E8M0", DType::F8E8M0)
+      .Case("F4", DType::F4)
       .Default(std::nullopt);
 }
 
-unsigned dtypeSize(DType T) {
+unsigned dtypeBits(DType T) {
   switch (T) {
   case DType::Bool:
   case DType::U8:
   case DType::I8:
   case DType::F8E4M3:
   case DType::F8E5M2:
-    return 1;
+  case DType::F8E4M3FNUZ:
+  case DType::F8E5M2FNUZ:
+  case DType::F8E8M0:
+    return 8;
+  case DType::F4:
+    return 4;
   case DType::I16:
   case DType::U16:
   case DType::F16:
   case DType::BF16:
-    return 2;
+    return 16;
   case DType::I32:
   case DType::U32:
   case DType::F32:
   case DType::C32:
-    return 4;
+    return 32;
   case DType::I64:
   case DType::U64:
   case DType::F64:
   case DType::C64:
-    return 8;
+    return 64;
   case DType::C128:
-    return 16;
+    return 128;
   }
-  return 1;
+  return 8;
+}
+
+std::optional<uint64_t> dtypeBytes(DType T, uint64_t Elements) {
+  uint64_t Bits;
+  if (__builtin_mul_overflow(Elements, uint64_t(dtypeBits(T)), &Bits))
+    return std::nullopt;
+  return Bits / 8 + (Bits % 8 != 0);
 }
 
 bool storableDType(DType T) { return T != DType::C32 && T != DType::C128; }
@@ -161,32 +181,66 @@ std::string shardFileName(unsigned Index) {
 
 namespace {
 
+/// What a small float's codes mean beyond the finite values.
+enum class Specials {
+  IEEE, ///< the top exponent is infinity (mantissa 0) or NaN
+  FN,   ///< only all ones is NaN; the top exponent holds finite values
+  FNUZ, ///< only negative zero's code is NaN; the bias is one more
+  None, ///< every code is finite (e2m1)
+};
+
 /// A small binary float of \p ExpBits exponent and \p MantBits mantissa
-/// bits (sign first, bias 2^(ExpBits-1) - 1). IEEE-like: the top exponent
-/// is infinity or NaN; else ("fn", as e4m3fn) only all ones is NaN and the
-/// top exponent holds finite values.
-template <int ExpBits, int MantBits, bool IEEE> double minifloatToDouble(uint32_t Bits) {
-  constexpr int Bias = (1 << (ExpBits - 1)) - 1, Top = (1 << ExpBits) - 1;
+/// bits, sign first, bias 2^(ExpBits-1) - 1 (2^(ExpBits-1) for FNUZ).
+template <int ExpBits, int MantBits, Specials Kind> double minifloatToDouble(uint32_t Bits) {
+  constexpr int Bias = (1 << (ExpBits - 1)) - (Kind == Specials::FNUZ ? 0 : 1);
+  constexpr int Top = (1 << ExpBits) - 1;
   constexpr uint32_t MantMask = (1u << MantBits) - 1;
-  int Sign = (Bits >> (ExpBits + MantBits)) & 1, Exp = (Bits >> MantBits) & Top;
+  constexpr uint32_t SignBit = 1u << (ExpBits + MantBits);
+  const double NaN = std::numeric_limits<double>::quiet_NaN();
+  Bits &= (SignBit << 1) - 1;
+  int Exp = (Bits >> MantBits) & Top;
   uint32_t Mant = Bits & MantMask;
-  double V;
-  if (IEEE && Exp == Top)
-    V = Mant ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else if (!IEEE && Exp == Top && Mant == MantMask)
-    V = std::numeric_limits<double>::quiet_NaN();
-  else if (Exp == 0)
-    V = std::ldexp(double(Mant), 1 - Bias - MantBits);
-  else
-    V = std::ldexp(double(Mant | (MantMask + 1)), Exp - Bias - MantBits);
-  return Sign ? -V : V;
+  if (Kind == Specials::IEEE && Exp == Top)
+    return Mant ? NaN : (Bits & SignBit ? -1 : 1) * std::numeric_limits<double>::infinity();
+  if (Kind == Specials::FN && Exp == Top && Mant == MantMask)
+    return NaN;
+  if (Kind == Specials::FNUZ && Bits == SignBit)
+    return NaN;
+  double V = Exp == 0 ? std::ldexp(double(Mant), 1 - Bias - MantBits)
+                      : std::ldexp(double(Mant | (MantMask + 1)), Exp - Bias - MantBits);
+  return Bits & SignBit ? -V : V;
 }
 
 } // namespace
 
-double halfToDouble(uint16_t H) { return minifloatToDouble<5, 10, true>(H); }
-double float8e4m3ToDouble(uint8_t B) { return minifloatToDouble<4, 3, false>(B); }
-double float8e5m2ToDouble(uint8_t B) { return minifloatToDouble<5, 2, true>(B); }
+double halfToDouble(uint16_t H) { return minifloatToDouble<5, 10, Specials::IEEE>(H); }
+double float8e4m3ToDouble(uint8_t B) { return minifloatToDouble<4, 3, Specials::FN>(B); }
+double float8e5m2ToDouble(uint8_t B) { return minifloatToDouble<5, 2, Specials::IEEE>(B); }
+double float8e4m3fnuzToDouble(uint8_t B) { return minifloatToDouble<4, 3, Specials::FNUZ>(B); }
+double float8e5m2fnuzToDouble(uint8_t B) { return minifloatToDouble<5, 2, Specials::FNUZ>(B); }
+double float4e2m1ToDouble(uint8_t B) { return minifloatToDouble<2, 1, Specials::None>(B); }
+
+double float8e8m0ToDouble(uint8_t B) {
+  // No sign, no mantissa: 2^(B - 127); all ones is NaN.
+  return B == 0xFF ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(1.0, int(B) - 127);
+}
+
+unsigned valuesOfByte(DType T, uint8_t Byte, double Out[2]) {
+  switch (T) {
+  case DType::F4:
+    Out[0] = float4e2m1ToDouble(Byte & 0xF);
+    Out[1] = float4e2m1ToDouble(Byte >> 4);
+    return 2;
+  case DType::F8E4M3: Out[0] = float8e4m3ToDouble(Byte); return 1;
+  case DType::F8E5M2: Out[0] = float8e5m2ToDouble(Byte); return 1;
+  case DType::F8E4M3FNUZ: Out[0] = float8e4m3fnuzToDouble(Byte); return 1;
+  case DType::F8E5M2FNUZ: Out[0] = float8e5m2fnuzToDouble(Byte); return 1;
+  case DType::F8E8M0: Out[0] = float8e8m0ToDouble(Byte); return 1;
+  case DType::U8: case DType::Bool: Out[0] = Byte; return 1;
+  case DType::I8: Out[0] = int8_t(Byte); return 1;
+  default: return 0;
+  }
+}
 
 double bfloat16ToDouble(uint16_t B) {
   uint32_t Bits = uint32_t(B) << 16;
@@ -336,6 +390,16 @@ std::optional<TensorStats> statsOfBytes(DType Type, StringRef Bytes) {
   case DType::BF16: return statsWith<lanes::LoadBF16>(Bytes);
   case DType::F8E4M3: return statsWith<LoadBy<uint8_t, float8e4m3ToDouble>>(Bytes);
   case DType::F8E5M2: return statsWith<LoadBy<uint8_t, float8e5m2ToDouble>>(Bytes);
+  case DType::F8E4M3FNUZ: return statsWith<LoadBy<uint8_t, float8e4m3fnuzToDouble>>(Bytes);
+  case DType::F8E5M2FNUZ: return statsWith<LoadBy<uint8_t, float8e5m2fnuzToDouble>>(Bytes);
+  case DType::F8E8M0: return statsWith<LoadBy<uint8_t, float8e8m0ToDouble>>(Bytes);
+  case DType::F4: {
+    // Two to a byte: counted by byte, then summed by value.
+    int64_t Counts[256] = {};
+    for (char C : Bytes)
+      ++Counts[uint8_t(C)];
+    return statsOfByteCounts(Type, Counts);
+  }
   case DType::I64: return statsWith<LoadAs<int64_t>>(Bytes);
   case DType::I32: return statsWith<LoadAs<int32_t>>(Bytes);
   case DType::I16: return statsWith<LoadAs<int16_t>>(Bytes);
@@ -347,6 +411,42 @@ std::optional<TensorStats> statsOfBytes(DType Type, StringRef Bytes) {
   case DType::U64: return statsWith<LoadAs<uint64_t>>(Bytes);
   default: return std::nullopt;
   }
+}
+
+std::optional<TensorStats> statsOfByteCounts(DType Type, const int64_t *Counts) {
+  double Probe[2];
+  if (!valuesOfByte(Type, 0, Probe))
+    return std::nullopt;
+  const double Inf = std::numeric_limits<double>::infinity();
+  TensorStats S;
+  S.Min = Inf;
+  S.Max = -Inf;
+  int64_t Values = 0;
+  for (unsigned B = 0; B < 256; ++B) {
+    if (!Counts[B])
+      continue;
+    double V[2];
+    unsigned N = valuesOfByte(Type, uint8_t(B), V);
+    for (unsigned I = 0; I < N; ++I) {
+      Values += Counts[B];
+      double C = double(Counts[B]);
+      S.Sum += C * V[I];
+      S.SumSq += C * V[I] * V[I];
+      if (std::isnan(V[I])) {
+        S.NanCount += Counts[B];
+        continue;
+      }
+      if (std::isinf(V[I]))
+        S.InfCount += Counts[B];
+      S.Min = std::min(S.Min, V[I]);
+      S.Max = std::max(S.Max, V[I]);
+    }
+  }
+  if (Values == 0)
+    return TensorStats();
+  if (S.NanCount == Values)
+    S.Min = S.Max = std::numeric_limits<double>::quiet_NaN();
+  return S;
 }
 
 StringRef ownerName(TensorOwner O) {

@@ -275,10 +275,10 @@ void printSummary(StringRef Dir, double Seconds) {
     Tensors += T->size();
     for (const TensorRecord &X : *T)
       if (!X.Shard.empty()) {
-        uint64_t N = dtypeSize(X.Type);
+        uint64_t N = 1;
         for (int64_t D : X.Shape)
           N *= uint64_t(D);
-        Captured += N;
+        Captured += dtypeBytes(X.Type, N).value_or(0);
       }
   }
   errs() << Tool << ": " << Calls << " module calls, " << Ops << " ops, " << Kernels

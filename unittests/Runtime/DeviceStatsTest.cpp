@@ -162,4 +162,56 @@ TEST(DeviceStats, TheReductionsFallbackGivesTheCpusStatistics) {
   EXPECT_EQ(S.NanCount, 0);
 }
 
+// The small floats of quantized inference: ATen has no sums for them (and
+// no conversion for fp4), which the reductions go around; a GPU tensor of
+// these types takes them. Every code, contiguous and as a transposed view.
+TEST(DeviceStats, SmallFloatsReduceAsTheirBytesRead) {
+  at::Tensor Codes = at::arange(256, at::kInt).to(at::kByte).reshape({16, 16});
+  for (auto [Torch, Type] : {std::pair{at::kFloat8_e4m3fn, DType::F8E4M3},
+                             {at::kFloat8_e5m2, DType::F8E5M2},
+                             {at::kFloat8_e4m3fnuz, DType::F8E4M3FNUZ},
+                             {at::kFloat8_e5m2fnuz, DType::F8E5M2FNUZ},
+                             {at::kFloat8_e8m0fnu, DType::F8E8M0},
+                             {at::kFloat4_e2m1fn_x2, DType::F4}}) {
+    for (bool Transposed : {false, true}) {
+      at::Tensor T = Codes.view(Torch);
+      if (Transposed)
+        T = T.t();
+      EXPECT_EQ(traceDType(T), Type);
+      at::Tensor Bytes = T.contiguous().view(at::kByte);
+      std::string Raw(static_cast<const char *>(Bytes.const_data_ptr()), 256);
+      std::vector<double> Values;
+      for (char C : Raw) {
+        double V[2];
+        unsigned K = valuesOfByte(Type, uint8_t(C), V);
+        Values.insert(Values.end(), V, V + K);
+      }
+      std::string What = std::string(dtypeName(Type)) + (Transposed ? ", transposed" : "");
+      EXPECT_EQ(valueCount(T), int64_t(Values.size())) << What;
+      expectSame(statsByReductions(T), *statsOfBytes(Type, Raw), Values, What.c_str());
+      expectSame(tensorStats(T), *statsOfBytes(Type, Raw), Values, What.c_str());
+    }
+  }
+}
+
+// An fp4 tensor is described in 4-bit elements, as safetensors counts them.
+TEST(DeviceStats, Float4TensorsAreDescribedInTheirValues) {
+  at::Tensor T = at::zeros({3, 5}, at::kByte).view(at::kFloat4_e2m1fn_x2);
+  TensorRecord R;
+  ASSERT_TRUE(describeTensor(T, R));
+  EXPECT_EQ(R.Type, DType::F4);
+  EXPECT_EQ(std::vector<int64_t>(R.Shape.begin(), R.Shape.end()), (std::vector<int64_t>{3, 10}));
+  EXPECT_EQ(std::vector<int64_t>(R.Strides.begin(), R.Strides.end()),
+            (std::vector<int64_t>{10, 1}));
+  TensorRecord Column;
+  ASSERT_TRUE(describeTensor(T.t(), Column)); // a byte's two are not side by side
+  EXPECT_EQ(std::vector<int64_t>(Column.Shape.begin(), Column.Shape.end()),
+            (std::vector<int64_t>{5, 6}));
+  EXPECT_TRUE(Column.Strides.empty());
+  TensorRecord Scalar;
+  ASSERT_TRUE(describeTensor(T[0][0], Scalar));
+  EXPECT_EQ(std::vector<int64_t>(Scalar.Shape.begin(), Scalar.Shape.end()),
+            (std::vector<int64_t>{2}));
+}
+
 } // namespace

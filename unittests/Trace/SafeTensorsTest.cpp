@@ -94,4 +94,33 @@ TEST_F(SafeTensorsTest, GarbageIsAClearError) {
   EXPECT_NE(toString(F.takeError()).find("is not a valid safetensors file"), std::string::npos);
 }
 
+// F4's shape counts 4-bit values: half a byte each, as safetensors' header
+// says; sizes that disagree, or a shape whose count wraps around 64 bits
+// (to seem to match), are refused.
+TEST_F(SafeTensorsTest, SizesFollowTheTypesBits) {
+  auto Open = [&](StringRef Header, size_t DataBytes) {
+    std::string Text = Header.str();
+    Text.append((8 - Text.size() % 8) % 8, ' ');
+    {
+      std::error_code EC;
+      raw_fd_ostream OS(path("h.safetensors"), EC);
+      uint64_t Length = Text.size();
+      OS.write(reinterpret_cast<const char *>(&Length), 8);
+      OS << Text << std::string(DataBytes, '\x21');
+    }
+    return SafeTensorsFile::open(path("h.safetensors"));
+  };
+  auto F = Open(R"({"a":{"dtype":"F4","shape":[2,6],"data_offsets":[0,6]}})", 6);
+  ASSERT_TRUE(bool(F)) << toString(F.takeError());
+  EXPECT_EQ((*F)->find("a")->Type, DType::F4);
+  auto Wrong = Open(R"({"a":{"dtype":"F4","shape":[2,6],"data_offsets":[0,12]}})", 12);
+  ASSERT_FALSE(bool(Wrong));
+  EXPECT_NE(toString(Wrong.takeError()).find("12 bytes for 12 elements of F4"), std::string::npos);
+  // 2^62 * 4 elements of F32 would be 2^66 bytes: 0 once wrapped.
+  auto Huge = Open(
+      R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0);
+  ASSERT_FALSE(bool(Huge));
+  EXPECT_NE(toString(Huge.takeError()).find("too large"), std::string::npos);
+}
+
 } // namespace

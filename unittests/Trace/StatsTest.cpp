@@ -171,15 +171,106 @@ TEST_P(Stats, EveryDTypeIsRead) {
 TEST(DTypes, ComplexTypesAreNamedAndSized) {
   for (DType T : {DType::C32, DType::C64, DType::C128})
     EXPECT_EQ(parseDType(dtypeName(T)), T);
-  EXPECT_EQ(dtypeSize(DType::C32), 4u);
-  EXPECT_EQ(dtypeSize(DType::C64), 8u);
-  EXPECT_EQ(dtypeSize(DType::C128), 16u);
+  EXPECT_EQ(dtypeBits(DType::C32), 32u);
+  EXPECT_EQ(dtypeBits(DType::C64), 64u);
+  EXPECT_EQ(dtypeBits(DType::C128), 128u);
   EXPECT_EQ(partType(DType::C64), DType::F32);
   EXPECT_EQ(partType(DType::BF16), DType::BF16);
   // safetensors has C64 alone: the others are not captured.
   EXPECT_TRUE(storableDType(DType::C64));
   EXPECT_FALSE(storableDType(DType::C32));
   EXPECT_FALSE(storableDType(DType::C128));
+}
+
+// The small floats of quantized inference, named as safetensors 0.8 names
+// them, each code's value as the OCP and AMD formats define it.
+TEST(DTypes, SmallFloatsAreNamedSizedAndRead) {
+  for (DType T : {DType::F8E4M3FNUZ, DType::F8E5M2FNUZ, DType::F8E8M0, DType::F4}) {
+    EXPECT_EQ(parseDType(dtypeName(T)), T);
+    EXPECT_TRUE(storableDType(T));
+  }
+  EXPECT_EQ(dtypeName(DType::F8E4M3FNUZ), "F8_E4M3FNUZ");
+  EXPECT_EQ(dtypeName(DType::F8E8M0), "F8_E8M0");
+  EXPECT_EQ(dtypeName(DType::F4), "F4");
+  EXPECT_EQ(dtypeBits(DType::F8E8M0), 8u);
+  EXPECT_EQ(dtypeBits(DType::F4), 4u);
+  EXPECT_EQ(dtypeBytes(DType::F4, 6), 3u);
+  EXPECT_EQ(dtypeBytes(DType::F4, 7), 4u);
+  EXPECT_EQ(dtypeBytes(DType::BF16, 3), 6u);
+  EXPECT_EQ(dtypeBytes(DType::F64, uint64_t(1) << 61), std::nullopt);
+
+  const double NaN = std::nan(""), Tiny = std::ldexp(1.0, -10);
+  // e4m3fnuz: bias 8, NaN where -0 would be, no infinities.
+  std::vector<std::pair<uint8_t, double>> E4 = {
+      {0x00, 0}, {0x01, Tiny}, {0x40, 1}, {0x7f, 240}, {0xff, -240}, {0xc0, -1}, {0x80, NaN}};
+  for (auto [B, V] : E4) {
+    double Got = float8e4m3fnuzToDouble(B);
+    EXPECT_TRUE(Got == V || (Got != Got && V != V)) << "e4m3fnuz " << int(B) << ": " << Got;
+  }
+  // e5m2fnuz: bias 16; its largest is 57344, as e5m2's, which has infinities.
+  EXPECT_EQ(float8e5m2fnuzToDouble(0x40), 1.0);
+  EXPECT_EQ(float8e5m2fnuzToDouble(0x7f), 57344.0);
+  EXPECT_EQ(float8e5m2fnuzToDouble(0x01), std::ldexp(1.0, -17));
+  EXPECT_TRUE(std::isnan(float8e5m2fnuzToDouble(0x80)));
+  // e8m0: 2^(b - 127), unsigned, all ones NaN.
+  EXPECT_EQ(float8e8m0ToDouble(0x7f), 1.0);
+  EXPECT_EQ(float8e8m0ToDouble(0x80), 2.0);
+  EXPECT_EQ(float8e8m0ToDouble(0x00), std::ldexp(1.0, -127));
+  EXPECT_TRUE(std::isnan(float8e8m0ToDouble(0xff)));
+  // e2m1: the sixteen codes.
+  const double E2M1[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
+  for (unsigned C = 0; C < 16; ++C)
+    EXPECT_EQ(float4e2m1ToDouble(uint8_t(C)), E2M1[C]) << C;
+  // Two to a byte, the low bits' first.
+  double Two[2];
+  ASSERT_EQ(valuesOfByte(DType::F4, 0xF7, Two), 2u);
+  EXPECT_EQ(Two[0], 6.0);
+  EXPECT_EQ(Two[1], -6.0);
+  EXPECT_EQ(valuesOfByte(DType::F32, 0, Two), 0u);
+}
+
+// An F4 tensor's statistics are over its 4-bit values; a byte histogram
+// gives any byte type's (a GPU counts bytes rather than widen them).
+TEST(DTypes, ByteHistogramsGiveTheStatisticsOfTheValues) {
+  std::mt19937 Random(3);
+  for (DType T : {DType::F4, DType::F8E4M3, DType::F8E5M2, DType::F8E4M3FNUZ,
+                  DType::F8E5M2FNUZ, DType::F8E8M0, DType::U8, DType::I8}) {
+    for (size_t N : {size_t(1), size_t(256), size_t(1001)}) {
+      std::string Bytes(N, 0);
+      for (size_t I = 0; I < N; ++I)
+        Bytes[I] = char(N == 256 ? I : Random() & 0xFF); // every code once
+      std::vector<double> Values;
+      int64_t Counts[256] = {};
+      for (char C : Bytes) {
+        double V[2];
+        unsigned K = valuesOfByte(T, uint8_t(C), V);
+        Values.insert(Values.end(), V, V + K);
+        ++Counts[uint8_t(C)];
+      }
+      std::string Case = std::string(dtypeName(T)) + " x" + std::to_string(N);
+      auto FromBytes = statsOfBytes(T, Bytes);
+      auto FromCounts = statsOfByteCounts(T, Counts);
+      ASSERT_TRUE(FromBytes && FromCounts) << Case;
+      TensorStats Want = plain(Values);
+      // The sums in another order: equal to a relative 1e-12.
+      for (TensorStats *Got : {&*FromBytes, &*FromCounts}) {
+        auto Near = [](double A, double B) {
+          return (A != A && B != B) || A == B || std::fabs(A - B) <= 1e-12 * std::fabs(B);
+        };
+        EXPECT_TRUE(Near(Got->Sum, Want.Sum)) << Case << ": " << Got->Sum << " vs " << Want.Sum;
+        EXPECT_TRUE(Near(Got->SumSq, Want.SumSq)) << Case;
+        TensorStats Exact = *Got;
+        Exact.Sum = Want.Sum;
+        Exact.SumSq = Want.SumSq;
+        expectSame(Exact, Want, Case);
+      }
+    }
+  }
+  int64_t Counts[256] = {};
+  EXPECT_FALSE(statsOfByteCounts(DType::F32, Counts));
+  auto Empty = statsOfByteCounts(DType::F4, Counts);
+  ASSERT_TRUE(Empty);
+  expectSame(*Empty, TensorStats(), "no bytes");
 }
 
 } // namespace

@@ -24,7 +24,8 @@ namespace ekka {
 
 /// Readers refuse a trace of a newer major version; minor versions only add.
 constexpr int TraceFormatMajor = 1;
-constexpr int TraceFormatMinor = 2; ///< 1.1: tensors.source_id; 1.2: complex dtypes
+/// 1.1: tensors.source_id; 1.2: complex dtypes; 1.3: fnuz, e8m0 and fp4 dtypes
+constexpr int TraceFormatMinor = 3;
 
 constexpr llvm::StringLiteral TraceDatabaseName = "trace.db";
 
@@ -33,17 +34,25 @@ llvm::StringRef traceSchema();
 
 /// Element types, named as safetensors names them. The complex ones hold
 /// a real and an imaginary part of half, single or double precision; of
-/// those safetensors has only C64.
+/// those safetensors has only C64. The 8-bit floats: e4m3fn and e5m2
+/// (OCP), their "fnuz" variants (AMD's: one more in the exponent's bias,
+/// NaN where negative zero would be, no infinities), and e8m0 (a power of
+/// two, the scales of MX formats). F4 is e2m1, two to a byte, the first
+/// in the low four bits (torch.float4_e2m1fn_x2): a tensor's shape counts
+/// its 4-bit elements, as safetensors' does (torch's counts bytes).
 enum class DType {
   Bool, U8, I8, I16, U16, I32, U32, I64, U64, F16, BF16, F32, F64, F8E4M3, F8E5M2,
-  C32, C64, C128
+  C32, C64, C128, F8E4M3FNUZ, F8E5M2FNUZ, F8E8M0, F4
 };
 
-/// "F32", "BF16", "F8_E4M3", "C64", ...
+/// "F32", "BF16", "F8_E4M3", "C64", "F4", ...
 llvm::StringRef dtypeName(DType T);
 std::optional<DType> parseDType(llvm::StringRef Name);
-/// Bytes per element.
-unsigned dtypeSize(DType T);
+/// Bits per element: 4 for F4, else a whole number of bytes.
+unsigned dtypeBits(DType T);
+/// The bytes that \p Elements elements take (F4: half as many, rounded
+/// up); nullopt where that does not fit in 64 bits.
+std::optional<uint64_t> dtypeBytes(DType T, uint64_t Elements);
 /// Whether a safetensors file can hold it (all but C32 and C128): only such
 /// tensors are captured.
 bool storableDType(DType T);
@@ -69,12 +78,24 @@ double halfToDouble(uint16_t Bits);
 double bfloat16ToDouble(uint16_t Bits);
 double float8e4m3ToDouble(uint8_t Bits); ///< e4m3fn (no infinities)
 double float8e5m2ToDouble(uint8_t Bits);
+double float8e4m3fnuzToDouble(uint8_t Bits);
+double float8e5m2fnuzToDouble(uint8_t Bits);
+double float8e8m0ToDouble(uint8_t Bits);
+double float4e2m1ToDouble(uint8_t Bits); ///< the low four bits of \p Bits
+/// The values that one byte of \p T holds (two for F4, first the low
+/// bits'), into \p Out; how many. 0 if \p T's elements are not bytes.
+unsigned valuesOfByte(DType T, uint8_t Byte, double Out[2]);
 
 /// The statistics of a contiguous tensor's bytes, in one pass. A complex
 /// tensor's are those of its parts, real and imaginary together, as
 /// torch.view_as_real lays them out: the sum of squares is that of the
 /// magnitudes; a NaN or infinity is counted per part.
 std::optional<TensorStats> statsOfBytes(DType Type, llvm::StringRef Bytes);
+/// The statistics of a tensor of a type whose elements are bytes (or F4's
+/// pairs) from how many of its bytes hold each value, \p Counts[256]: a
+/// histogram, which a GPU computes without widening the tensor. nullopt
+/// for other types.
+std::optional<TensorStats> statsOfByteCounts(DType Type, const int64_t *Counts);
 
 struct ModuleCallRecord {
   int64_t Id = 0;

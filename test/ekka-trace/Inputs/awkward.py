@@ -1,6 +1,7 @@
 """Programs that tracing must not change: a module that raises (caught),
 torch.jit.trace, torch.compile, meta tensors, a tensor subclass, a
-negated view and a uint16 tensor, complex tensors, torch.inference_mode, torch.func's vmap
+negated view and a uint16 tensor, complex tensors, the float8 and float4
+types of quantized inference, torch.inference_mode, torch.func's vmap
 and grad, an output the hooks cannot walk, a keyword input written in
 place inside the module, a submodule called on its own after its root's
 forward (as vLLM computes logits), two unrelated models taking turns, an
@@ -122,6 +123,16 @@ elif kind == "complex":
             return torch.conj(z), z.to(torch.complex128), z.to(torch.complex32)
 
     Complex()(x)
+elif kind == "smallfloats":
+    # Every byte, as each small float type (and transposed, as fp4, whose
+    # bytes' two values then are not side by side in a row).
+    from smallfloats import TYPES, codes
+
+    class SmallFloats(torch.nn.Module):
+        def forward(self, x):
+            return tuple(codes(t) for t in TYPES) + (codes(torch.float4_e2m1fn_x2).t(),)
+
+    SmallFloats()(x)
 elif kind == "subclass":
     from torch.utils._pytree import tree_map
 
