@@ -33,6 +33,9 @@ config.substitutions.append(
 config.substitutions.append(
     ("%native-program", os.path.join(config.ekka_obj_root, "test", "bin", "ekka-native-program")))
 config.substitutions.append(
+    ("%native-indirect-program",
+     os.path.join(config.ekka_obj_root, "test", "bin", "ekka-native-indirect-program")))
+config.substitutions.append(
     ("%foreign-program", os.path.join(config.ekka_obj_root, "test", "bin", "ekka-foreign-program")))
 config.substitutions.append(("%zoo-dir", os.path.join(config.ekka_src_root, "utils", "zoo")))
 config.substitutions.append(

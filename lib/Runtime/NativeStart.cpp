@@ -16,7 +16,8 @@
 // ops (and its record_function scopes), their tensors and GPU kernels, but
 // no module calls.
 //
-// Only a process whose executable links LibTorch itself is traced so.
+// Only a process whose executable links LibTorch, itself or through the
+// libraries it needs, is traced so.
 // EKKA_TRACE_NATIVE=auto (the program was recognised by ekka-trace) takes
 // the runtime back out of LD_PRELOAD for the processes the program starts;
 // EKKA_TRACE_NATIVE=all (--native) leaves it, for a program that is started
@@ -33,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <link.h>
 #include <glob.h>
 #include <string>
 #include <unistd.h>
@@ -161,14 +163,37 @@ int tracedMain(int Argc, char **Argv, char **Envp) {
   return Code;
 }
 
-/// Whether this process is to be traced around its main.
+/// The file that the library a program needs as \p Needed was loaded from,
+/// by its name (every library the program needs is loaded before its
+/// start-up runs); empty if none of that name is.
+std::string loadedFile(llvm::StringRef Needed) {
+  struct Search {
+    llvm::StringRef Name;
+    std::string Found;
+  } S{Needed, ""};
+  dl_iterate_phdr(
+      [](struct dl_phdr_info *Info, size_t, void *Data) {
+        auto *S = static_cast<Search *>(Data);
+        llvm::StringRef Path = Info->dlpi_name ? Info->dlpi_name : "";
+        if (Path.rsplit('/').second == S->Name || Path == S->Name) {
+          S->Found = Path.str();
+          return 1;
+        }
+        return 0;
+      },
+      &S);
+  return S.Found;
+}
+
+/// Whether this process is to be traced around its main: its executable
+/// links LibTorch, itself or through its libraries.
 bool tracesThisProcess() {
   std::string Mode = environment("EKKA_TRACE_NATIVE");
   if ((Mode != "auto" && Mode != "all") || environment("EKKA_TRACE_DIR").empty())
     return false;
   if (Mode == "auto")
     stopPreloading();
-  return ekka::linksLibTorch("/proc/self/exe");
+  return ekka::reachesLibTorch("/proc/self/exe", loadedFile);
 }
 
 } // namespace

@@ -1,11 +1,13 @@
 //===- Executables.cpp - What an executable links -------------------------===//
 #include "ekka/Support/Executables.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/MemoryBuffer.h"
 
 #include <cstring>
 #include <elf.h>
 #include <optional>
+#include <set>
 
 using namespace llvm;
 
@@ -77,12 +79,33 @@ std::vector<std::string> neededLibraries(StringRef Path) {
   return Needed;
 }
 
+namespace {
+
+bool isLibTorch(StringRef Needed) {
+  return Needed.starts_with("libtorch") || Needed.starts_with("libc10.so");
+}
+
+} // namespace
+
 bool linksLibTorch(StringRef Program) {
-  for (const std::string &Lib : neededLibraries(Program)) {
-    StringRef L(Lib);
-    if (L.starts_with("libtorch") || L.starts_with("libc10.so"))
-      return true;
-  }
+  return llvm::any_of(neededLibraries(Program), isLibTorch);
+}
+
+bool reachesLibTorch(StringRef Program, function_ref<std::string(StringRef)> Resolve) {
+  std::set<std::string> Seen;
+  std::vector<std::string> Files = {Program.str()};
+  // Breadth first: a program's libraries are a few dozen; the bound keeps a
+  // hostile or looping graph finite.
+  for (size_t I = 0; I < Files.size() && I < 4096; ++I)
+    for (const std::string &Needed : neededLibraries(Files[I])) {
+      if (isLibTorch(Needed))
+        return true;
+      if (!Seen.insert(Needed).second)
+        continue;
+      std::string File = Resolve(Needed);
+      if (!File.empty())
+        Files.push_back(std::move(File));
+    }
   return false;
 }
 

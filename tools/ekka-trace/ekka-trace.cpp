@@ -86,8 +86,9 @@ cl::opt<bool> Timings(
 cl::opt<bool> Native(
     "native",
     cl::desc("Trace a C++ LibTorch program started through a wrapper (a shell script): preload "
-             "the runtime into every process, and trace each whose executable links LibTorch. "
-             "An executable named directly is recognised without it. Its ops and "
+             "the runtime into every process, and trace each whose executable links LibTorch "
+             "(itself or through its libraries). An executable named directly is recognised "
+             "without it. Its ops and "
              "record_function scopes are traced, and its GPU kernels; "
              "C++ modules have no hooks, so no module calls"),
     cl::cat(TraceCategory));
@@ -340,11 +341,23 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   };
   // A C++ program: the runtime is preloaded and traces its main. Recognised,
   // it alone gets the runtime; under --native, every process does.
-  bool Recognised = !Native && linksLibTorch(findProgram(Command));
+  // Recognised by its own dynamic section, or, linking LibTorch through
+  // libraries of its own (an engine's), by the loader's listing; not a
+  // static executable, which would run rather than list.
+  std::string Program = findProgram(Command), Theirs;
+  bool Recognised = false;
+  if (!Native) {
+    if (linksLibTorch(Program)) {
+      Recognised = true;
+      Theirs = libTorchOf(Program);
+    } else if (!neededLibraries(Program).empty()) {
+      Theirs = libTorchOf(Program);
+      Recognised = !Theirs.empty();
+    }
+  }
   if (Recognised) {
     // The runtime links the LibTorch it was built against: loaded into a
     // program that links another, the program would not start.
-    std::string Theirs = libTorchOf(findProgram(Command));
     SmallString<256> TheirsReal, OursReal;
     std::string Ours = std::string(EKKA_TORCH_LIB_DIR) + "/libtorch_cpu.so";
     if (Theirs.empty() || sys::fs::real_path(Theirs, TheirsReal) ||

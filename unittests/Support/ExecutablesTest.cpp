@@ -11,6 +11,8 @@
 #include <elf.h>
 #include <gtest/gtest.h>
 
+#include <map>
+
 using namespace ekka;
 
 namespace {
@@ -105,6 +107,31 @@ TEST(Executables, ReadsTheDynamicSectionThroughTheLoadedSegment) {
   Path = writeTemporary(llvm::StringRef(Elf).drop_back(4));
   EXPECT_EQ(neededLibraries(Path), std::vector<std::string>{"libtorch_cpu"});
   llvm::sys::fs::remove(Path);
+}
+
+// An engine's executable needs its own library, which needs LibTorch; two
+// libraries that need each other are followed once each.
+TEST(Executables, LibTorchIsReachedThroughTheLibrariesNeeded) {
+  std::map<std::string, std::string> Files = {
+      {"program", writeTemporary(syntheticElf("libengine.so"))},
+      {"libengine.so", writeTemporary(syntheticElf("libc10.so"))},
+      {"looping", writeTemporary(syntheticElf("liba.so"))},
+      {"liba.so", writeTemporary(syntheticElf("libb.so"))},
+      {"libb.so", writeTemporary(syntheticElf("liba.so"))}};
+  int Asked = 0;
+  auto Resolve = [&](llvm::StringRef Needed) -> std::string {
+    ++Asked;
+    auto It = Files.find(Needed.str());
+    return It == Files.end() ? "" : It->second;
+  };
+  EXPECT_FALSE(linksLibTorch(Files["program"]));
+  EXPECT_TRUE(reachesLibTorch(Files["program"], Resolve));
+  EXPECT_FALSE(reachesLibTorch(Files["looping"], Resolve));
+  EXPECT_EQ(Asked, 3); // libengine.so; liba.so and libb.so once each
+  // What cannot be resolved is not followed.
+  EXPECT_FALSE(reachesLibTorch(Files["program"], [](llvm::StringRef) { return std::string(); }));
+  for (const auto &[Name, Path] : Files)
+    llvm::sys::fs::remove(Path);
 }
 
 TEST(Executables, HostileHeadersNameNothing) {

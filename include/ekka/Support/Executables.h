@@ -2,6 +2,7 @@
 #ifndef EKKA_SUPPORT_EXECUTABLES_H
 #define EKKA_SUPPORT_EXECUTABLES_H
 
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <string>
@@ -17,6 +18,13 @@ std::vector<std::string> neededLibraries(llvm::StringRef Path);
 /// program, which has no Python shim (ekka-trace preloads the runtime into
 /// it, and the runtime traces it from its start).
 bool linksLibTorch(llvm::StringRef Program);
+
+/// Whether \p Program links LibTorch itself or through the libraries it
+/// needs (an engine's own, which links it), theirs, and so on. \p Resolve
+/// gives the file a needed name is loaded from; a name it gives no file for
+/// is not followed.
+bool reachesLibTorch(llvm::StringRef Program,
+                     llvm::function_ref<std::string(llvm::StringRef Needed)> Resolve);
 
 } // namespace ekka
 
