@@ -13,7 +13,16 @@ using namespace llvm;
 
 namespace ekka {
 
-std::vector<std::string> neededLibraries(StringRef Path) {
+namespace {
+
+/// What the loader reads of a 64-bit little-endian ELF file: the libraries
+/// it names (DT_NEEDED) and its program interpreter (PT_INTERP).
+struct DynamicInfo {
+  std::vector<std::string> Needed;
+  std::string Interpreter;
+};
+
+DynamicInfo readDynamicInfo(StringRef Path) {
   auto File = MemoryBuffer::getFile(Path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
   if (!File)
     return {};
@@ -51,8 +60,14 @@ std::vector<std::string> neededLibraries(StringRef Path) {
         return P.p_offset + (Address - P.p_vaddr);
     return std::nullopt;
   };
-  std::vector<std::string> Needed;
+  DynamicInfo Info;
+  std::vector<std::string> &Needed = Info.Needed;
   for (const Elf64_Phdr &P : Segments) {
+    if (P.p_type == PT_INTERP) {
+      if (const char *S = At(P.p_offset, 0, P.p_filesz))
+        Info.Interpreter.assign(S, strnlen(S, size_t(P.p_filesz)));
+      continue;
+    }
     if (P.p_type != PT_DYNAMIC)
       continue;
     std::vector<uint64_t> Names;
@@ -76,7 +91,19 @@ std::vector<std::string> neededLibraries(StringRef Path) {
       if (const char *S = At(*Strings, Name, 1))
         Needed.emplace_back(S, strnlen(S, size_t(Bytes.end() - S)));
   }
-  return Needed;
+  return Info;
+}
+
+} // namespace
+
+std::vector<std::string> neededLibraries(StringRef Path) {
+  return readDynamicInfo(Path).Needed;
+}
+
+bool loadedByGlibc(StringRef Path) {
+  DynamicInfo Info = readDynamicInfo(Path);
+  StringRef Loader = StringRef(Info.Interpreter).rsplit('/').second;
+  return !Info.Needed.empty() && Loader.starts_with("ld-linux");
 }
 
 namespace {

@@ -342,15 +342,15 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   // A C++ program: the runtime is preloaded and traces its main. Recognised,
   // it alone gets the runtime; under --native, every process does.
   // Recognised by its own dynamic section, or, linking LibTorch through
-  // libraries of its own (an engine's), by the loader's listing; not a
-  // static executable, which would run rather than list.
+  // libraries of its own (an engine's), by the loader's listing; asked only
+  // of glibc's loader, which lists rather than runs the program.
   std::string Program = findProgram(Command), Theirs;
   bool Recognised = false;
   if (!Native) {
     if (linksLibTorch(Program)) {
       Recognised = true;
       Theirs = libTorchOf(Program);
-    } else if (!neededLibraries(Program).empty()) {
+    } else if (loadedByGlibc(Program)) {
       Theirs = libTorchOf(Program);
       Recognised = !Theirs.empty();
     }

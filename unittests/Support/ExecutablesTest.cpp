@@ -134,6 +134,18 @@ TEST(Executables, LibTorchIsReachedThroughTheLibrariesNeeded) {
     llvm::sys::fs::remove(Path);
 }
 
+// Only glibc's loader is asked to list a program's libraries: it lists
+// rather than runs them. A file without an interpreter is not asked.
+TEST(Executables, OnlyGlibcsLoaderIsAskedToList) {
+  EXPECT_TRUE(loadedByGlibc("/proc/self/exe"));
+  std::string Path = writeTemporary(syntheticElf("libc.so.6"));
+  EXPECT_FALSE(loadedByGlibc(Path));
+  llvm::sys::fs::remove(Path);
+  Path = writeTemporary("#!/bin/sh\necho hi\n");
+  EXPECT_FALSE(loadedByGlibc(Path));
+  llvm::sys::fs::remove(Path);
+}
+
 TEST(Executables, HostileHeadersNameNothing) {
   std::string Elf = syntheticElf("libc10.so");
   auto Patched = [&](auto Patch) {
