@@ -112,18 +112,29 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R) {
 
 namespace {
 
-/// The values of a float4_e2m1fn_x2 tensor as floats, a byte's two side by
-/// side: decoded arithmetically (sign, exponent, mantissa), ATen having no
-/// conversion for the type and a table lookup wanting 64-bit indices.
-at::Tensor float4Values(const at::Tensor &T) {
-  at::Tensor B = T.contiguous().view(at::kByte);
-  at::Tensor Codes = at::stack({B.bitwise_and(0xF), B.bitwise_right_shift(4)}, -1);
+/// The two e2m1 values of each of \p Bytes (a uint8 tensor), side by side
+/// in a new last dimension, the low bits' first: decoded arithmetically
+/// (sign, exponent, mantissa) as floats.
+at::Tensor float4Pairs(const at::Tensor &Bytes) {
+  at::Tensor Codes = at::stack({Bytes.bitwise_and(0xF), Bytes.bitwise_right_shift(4)}, -1);
   at::Tensor Exp = Codes.bitwise_right_shift(1).bitwise_and(3).to(at::kFloat);
   at::Tensor Mant = Codes.bitwise_and(1).to(at::kFloat);
   // Exponent 0: 0 or 0.5 (subnormal); else (1 + m/2) * 2^(e-1).
   at::Tensor Magnitude =
       at::where(Exp == 0, Mant * 0.5, (Mant * 0.5 + 1) * at::exp2(Exp - 1));
   return at::where(Codes.bitwise_and(8) != 0, -Magnitude, Magnitude);
+}
+
+/// The values of a float4_e2m1fn_x2 tensor, a byte's two side by side, as
+/// halves (exact: e2m1 has one mantissa bit), ATen having no conversion for
+/// the type: looked up by byte in a table of the 256 bytes' pairs, made
+/// where the tensor is. Eight bytes of memory per byte of the tensor (its
+/// bytes as 32-bit indices, the pairs), where decoding it in place would
+/// take some forty: an fp4 weight is large.
+at::Tensor float4Values(const at::Tensor &T) {
+  at::Tensor Table =
+      float4Pairs(at::arange(256, T.options().dtype(at::kInt)).to(at::kByte)).to(at::kHalf);
+  return at::embedding(Table, T.contiguous().view(at::kByte).to(at::kInt));
 }
 
 /// Sum, sum of squares, min, max, NaN and Inf counts of \p T, as six
@@ -137,12 +148,22 @@ at::Tensor statsOnDevice(const at::Tensor &T) {
   bool Floating = X.is_floating_point(); // only these hold NaNs
   switch (X.scalar_type()) {
   case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble: break;
+  // The small floats, which ATen cannot sum, widened only as far as holds
+  // each value exactly: float8 but e8m0 to half (their exponents and
+  // mantissas fit), e8m0's powers of two (2^-127 to 2^127) to float.
   case at::kFloat8_e4m3fn: case at::kFloat8_e5m2: case at::kFloat8_e4m3fnuz:
-  case at::kFloat8_e5m2fnuz: case at::kFloat8_e8m0fnu:
-    X = X.to(at::kFloat); // each value exactly, in half the memory of a double
-    Floating = true;      // whatever ATen says of the type: e8m0 has a NaN
+  case at::kFloat8_e5m2fnuz:
+    X = X.to(at::kHalf);
+    Floating = true;
     break;
-  case at::kFloat4_e2m1fn_x2: X = float4Values(X); break;
+  case at::kFloat8_e8m0fnu:
+    X = X.to(at::kFloat);
+    Floating = true; // whatever ATen says of the type: its 0xFF is NaN
+    break;
+  case at::kFloat4_e2m1fn_x2:
+    X = float4Values(X);
+    Floating = false; // e2m1 has no NaN
+    break;
   default: X = X.to(at::kDouble); // integers, booleans
   }
   at::Tensor Min, Max, Nan;

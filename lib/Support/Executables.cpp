@@ -100,10 +100,9 @@ std::vector<std::string> neededLibraries(StringRef Path) {
   return readDynamicInfo(Path).Needed;
 }
 
-bool loadedByGlibc(StringRef Path) {
+std::string programInterpreter(StringRef Path) {
   DynamicInfo Info = readDynamicInfo(Path);
-  StringRef Loader = StringRef(Info.Interpreter).rsplit('/').second;
-  return !Info.Needed.empty() && Loader.starts_with("ld-linux");
+  return Info.Needed.empty() ? "" : Info.Interpreter;
 }
 
 namespace {

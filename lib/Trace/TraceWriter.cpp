@@ -795,9 +795,14 @@ Error TraceWriter::close() {
   Wake.notify_one();
   Drained.notify_all();
   Worker.join();
-  // Checkpoint the WAL into trace.db so the trace is one file plus shards.
-  if (Storage && Storage->Db)
+  // Checkpoint the WAL into trace.db and leave WAL mode, which removes the
+  // -wal and -shm files: the trace is one database file plus shards, which
+  // opens read-only anywhere (a WAL database on a read-only file system or
+  // copied without its -shm file does not) and can be copied alone.
+  if (Storage && Storage->Db) {
     consumeError(Storage->Db->exec("PRAGMA wal_checkpoint(TRUNCATE)"));
+    consumeError(Storage->Db->exec("PRAGMA journal_mode=DELETE"));
+  }
   std::lock_guard<std::mutex> Lock(CountsMutex);
   if (FailureMessage.empty())
     return Error::success();

@@ -152,21 +152,24 @@ bool holdsTrace(StringRef Dir) {
 }
 
 /// The LibTorch (its libtorch_cpu.so) that the dynamic loader would give
-/// \p Program, as ldd shows it: the program is started with
-/// LD_TRACE_LOADED_OBJECTS, which makes the loader list and exit. Empty if
-/// it names none, or it could not be run so.
-std::string libTorchOf(StringRef Program) {
+/// \p Program, itself or through its libraries, as ldd shows it: the
+/// program's own loader (\p Loader, its PT_INTERP) is asked to list what it
+/// loads (`--list`, which glibc's and musl's loaders know, and which never
+/// runs the program), without LD_PRELOAD (what the program needs, not what
+/// the environment adds). Empty if it names none, or could not be asked.
+std::string libTorchOf(StringRef Loader, StringRef Program) {
   SmallString<128> Listing;
   if (sys::fs::createTemporaryFile("ekka-trace-ldd", "txt", Listing))
     return "";
-  std::vector<StringRef> Args = {Program};
+  std::vector<StringRef> Args = {Loader, "--list", Program};
   std::vector<std::string> EnvStrings;
   for (char **E = environ; *E; ++E)
-    EnvStrings.push_back(*E);
-  EnvStrings.push_back("LD_TRACE_LOADED_OBJECTS=1");
+    if (!StringRef(*E).starts_with("LD_PRELOAD=") &&
+        !StringRef(*E).starts_with("LD_TRACE_LOADED_OBJECTS="))
+      EnvStrings.push_back(*E);
   std::vector<StringRef> EnvRefs(EnvStrings.begin(), EnvStrings.end());
   std::optional<StringRef> Redirects[] = {StringRef(""), StringRef(Listing), StringRef("")};
-  sys::ExecuteAndWait(Program, Args, EnvRefs, Redirects, /*SecondsToWait=*/30);
+  sys::ExecuteAndWait(Loader, Args, EnvRefs, Redirects, /*SecondsToWait=*/30);
   std::string Found;
   if (auto Text = MemoryBuffer::getFile(Listing)) {
     SmallVector<StringRef> Lines;
@@ -342,18 +345,14 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   // A C++ program: the runtime is preloaded and traces its main. Recognised,
   // it alone gets the runtime; under --native, every process does.
   // Recognised by its own dynamic section, or, linking LibTorch through
-  // libraries of its own (an engine's), by the loader's listing; asked only
-  // of glibc's loader, which lists rather than runs the program.
+  // libraries of its own (an engine's), by its loader's listing.
   std::string Program = findProgram(Command), Theirs;
   bool Recognised = false;
   if (!Native) {
-    if (linksLibTorch(Program)) {
-      Recognised = true;
-      Theirs = libTorchOf(Program);
-    } else if (loadedByGlibc(Program)) {
-      Theirs = libTorchOf(Program);
-      Recognised = !Theirs.empty();
-    }
+    std::string Loader = programInterpreter(Program);
+    if (!Loader.empty())
+      Theirs = libTorchOf(Loader, Program);
+    Recognised = linksLibTorch(Program) || !Theirs.empty();
   }
   if (Recognised) {
     // The runtime links the LibTorch it was built against: loaded into a

@@ -55,26 +55,35 @@ TEST(Executables, AnythingElseNamesNone) {
 }
 
 /// A minimal executable: its header, a loaded segment over the whole file,
-/// a dynamic segment naming \p Needed, and the string table.
-std::string syntheticElf(llvm::StringRef Needed) {
+/// a dynamic segment naming \p Needed, the string table, and, where given,
+/// an interpreter segment naming \p Interpreter (its size \p InterpSize if
+/// not 0, to reach past the file's end).
+std::string syntheticElf(llvm::StringRef Needed, llvm::StringRef Interpreter = "",
+                         uint64_t InterpSize = 0) {
   constexpr uint64_t Base = 0x400000;
+  unsigned Segments = Interpreter.empty() ? 2 : 3;
   Elf64_Ehdr H = {};
   std::memcpy(H.e_ident, ELFMAG, SELFMAG);
   H.e_ident[EI_CLASS] = ELFCLASS64;
   H.e_ident[EI_DATA] = ELFDATA2LSB;
   H.e_phoff = sizeof(H);
   H.e_phentsize = sizeof(Elf64_Phdr);
-  H.e_phnum = 2;
-  uint64_t DynOff = sizeof(H) + 2 * sizeof(Elf64_Phdr);
+  H.e_phnum = Segments;
+  uint64_t DynOff = sizeof(H) + Segments * sizeof(Elf64_Phdr);
   uint64_t StrOff = DynOff + 3 * sizeof(Elf64_Dyn);
   std::string Strings = std::string(1, '\0') + Needed.str() + '\0';
-  Elf64_Phdr Load = {}, Dynamic = {};
+  uint64_t InterpOff = StrOff + Strings.size();
+  std::string Interp = Interpreter.empty() ? "" : Interpreter.str() + '\0';
+  Elf64_Phdr Load = {}, Dynamic = {}, InterpSegment = {};
   Load.p_type = PT_LOAD;
   Load.p_vaddr = Base;
-  Load.p_filesz = StrOff + Strings.size();
+  Load.p_filesz = InterpOff + Interp.size();
   Dynamic.p_type = PT_DYNAMIC;
   Dynamic.p_offset = DynOff;
   Dynamic.p_filesz = 3 * sizeof(Elf64_Dyn);
+  InterpSegment.p_type = PT_INTERP;
+  InterpSegment.p_offset = InterpOff;
+  InterpSegment.p_filesz = InterpSize ? InterpSize : Interp.size();
   Elf64_Dyn Dyn[3] = {};
   Dyn[0].d_tag = DT_NEEDED;
   Dyn[0].d_un.d_val = 1;
@@ -84,8 +93,10 @@ std::string syntheticElf(llvm::StringRef Needed) {
   std::string Out(reinterpret_cast<const char *>(&H), sizeof(H));
   Out.append(reinterpret_cast<const char *>(&Load), sizeof(Load));
   Out.append(reinterpret_cast<const char *>(&Dynamic), sizeof(Dynamic));
+  if (!Interp.empty())
+    Out.append(reinterpret_cast<const char *>(&InterpSegment), sizeof(InterpSegment));
   Out.append(reinterpret_cast<const char *>(Dyn), sizeof(Dyn));
-  return Out + Strings;
+  return Out + Strings + Interp;
 }
 
 std::string writeTemporary(llvm::StringRef Bytes) {
@@ -134,16 +145,24 @@ TEST(Executables, LibTorchIsReachedThroughTheLibrariesNeeded) {
     llvm::sys::fs::remove(Path);
 }
 
-// Only glibc's loader is asked to list a program's libraries: it lists
-// rather than runs them. A file without an interpreter is not asked.
-TEST(Executables, OnlyGlibcsLoaderIsAskedToList) {
-  EXPECT_TRUE(loadedByGlibc("/proc/self/exe"));
-  std::string Path = writeTemporary(syntheticElf("libc.so.6"));
-  EXPECT_FALSE(loadedByGlibc(Path));
-  llvm::sys::fs::remove(Path);
-  Path = writeTemporary("#!/bin/sh\necho hi\n");
-  EXPECT_FALSE(loadedByGlibc(Path));
-  llvm::sys::fs::remove(Path);
+// A dynamically linked executable names the loader that starts it (which
+// ekka-trace asks to list its libraries); a static one, or a script, none.
+TEST(Executables, TheProgramInterpreterIsNamed) {
+  EXPECT_NE(llvm::StringRef(programInterpreter("/proc/self/exe")).rsplit('/').second.find("ld-"),
+            llvm::StringRef::npos);
+  std::map<std::string, std::string> Want = {
+      {writeTemporary(syntheticElf("libc.so.6")), ""},
+      {writeTemporary(syntheticElf("libc.musl-x86_64.so.1", "/lib/ld-musl-x86_64.so.1")),
+       "/lib/ld-musl-x86_64.so.1"},
+      {writeTemporary(syntheticElf("libc.so.6", "/lib64/ld-linux-x86-64.so.2")),
+       "/lib64/ld-linux-x86-64.so.2"},
+      // Reaching past the file's end: nothing read from beyond it.
+      {writeTemporary(syntheticElf("libc.so.6", "/lib64/ld.so", 1 << 20)), ""},
+      {writeTemporary("#!/bin/sh\necho hi\n"), ""}};
+  for (const auto &[Path, Interpreter] : Want) {
+    EXPECT_EQ(programInterpreter(Path), Interpreter) << Path;
+    llvm::sys::fs::remove(Path);
+  }
 }
 
 TEST(Executables, HostileHeadersNameNothing) {

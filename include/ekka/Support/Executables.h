@@ -14,11 +14,10 @@ namespace ekka {
 /// (DT_NEEDED); empty for anything else (a script, an unreadable file).
 std::vector<std::string> neededLibraries(llvm::StringRef Path);
 
-/// Whether \p Path is a dynamically linked executable that glibc's loader
-/// (ld-linux*) starts: one that LD_TRACE_LOADED_OBJECTS makes the loader
-/// list the libraries of, rather than run (as a static executable, or one
-/// of another C library, would).
-bool loadedByGlibc(llvm::StringRef Path);
+/// The program interpreter (PT_INTERP: the dynamic loader) that starts
+/// the dynamically linked executable \p Path; empty for anything else (a
+/// static executable, a script, an unreadable file).
+std::string programInterpreter(llvm::StringRef Path);
 
 /// Whether \p Program is an executable that links LibTorch itself: a C++
 /// program, which has no Python shim (ekka-trace preloads the runtime into

@@ -92,9 +92,8 @@ unsigned valuesOfByte(DType T, uint8_t Byte, double Out[2]);
 /// magnitudes; a NaN or infinity is counted per part.
 std::optional<TensorStats> statsOfBytes(DType Type, llvm::StringRef Bytes);
 /// The statistics of a tensor of a type whose elements are bytes (or F4's
-/// pairs) from how many of its bytes hold each value, \p Counts[256]: a
-/// histogram, which a GPU computes without widening the tensor. nullopt
-/// for other types.
+/// pairs) from how many of its bytes hold each value, \p Counts[256] (how
+/// statsOfBytes reads F4, two values to a byte). nullopt for other types.
 std::optional<TensorStats> statsOfByteCounts(DType Type, const int64_t *Counts);
 
 struct ModuleCallRecord {

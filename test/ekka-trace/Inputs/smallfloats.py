@@ -2,8 +2,12 @@
 what awkward.py smallfloats returns from a module, and (run as a script on
 its trace) a check of what the trace recorded against what the program
 computed. The values come from torch's own conversions, and for fp4, which
-torch cannot convert, from the e2m1 format's definition: not from Ekka."""
+torch cannot convert, from the e2m1 format's definition: not from Ekka.
+EKKA_SMALLFLOATS_DEVICE puts the program's tensors on another device
+(utils/gpu-check: cuda); `--stats-only` checks a trace that captured
+nothing (its statistics computed where the tensors are)."""
 import math
+import os
 import sqlite3
 import sys
 
@@ -14,8 +18,10 @@ TYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
-def codes(dtype):
-    return torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(16, 16).view(dtype)
+def codes(dtype, device=None):
+    device = device or os.environ.get("EKKA_SMALLFLOATS_DEVICE", "cpu")
+    return torch.arange(256, dtype=torch.int32, device=device).to(torch.uint8) \
+        .reshape(16, 16).view(dtype)
 
 
 def values(t):
@@ -43,9 +49,9 @@ def same(recorded, want):
     return recorded == want or abs(recorded - want) <= 1e-12 * abs(want)
 
 
-def main(trace):
+def main(trace, stats_only=False):
     from safetensors.torch import load_file
-    expected = [codes(t) for t in TYPES] + [codes(torch.float4_e2m1fn_x2).t()]
+    expected = [codes(t, "cpu") for t in TYPES] + [codes(torch.float4_e2m1fn_x2, "cpu").t()]
     db = sqlite3.connect(trace + "/trace.db")
     rows = db.execute(
         "SELECT t.idx, t.dtype, t.shape, t.sum, t.sumsq, t.min, t.max, t.nan_count, "
@@ -63,11 +69,14 @@ def main(trace):
         if nans != sum(map(math.isnan, v)) or infs != sum(map(math.isinf, v)):
             problems.append(f"counts {nans} {infs}")
         got = load_file(trace + "/" + shard)[key] if shard else None
-        if got is None or got.dtype != t.dtype or got.shape != t.shape or \
+        if stats_only:
+            if got is not None:
+                problems.append("captured")
+        elif got is None or got.dtype != t.dtype or got.shape != t.shape or \
                 not torch.equal(got.view(torch.uint8), t.contiguous().view(torch.uint8)):
             problems.append("captured bytes differ")
         print(idx, dtype, shape, len(v), "; ".join(problems) or "ok")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--stats-only" in sys.argv[2:])
