@@ -10,8 +10,9 @@
 // interposed too, for a program that calls it itself: tracing stops before
 // exit() destroys the calling thread's thread-locals and runs its handlers
 // (CUDA's teardown among them). An atexit handler remains for an exit that
-// bypasses the interposed one. A process that replaces itself (exec) or
-// ends with _exit or a signal leaves its trace unclosed.
+// bypasses the interposed one. The exec family is interposed as well: a
+// process that replaces itself stops its trace first. One that ends with
+// _exit or a signal leaves its trace unclosed.
 // LibTorch's C++ modules have no hooks: such a trace holds the program's
 // ops (and its record_function scopes), their tensors and GPU kernels, but
 // no module calls.
@@ -30,6 +31,8 @@
 #include <ATen/Context.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +41,7 @@
 #include <glob.h>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 namespace {
 
@@ -153,8 +157,12 @@ void startNativeTrace() {
 using MainFn = int (*)(int, char **, char **);
 MainFn ProgramMain = nullptr;
 std::atomic<bool> InMain{false}; ///< tracedMain is running: exit() stops first.
+/// The process whose main is traced: not a child it forks (which has
+/// InMain too, and no trace) nor one it vforks (which shares its memory).
+std::atomic<pid_t> TracedProcess{0};
 
 int tracedMain(int Argc, char **Argv, char **Envp) {
+  TracedProcess = ::getpid();
   startNativeTrace();
   InMain = true;
   int Code = ProgramMain(Argc, Argv, Envp);
@@ -196,14 +204,125 @@ bool tracesThisProcess() {
   return ekka::reachesLibTorch("/proc/self/exe", loadedFile);
 }
 
+/// Around an exec of the traced process: the trace is stopped first (the
+/// new image would lose what the writer has not yet written, and leave the
+/// trace unclosed); if the exec fails and the program goes on, tracing
+/// starts again, into a directory of its own (process-PID: the first holds
+/// the closed trace). Nothing in any other process, a vforked child above
+/// all, whose writes would be the parent's.
+class AroundExec {
+public:
+  AroundExec() : Traced(::getpid() == TracedProcess.load() && InMain.exchange(false)) {
+    if (Traced)
+      stopNativeTrace();
+  }
+  /// The exec returned: it failed.
+  void failed() {
+    if (!Traced)
+      return;
+    int Errno = errno;
+    Stopped = false;
+    startNativeTrace();
+    InMain = true;
+    errno = Errno;
+  }
+
+private:
+  bool Traced;
+};
+
+template <typename Fn> Fn nextSymbol(const char *Name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_NEXT, Name));
+}
+
+using ExecveFn = int (*)(const char *, char *const[], char *const[]);
+using ExecvFn = int (*)(const char *, char *const[]);
+
+/// The arguments of a list form of exec (execl, execlp, execle) up to the
+/// null that ends them, and, for execle, the environment after it.
+std::vector<char *> listArguments(const char *First, va_list &Args) {
+  std::vector<char *> Argv = {const_cast<char *>(First)};
+  while (Argv.back())
+    Argv.push_back(va_arg(Args, char *));
+  return Argv;
+}
+
 } // namespace
+
+// The exec family, interposed where this library is preloaded: each ends a
+// traced process's trace first (AroundExec). Each is glibc's own call after
+// that; the list forms go through the vector ones, as glibc's do.
+extern "C" int execve(const char *Path, char *const Argv[], char *const Envp[]) {
+  static auto Real = nextSymbol<ExecveFn>("execve");
+  AroundExec Around;
+  int Result = Real(Path, Argv, Envp);
+  Around.failed();
+  return Result;
+}
+
+extern "C" int execv(const char *Path, char *const Argv[]) {
+  static auto Real = nextSymbol<ExecvFn>("execv");
+  AroundExec Around;
+  int Result = Real(Path, Argv);
+  Around.failed();
+  return Result;
+}
+
+extern "C" int execvp(const char *File, char *const Argv[]) {
+  static auto Real = nextSymbol<ExecvFn>("execvp");
+  AroundExec Around;
+  int Result = Real(File, Argv);
+  Around.failed();
+  return Result;
+}
+
+extern "C" int execvpe(const char *File, char *const Argv[], char *const Envp[]) {
+  static auto Real = nextSymbol<ExecveFn>("execvpe");
+  AroundExec Around;
+  int Result = Real(File, Argv, Envp);
+  Around.failed();
+  return Result;
+}
+
+extern "C" int fexecve(int Fd, char *const Argv[], char *const Envp[]) {
+  static auto Real = nextSymbol<int (*)(int, char *const[], char *const[])>("fexecve");
+  AroundExec Around;
+  int Result = Real(Fd, Argv, Envp);
+  Around.failed();
+  return Result;
+}
+
+extern "C" int execl(const char *Path, const char *Arg, ...) {
+  va_list Args;
+  va_start(Args, Arg);
+  std::vector<char *> Argv = listArguments(Arg, Args);
+  va_end(Args);
+  return execv(Path, Argv.data());
+}
+
+extern "C" int execlp(const char *File, const char *Arg, ...) {
+  va_list Args;
+  va_start(Args, Arg);
+  std::vector<char *> Argv = listArguments(Arg, Args);
+  va_end(Args);
+  return execvp(File, Argv.data());
+}
+
+extern "C" int execle(const char *Path, const char *Arg, ...) {
+  va_list Args;
+  va_start(Args, Arg);
+  std::vector<char *> Argv = listArguments(Arg, Args);
+  char *const *Envp = va_arg(Args, char *const *);
+  va_end(Args);
+  return execve(Path, Argv.data(), Envp);
+}
 
 /// exit(), interposed where this library is preloaded: in a traced program,
 /// tracing stops first. Elsewhere glibc's own, unchanged.
 extern "C" void exit(int Status) noexcept {
   using ExitFn = void (*)(int);
   static auto Real = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "exit"));
-  if (InMain.exchange(false))
+  if (::getpid() == TracedProcess.load() && InMain.exchange(false))
     stopNativeTrace();
   if (Real)
     Real(Status);

@@ -721,6 +721,25 @@ def _after_fork_in_child():
         _state.exit_handlers = False
 
 
+def _stopping_first(real):
+    """os.execv and os.execve (which os.execl, os.execle, os.execlp,
+    os.execvp and os.execvpe call) stop tracing first: the new program
+    would lose what the runtime has not written yet, and leave the trace
+    unclosed. An exec that fails lets tracing start again at the next
+    module call, in a directory of its own (process-PID: the first holds
+    the closed trace)."""
+    @functools.wraps(real)
+    def exec_after_stopping(*args, **kwargs):
+        state = _state
+        if state is not None and state.started and state.start_ok:
+            with _start_lock:
+                _stop()
+                state.started = state.starting = state.start_ok = False
+                state.stack = []
+        return real(*args, **kwargs)
+    return exec_after_stopping
+
+
 def install(trace_dir, options="", runtime_library=None):
     """Starts observing every nn.Module call of this process."""
     global _state
@@ -741,6 +760,7 @@ def install(trace_dir, options="", runtime_library=None):
     _pre_hook_id = register_module_forward_pre_hook(disable(_pre_hook)).id
     register_module_forward_hook(disable(_post_hook), with_kwargs=True, always_call=True)
     os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.execv, os.execve = _stopping_first(os.execv), _stopping_first(os.execve)
 
 
 def _python_binding(library):

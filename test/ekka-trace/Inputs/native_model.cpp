@@ -5,7 +5,8 @@
 // while the program does not (ekka-native-indirect-program), as an engine's
 // executable does. No Python anywhere: two record_function scopes holding ATen ops, the
 // result printed, whether the processes it would start get Ekka's runtime
-// preloaded, and an exit code of its own (the first argument).
+// preloaded, and an exit code of its own (the first argument); replacing
+// itself with another program, or failing to, on request (the second).
 // Seeded as Python's torch.manual_seed(0) seeds the same CPU generator, so
 // the test recomputes what it computed.
 //
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unistd.h>
 
 int nativeModel(int argc, char **argv) {
   at::manual_seed(0);
@@ -34,5 +36,15 @@ int nativeModel(int argc, char **argv) {
   const char *Preload = std::getenv("LD_PRELOAD");
   std::printf("children preload %s\n",
               Preload && std::strstr(Preload, "ekka_runtime") ? "the runtime" : "nothing");
+  // Replaced by another program (which exits with 4), or failing to be,
+  // and going on.
+  if (argc > 2 && std::strcmp(argv[2], "exec") == 0) {
+    std::fflush(stdout);
+    execl("/bin/sh", "sh", "-c", "echo replaced; exit 4", static_cast<char *>(nullptr));
+  } else if (argc > 2 && std::strcmp(argv[2], "exec-fails") == 0) {
+    execl("/nonexistent/program", "program", static_cast<char *>(nullptr));
+    RECORD_USER_SCOPE("after_exec");
+    std::printf("exec failed, sum %.4f\n", at::mm(H, W).sum().item<double>());
+  }
   return argc > 1 ? std::atoi(argv[1]) : 0;
 }
