@@ -235,6 +235,15 @@ template <typename Fn> Fn nextSymbol(const char *Name) {
   return reinterpret_cast<Fn>(dlsym(RTLD_NEXT, Name));
 }
 
+/// \p Real (the C library's exec call) on \p Args, around which the
+/// trace is stopped, and started again if it returns.
+template <typename Fn, typename... Args> int execAround(Fn Real, Args... A) {
+  AroundExec Around;
+  int Result = Real(A...);
+  Around.failed();
+  return Result;
+}
+
 using ExecveFn = int (*)(const char *, char *const[], char *const[]);
 using ExecvFn = int (*)(const char *, char *const[]);
 
@@ -254,42 +263,27 @@ std::vector<char *> listArguments(const char *First, va_list &Args) {
 // that; the list forms go through the vector ones, as glibc's do.
 extern "C" int execve(const char *Path, char *const Argv[], char *const Envp[]) {
   static auto Real = nextSymbol<ExecveFn>("execve");
-  AroundExec Around;
-  int Result = Real(Path, Argv, Envp);
-  Around.failed();
-  return Result;
+  return execAround(Real, Path, Argv, Envp);
 }
 
 extern "C" int execv(const char *Path, char *const Argv[]) {
   static auto Real = nextSymbol<ExecvFn>("execv");
-  AroundExec Around;
-  int Result = Real(Path, Argv);
-  Around.failed();
-  return Result;
+  return execAround(Real, Path, Argv);
 }
 
 extern "C" int execvp(const char *File, char *const Argv[]) {
   static auto Real = nextSymbol<ExecvFn>("execvp");
-  AroundExec Around;
-  int Result = Real(File, Argv);
-  Around.failed();
-  return Result;
+  return execAround(Real, File, Argv);
 }
 
 extern "C" int execvpe(const char *File, char *const Argv[], char *const Envp[]) {
   static auto Real = nextSymbol<ExecveFn>("execvpe");
-  AroundExec Around;
-  int Result = Real(File, Argv, Envp);
-  Around.failed();
-  return Result;
+  return execAround(Real, File, Argv, Envp);
 }
 
 extern "C" int fexecve(int Fd, char *const Argv[], char *const Envp[]) {
   static auto Real = nextSymbol<int (*)(int, char *const[], char *const[])>("fexecve");
-  AroundExec Around;
-  int Result = Real(Fd, Argv, Envp);
-  Around.failed();
-  return Result;
+  return execAround(Real, Fd, Argv, Envp);
 }
 
 extern "C" int execl(const char *Path, const char *Arg, ...) {
