@@ -15,6 +15,7 @@
 #include "ekka/Trace/TraceReader.h"
 #include "ekka/Trace/TraceWriter.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -248,30 +249,27 @@ std::string humanBytes(uint64_t B) {
 }
 
 /// The one-line summary, read back from the trace the program left.
-void printSummary(StringRef Dir, double Seconds) {
-  auto Ranks = TraceReader::openRanks(Dir);
-  if (!Ranks) {
-    consumeError(Ranks.takeError());
-    errs() << Tool << ": the program ran no torch.nn.Module: nothing was traced\n";
-    return;
-  }
+/// What a set of traces holds, for the closing summary.
+struct Totals {
   uint64_t Calls = 0, Ops = 0, Kernels = 0, Tensors = 0, Captured = 0;
-  unsigned Unclosed = 0;
-  for (auto &R : *Ranks) {
+  unsigned Traces = 0, Unclosed = 0;
+
+  void add(TraceReader &R) {
+    ++Traces;
     // Written when tracing stops: without it, the process ended first.
-    if (!R->meta().count("lost_records"))
+    if (!R.meta().count("lost_records"))
       ++Unclosed;
-    auto C = R->moduleCalls();
-    auto O = R->ops();
-    auto K = R->kernels();
-    auto T = R->tensors();
+    auto C = R.moduleCalls();
+    auto O = R.ops();
+    auto K = R.kernels();
+    auto T = R.tensors();
     if (!C || !O || !K || !T) {
       consumeError(C.takeError());
       consumeError(O.takeError());
       consumeError(K.takeError());
       consumeError(T.takeError());
-      errs() << Tool << ": warning: could not read back '" << R->directory() << "'\n";
-      continue;
+      errs() << Tool << ": warning: could not read back '" << R.directory() << "'\n";
+      return;
     }
     Calls += C->size();
     Ops += O->size();
@@ -285,14 +283,57 @@ void printSummary(StringRef Dir, double Seconds) {
         Captured += dtypeBytes(X.Type, N).value_or(0);
       }
   }
-  errs() << Tool << ": " << Calls << " module calls, " << Ops << " ops, " << Kernels
-         << " kernels, " << Tensors << " tensors, " << humanBytes(Captured) << " captured"
+
+  std::string counts() const {
+    return std::to_string(Calls) + " module calls, " + std::to_string(Ops) + " ops, " +
+           std::to_string(Kernels) + " kernels, " + std::to_string(Tensors) + " tensors, " +
+           humanBytes(Captured) + " captured";
+  }
+};
+
+/// The traces of processes forked or exec'd from a traced one, which found
+/// the directory taken: DIR/process-PID/, in the order of their names.
+std::vector<std::string> processTraces(StringRef Dir) {
+  std::vector<std::string> Found;
+  std::error_code EC;
+  for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC))
+    if (sys::path::filename(It->path()).starts_with("process-") &&
+        sys::fs::exists(It->path() + "/" + TraceDatabaseName.str()))
+      Found.push_back(It->path());
+  llvm::sort(Found);
+  return Found;
+}
+
+void printSummary(StringRef Dir, double Seconds) {
+  auto Ranks = TraceReader::openRanks(Dir);
+  if (!Ranks) {
+    consumeError(Ranks.takeError());
+    errs() << Tool << ": the program ran no torch.nn.Module: nothing was traced\n";
+    return;
+  }
+  Totals Main, Others;
+  for (auto &R : *Ranks)
+    Main.add(*R);
+  for (const std::string &Path : processTraces(Dir)) {
+    auto R = TraceReader::open(Path);
+    if (!R) {
+      errs() << Tool << ": warning: could not read back '" << Path
+             << "': " << toString(R.takeError()) << "\n";
+      continue;
+    }
+    Others.add(**R);
+  }
+  errs() << Tool << ": " << Main.counts()
          << (Ranks->size() > 1 ? ", " + std::to_string(Ranks->size()) + " ranks" : "")
          << format(", %.1f s", Seconds) << "; trace in " << Dir << "\n";
-  if (Unclosed)
+  if (Others.Traces)
+    errs() << Tool << ": " << Others.Traces << " more process"
+           << (Others.Traces > 1 ? "es" : "") << " traced: " << Others.counts() << "; in "
+           << Dir << "/process-*\n";
+  if (unsigned Unclosed = Main.Unclosed + Others.Unclosed)
     errs() << Tool << ": warning: "
-           << (Ranks->size() > 1 ? std::to_string(Unclosed) + " of the traces were"
-                                 : std::string("the trace was"))
+           << (Main.Traces + Others.Traces > 1 ? std::to_string(Unclosed) + " of the traces were"
+                                               : std::string("the trace was"))
            << " not closed: the program ended without stopping tracing (killed, crashed, or "
               "_exit), and what it recorded after its last written batch is lost\n";
 }
