@@ -352,6 +352,45 @@ void tensorBytes(const at::Tensor &T, std::string &Out) {
 
 namespace {
 
+/// A function of the CUDA driver that the program has loaded; null where
+/// none is loaded (nothing on a GPU then).
+void *driverFunction(const char *Name) {
+  void *Cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  return Cuda ? dlsym(Cuda, Name) : nullptr;
+}
+
+/// While it lives, the calling thread's waits for the GPU leave other
+/// threads' CUDA graph captures alone. Waiting on an event is one of CUDA's
+/// "potentially unsafe" calls: made in the default (global) mode while
+/// another thread captures a graph in global mode (torch.cuda.graph's
+/// default, as vLLM captures), it fails, and the program's capture is
+/// invalidated. For the wait the thread's mode is made thread-local, which
+/// ignores other threads' captures (cuThreadExchangeStreamCaptureMode, as
+/// PyTorch's NCCL watchdog does for its event queries), and then restored.
+class IgnoringOtherThreadsCaptures {
+public:
+  IgnoringOtherThreadsCaptures() {
+    if (ExchangeFn Exchange = exchange())
+      Swapped = Exchange(&Mode) == 0;
+  }
+  ~IgnoringOtherThreadsCaptures() {
+    if (Swapped)
+      exchange()(&Mode);
+  }
+  IgnoringOtherThreadsCaptures(const IgnoringOtherThreadsCaptures &) = delete;
+  IgnoringOtherThreadsCaptures &operator=(const IgnoringOtherThreadsCaptures &) = delete;
+
+private:
+  using ExchangeFn = int (*)(int *); // CUresult (CUstreamCaptureMode *)
+  static ExchangeFn exchange() {
+    static ExchangeFn F =
+        reinterpret_cast<ExchangeFn>(driverFunction("cuThreadExchangeStreamCaptureMode"));
+    return F;
+  }
+  int Mode = 1; // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL; then the mode it had
+  bool Swapped = false;
+};
+
 /// Whether \p S, a CUDA stream, is capturing a CUDA graph: a read-back
 /// enqueued there would become part of the graph instead of running now
 /// (and the event recorded after it would never complete). Asked of the
@@ -361,10 +400,8 @@ bool streamCapturing(const c10::Stream &S) {
   if (S.device_type() != c10::DeviceType::CUDA)
     return false;
   using IsCapturingFn = int (*)(void *, int *); // cuStreamIsCapturing
-  static IsCapturingFn IsCapturing = []() -> IsCapturingFn {
-    void *Cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    return Cuda ? reinterpret_cast<IsCapturingFn>(dlsym(Cuda, "cuStreamIsCapturing")) : nullptr;
-  }();
+  static IsCapturingFn IsCapturing =
+      reinterpret_cast<IsCapturingFn>(driverFunction("cuStreamIsCapturing"));
   if (!IsCapturing)
     return false; // no driver loaded here: no graph either
   int Status = 0;
@@ -414,6 +451,7 @@ public:
     if (std::exchange(Awaited, true))
       return false;
     double V[6];
+    IgnoringOtherThreadsCaptures Waiting;
     if (!awaitDeviceStats(Ticket, V))
       return false;
     S = statsOfDoubles(V);
@@ -518,6 +556,7 @@ std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
   ++Counts.ByReductions;
   return [Host, Done, N]() -> std::optional<TensorStats> {
     try {
+      IgnoringOtherThreadsCaptures Waiting;
       Done->synchronize();
       return statsOfSix(Host, N);
     } catch (...) {
@@ -535,6 +574,7 @@ TraceWriter::Completion deviceBytes(const at::Tensor &T, std::atomic<int64_t> &L
   auto [Host, Done] = copyToPinned(logicalValues(T).detach().contiguous(), Stream);
   return [Host, Done, &Lost](TensorRecord &, std::optional<std::string> &Data) {
     try {
+      IgnoringOtherThreadsCaptures Waiting;
       Done->synchronize();
       const char *P = static_cast<const char *>(Host.const_data_ptr());
       Data = std::string(P, P + Host.numel() * Host.element_size());
