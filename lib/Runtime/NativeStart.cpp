@@ -11,8 +11,8 @@
 // exit() destroys the calling thread's thread-locals and runs its handlers
 // (CUDA's teardown among them). An atexit handler remains for an exit that
 // bypasses the interposed one. The exec family is interposed as well: a
-// process that replaces itself stops its trace first. One that ends with
-// _exit or a signal leaves its trace unclosed.
+// process that replaces itself writes its trace out first. One that ends
+// with _exit or a signal leaves its trace unclosed.
 // LibTorch's C++ modules have no hooks: such a trace holds the program's
 // ops (and its record_function scopes), their tensors and GPU kernels, but
 // no module calls.
@@ -41,7 +41,7 @@
 #include <glob.h>
 #include <string>
 #include <unistd.h>
-#include <vector>
+#include <alloca.h>
 
 namespace {
 
@@ -204,112 +204,129 @@ bool tracesThisProcess() {
   return ekka::reachesLibTorch("/proc/self/exe", loadedFile);
 }
 
-/// Around an exec of the traced process: the trace is stopped first (the
-/// new image would lose what the writer has not yet written, and leave the
-/// trace unclosed); if the exec fails and the program goes on, tracing
-/// starts again, into a directory of its own (process-PID: the first holds
-/// the closed trace). Nothing in any other process, a vforked child above
-/// all, whose writes would be the parent's.
-class AroundExec {
-public:
-  AroundExec() : Traced(::getpid() == TracedProcess.load() && InMain.exchange(false)) {
-    if (Traced)
-      stopNativeTrace();
+/// Before an exec of the traced process: everything recorded is written
+/// (flushTrace), with what a stop writes of the trace, so that the trace is
+/// as whole as a stop leaves it; if the exec fails, the program goes on in
+/// the same trace. Nothing in any other process: a forked child (which has
+/// InMain too, and no trace), or a vforked one, whose memory is the
+/// parent's. Not for an exec from a signal handler (it writes files).
+void beforeExec() {
+  if (::getpid() != TracedProcess.load() || !InMain.load())
+    return;
+  std::string Error;
+  try {
+    Error = ekka::flushTrace();
+  } catch (const std::exception &E) { // nothing may escape into the program
+    Error = std::string("error: ") + E.what();
   }
-  /// The exec returned: it failed.
-  void failed() {
-    if (!Traced)
-      return;
-    int Errno = errno;
-    Stopped = false;
-    startNativeTrace();
-    InMain = true;
-    errno = Errno;
-  }
-
-private:
-  bool Traced;
-};
-
-template <typename Fn> Fn nextSymbol(const char *Name) {
-  return reinterpret_cast<Fn>(dlsym(RTLD_NEXT, Name));
-}
-
-/// \p Real (the C library's exec call) on \p Args, around which the
-/// trace is stopped, and started again if it returns.
-template <typename Fn, typename... Args> int execAround(Fn Real, Args... A) {
-  AroundExec Around;
-  int Result = Real(A...);
-  Around.failed();
-  return Result;
+  if (!Error.empty())
+    std::fprintf(stderr, "ekka-trace: %s\n", Error.c_str());
 }
 
 using ExecveFn = int (*)(const char *, char *const[], char *const[]);
 using ExecvFn = int (*)(const char *, char *const[]);
+using FexecveFn = int (*)(int, char *const[], char *const[]);
 
-/// The arguments of a list form of exec (execl, execlp, execle) up to the
-/// null that ends them, and, for execle, the environment after it.
-std::vector<char *> listArguments(const char *First, va_list &Args) {
-  std::vector<char *> Argv = {const_cast<char *>(First)};
-  while (Argv.back())
-    Argv.push_back(va_arg(Args, char *));
-  return Argv;
+/// The C library's exec calls, looked up when this library is loaded: not
+/// in an exec call, which a vforked child makes in its parent's memory
+/// (where the loader's lock must not be taken).
+struct {
+  ExecveFn Execve, Execvpe;
+  ExecvFn Execv, Execvp;
+  FexecveFn Fexecve;
+} Libc;
+
+template <typename Fn> void findNext(Fn &Slot, const char *Name) {
+  if (!Slot)
+    Slot = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, Name));
+}
+
+__attribute__((constructor)) void findExecCalls() {
+  findNext(Libc.Execve, "execve");
+  findNext(Libc.Execvpe, "execvpe");
+  findNext(Libc.Execv, "execv");
+  findNext(Libc.Execvp, "execvp");
+  findNext(Libc.Fexecve, "fexecve");
+}
+
+/// How many arguments a list form of exec has after \p First, up to and
+/// with the null that ends them.
+size_t countListArguments(const char *First, va_list Args) {
+  size_t N = 1;
+  for (const char *A = First; A; A = va_arg(Args, const char *))
+    ++N;
+  return N;
 }
 
 } // namespace
 
-// The exec family, interposed where this library is preloaded: each ends a
-// traced process's trace first (AroundExec). Each is glibc's own call after
-// that; the list forms go through the vector ones, as glibc's do.
+// The exec family, interposed where this library is preloaded: each writes
+// a traced process's trace out first (beforeExec), then is the C library's
+// own. The list forms go through the vector ones, their arguments on the
+// stack, as the C library's do.
 extern "C" int execve(const char *Path, char *const Argv[], char *const Envp[]) {
-  static auto Real = nextSymbol<ExecveFn>("execve");
-  return execAround(Real, Path, Argv, Envp);
+  beforeExec();
+  findNext(Libc.Execve, "execve");
+  return Libc.Execve(Path, Argv, Envp);
 }
 
 extern "C" int execv(const char *Path, char *const Argv[]) {
-  static auto Real = nextSymbol<ExecvFn>("execv");
-  return execAround(Real, Path, Argv);
+  beforeExec();
+  findNext(Libc.Execv, "execv");
+  return Libc.Execv(Path, Argv);
 }
 
 extern "C" int execvp(const char *File, char *const Argv[]) {
-  static auto Real = nextSymbol<ExecvFn>("execvp");
-  return execAround(Real, File, Argv);
+  beforeExec();
+  findNext(Libc.Execvp, "execvp");
+  return Libc.Execvp(File, Argv);
 }
 
 extern "C" int execvpe(const char *File, char *const Argv[], char *const Envp[]) {
-  static auto Real = nextSymbol<ExecveFn>("execvpe");
-  return execAround(Real, File, Argv, Envp);
+  beforeExec();
+  findNext(Libc.Execvpe, "execvpe");
+  return Libc.Execvpe(File, Argv, Envp);
 }
 
 extern "C" int fexecve(int Fd, char *const Argv[], char *const Envp[]) {
-  static auto Real = nextSymbol<int (*)(int, char *const[], char *const[])>("fexecve");
-  return execAround(Real, Fd, Argv, Envp);
+  beforeExec();
+  findNext(Libc.Fexecve, "fexecve");
+  return Libc.Fexecve(Fd, Argv, Envp);
 }
 
+/// The arguments of a list form of exec, \p First and those after it up to
+/// the null, into \p Argv (countListArguments of them).
+#define EKKA_LIST_ARGUMENTS(First, Argv)                                                    \
+  va_list Args, Counting;                                                                    \
+  va_start(Args, First);                                                                     \
+  va_copy(Counting, Args);                                                                   \
+  size_t Count = countListArguments(First, Counting);                                        \
+  va_end(Counting);                                                                          \
+  char **Argv = static_cast<char **>(alloca(Count * sizeof(char *)));                        \
+  Argv[0] = const_cast<char *>(First);                                                       \
+  for (size_t I = 1; I < Count; ++I)                                                         \
+    Argv[I] = va_arg(Args, char *);
+
 extern "C" int execl(const char *Path, const char *Arg, ...) {
-  va_list Args;
-  va_start(Args, Arg);
-  std::vector<char *> Argv = listArguments(Arg, Args);
+  EKKA_LIST_ARGUMENTS(Arg, Argv)
   va_end(Args);
-  return execv(Path, Argv.data());
+  return execv(Path, Argv);
 }
 
 extern "C" int execlp(const char *File, const char *Arg, ...) {
-  va_list Args;
-  va_start(Args, Arg);
-  std::vector<char *> Argv = listArguments(Arg, Args);
+  EKKA_LIST_ARGUMENTS(Arg, Argv)
   va_end(Args);
-  return execvp(File, Argv.data());
+  return execvp(File, Argv);
 }
 
 extern "C" int execle(const char *Path, const char *Arg, ...) {
-  va_list Args;
-  va_start(Args, Arg);
-  std::vector<char *> Argv = listArguments(Arg, Args);
+  EKKA_LIST_ARGUMENTS(Arg, Argv)
   char *const *Envp = va_arg(Args, char *const *);
   va_end(Args);
-  return execve(Path, Argv.data(), Envp);
+  return execve(Path, Argv, Envp);
 }
+
+#undef EKKA_LIST_ARGUMENTS
 
 /// exit(), interposed where this library is preloaded: in a traced program,
 /// tracing stops first. Elsewhere glibc's own, unchanged.

@@ -60,6 +60,11 @@ void exitOp(int64_t Id, std::vector<at::Tensor> Outputs, std::vector<at::Tensor>
   ekka::exitModuleNoThrow(Id, Outputs, KeywordInputs, FirstKeywordIndex);
 }
 
+std::string flushOp() {
+  return guarded("flush", /*Record=*/false, [&] { return ekka::flushTrace(); },
+                 std::string("error: flushing failed"));
+}
+
 std::string stopOp() {
   return guarded("stop", /*Record=*/false, [&] {
     // The Python a LibTorch program embeds ends before the program does:
@@ -127,4 +132,5 @@ TORCH_LIBRARY(ekka, m) {
   m.def("exit(int id, Tensor[] outputs, Tensor[] keyword_inputs, int first_keyword_index) -> ()",
         exitOp);
   m.def("stop() -> str", stopOp);
+  m.def("flush() -> str", flushOp);
 }

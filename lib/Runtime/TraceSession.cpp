@@ -987,6 +987,51 @@ bool nativeTraceRunning() {
   return Current && Current->Options.Native;
 }
 
+namespace {
+
+/// What a trace says of itself once it is closed (or flushed for an exec):
+/// its kernel snapshots (\p Missed: what kernel tracing missed), the
+/// tracer's time, the GPU read-backs, and, written after every queued
+/// record, its lost records. Returns what was lost to errors so far.
+std::string writeClosingMeta(Session &S, const std::string &Missed) {
+  if (S.TracingKernels) {
+    std::string Taken = std::to_string(S.KernelSnapshots.load()) + " buffers snapshotted from " +
+                        std::to_string(S.CapturedOpLaunches.load()) + " launches in captured ops (" +
+                        std::to_string(S.UnmatchedLaunches.load()) +
+                        " pointing into no argument of the op, " +
+                        std::to_string(S.FailedCopies.load()) + " copies failed, " +
+                        std::to_string(S.RecordedSnapshots.load()) + " recorded";
+    {
+      std::lock_guard<std::mutex> Lock(S.SnapshotErrorMutex);
+      if (!S.SnapshotError.empty())
+        Taken += ": " + S.SnapshotError.substr(0, 300);
+    }
+    Taken += ")";
+    S.Writer->setMeta("kernel_snapshots", Missed.empty() ? Taken : Taken + "; " + Missed);
+  }
+  std::string Lost;
+  {
+    std::lock_guard<std::mutex> Lock(S.SnapshotErrorMutex);
+    if (S.LostRecords)
+      Lost = std::to_string(S.LostRecords) + " records lost to errors (first: " +
+             S.FirstLoss.substr(0, 300) + ")";
+  }
+  if (S.Options.Timings)
+    S.Writer->setMeta("tracer_time", tracerTime(S));
+  if (std::string GpuStats = S.GpuStats.describe(); !GpuStats.empty())
+    S.Writer->setMeta("gpu_statistics", GpuStats);
+  // Written after every queued record: the device read-backs the writer's
+  // thread waited for are all counted by then.
+  Session *P = &S;
+  S.Writer->setMeta("lost_records", [P, Lost]() -> std::string {
+    std::string Out = lostLater(*P, Lost);
+    return Out.empty() ? "0" : Out;
+  });
+  return Lost;
+}
+
+} // namespace
+
 std::string stopTrace() {
   std::unique_lock<std::mutex> Lock(SessionMutex);
   Session *S = Current;
@@ -998,39 +1043,8 @@ std::string stopTrace() {
   S->Deferred.settleAll();
   if (S->Observer)
     at::removeCallback(*S->Observer);
-  if (S->TracingKernels) {
-    std::string Missed = stopKernelTracing();
-    std::string Taken = std::to_string(S->KernelSnapshots.load()) + " buffers snapshotted from " +
-                        std::to_string(S->CapturedOpLaunches.load()) + " launches in captured ops (" +
-                        std::to_string(S->UnmatchedLaunches.load()) +
-                        " pointing into no argument of the op, " +
-                        std::to_string(S->FailedCopies.load()) + " copies failed, " +
-                        std::to_string(S->RecordedSnapshots.load()) + " recorded";
-    {
-      std::lock_guard<std::mutex> Lock(S->SnapshotErrorMutex);
-      if (!S->SnapshotError.empty())
-        Taken += ": " + S->SnapshotError.substr(0, 300);
-    }
-    Taken += ")";
-    S->Writer->setMeta("kernel_snapshots", Missed.empty() ? Taken : Taken + "; " + Missed);
-  }
-  std::string Lost;
-  {
-    std::lock_guard<std::mutex> Lock(S->SnapshotErrorMutex);
-    if (S->LostRecords)
-      Lost = std::to_string(S->LostRecords) + " records lost to errors (first: " +
-             S->FirstLoss.substr(0, 300) + ")";
-  }
-  if (S->Options.Timings)
-    S->Writer->setMeta("tracer_time", tracerTime(*S));
-  if (std::string GpuStats = S->GpuStats.describe(); !GpuStats.empty())
-    S->Writer->setMeta("gpu_statistics", GpuStats);
-  // Written after every queued record: the device read-backs the writer's
-  // thread waited for are all counted by then.
-  S->Writer->setMeta("lost_records", [S, Lost]() -> std::string {
-    std::string Out = lostLater(*S, Lost);
-    return Out.empty() ? "0" : Out;
-  });
+  std::string Missed = S->TracingKernels ? stopKernelTracing() : std::string();
+  std::string Lost = writeClosingMeta(*S, Missed);
   Current = nullptr;
   llvm::Error E = S->Writer->close();
   TraceCounts C = S->Writer->counts();
@@ -1053,6 +1067,20 @@ std::string stopTrace() {
   Lock.unlock();
   S->Deferred.releaseSettled();
   return Result;
+}
+
+std::string flushTrace() {
+  std::unique_lock<std::mutex> Lock(SessionMutex);
+  Session *S = Current;
+  if (!S)
+    return "";
+  writeClosingMeta(*S, "");
+  // The writer is waited for without the lock: other threads' records go
+  // on meanwhile (the session is never deleted).
+  Lock.unlock();
+  if (llvm::Error E = S->Writer->flush())
+    return "error: " + llvm::toString(std::move(E));
+  return "";
 }
 
 } // namespace ekka

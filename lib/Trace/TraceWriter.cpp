@@ -724,6 +724,7 @@ void TraceWriter::run() {
   bool Failed = false;
   while (true) {
     bool Last;
+    uint64_t Flush;
     // Records that threads hold in their open chunks go too. Under
     // CountsMutex, as the writing: at a fork the thread is in neither.
     if (Options.CollectThreadChunks) {
@@ -735,16 +736,19 @@ void TraceWriter::run() {
       // Nothing queued: sleep until the first record, looking at the
       // threads' chunks now and then. Then collect for up to a period.
       WriterIdle = true;
-      if (!Wake.wait_for(Lock, IdlePeriod, [&] { return Closing || !Queue.empty(); }))
+      auto Asked = [&] { return FlushesAsked > FlushesDone; };
+      if (!Wake.wait_for(Lock, IdlePeriod,
+                         [&] { return Closing || !Queue.empty() || Asked(); }))
         continue;
       WriterIdle = false;
       Wake.wait_for(Lock, WriterPeriod, [&] {
-        return Closing || QueuedBytes || QueuedRecords >= WakeRecords;
+        return Closing || QueuedBytes || QueuedRecords >= WakeRecords || Asked();
       });
       Batch.swap(Queue);
       QueuedBytes = 0;
       QueuedRecords = 0;
       Last = Closing;
+      Flush = FlushesAsked;
     }
     Drained.notify_all();
     std::lock_guard<std::mutex> CountsLock(CountsMutex);
@@ -767,6 +771,26 @@ void TraceWriter::run() {
           ++Counts.DroppedCaptures;
     }
     Batch.clear();
+    if (Flush > FlushesDone) {
+      // What was queued when flush() asked is written: the shard under way
+      // too, so that the captured bytes are in a file.
+      if (!Failed && !Last) {
+        if (Error E = Storage->flushShard(Counts)) {
+          Failed = true;
+          FailureMessage = toString(std::move(E));
+          Storage->abandon(Counts);
+        } else {
+          // Into trace.db: whole without its -wal file, if the process
+          // leaves it there.
+          consumeError(Storage->Db->exec("PRAGMA wal_checkpoint(TRUNCATE)"));
+        }
+      }
+      {
+        std::lock_guard<std::mutex> Lock(Mutex);
+        FlushesDone = Flush;
+      }
+      Flushed.notify_all();
+    }
     if (Last)
       break;
   }
@@ -776,6 +800,22 @@ void TraceWriter::run() {
 // work.
 void TraceWriter::pauseForFork() { CountsMutex.lock(); }
 void TraceWriter::resumeAfterFork() { CountsMutex.unlock(); }
+
+Error TraceWriter::flush() {
+  if (!Worker.joinable())
+    return Error::success();
+  collectThreadChunks(/*Close=*/false);
+  {
+    std::unique_lock<std::mutex> Lock(Mutex);
+    uint64_t Ticket = ++FlushesAsked;
+    Wake.notify_one();
+    Flushed.wait(Lock, [&] { return FlushesDone >= Ticket; });
+  }
+  std::lock_guard<std::mutex> Lock(CountsMutex);
+  if (FailureMessage.empty())
+    return Error::success();
+  return makeError(FailureMessage);
+}
 
 Error TraceWriter::close() {
   if (!Worker.joinable())

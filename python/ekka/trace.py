@@ -721,23 +721,33 @@ def _after_fork_in_child():
         _state.exit_handlers = False
 
 
-def _stopping_first(real):
+def _writing_out_first(real):
     """os.execv and os.execve (which os.execl, os.execle, os.execlp,
-    os.execvp and os.execvpe call) stop tracing first: the new program
-    would lose what the runtime has not written yet, and leave the trace
-    unclosed. An exec that fails lets tracing start again at the next
-    module call, in a directory of its own (process-PID: the first holds
-    the closed trace)."""
+    os.execvp and os.execvpe call) write the trace out first, with what a
+    stop writes of it: the new program would lose what the runtime has not
+    written yet, and leave the trace unclosed. Tracing goes on: an exec
+    that fails leaves the program in the same trace."""
     @functools.wraps(real)
-    def exec_after_stopping(*args, **kwargs):
+    def exec_after_writing_out(*args, **kwargs):
         state = _state
         if state is not None and state.started and state.start_ok:
-            with _start_lock:
-                _stop()
-                state.started = state.starting = state.start_ok = False
-                state.stack = []
+            try:
+                error = torch.ops.ekka.flush()
+                if error:
+                    print(f"ekka-trace: {error}", file=sys.stderr)
+            except Exception:  # the exec must happen as it would untraced
+                pass
         return real(*args, **kwargs)
-    return exec_after_stopping
+    return exec_after_writing_out
+
+
+def _wrap_exec():
+    for name in ("execv", "execve"):
+        real = getattr(os, name)
+        wrapped = _writing_out_first(real)
+        setattr(os, name, wrapped)
+        if real in os.supports_fd:  # os.execve takes a file descriptor
+            os.supports_fd.add(wrapped)
 
 
 def install(trace_dir, options="", runtime_library=None):
@@ -760,7 +770,7 @@ def install(trace_dir, options="", runtime_library=None):
     _pre_hook_id = register_module_forward_pre_hook(disable(_pre_hook)).id
     register_module_forward_hook(disable(_post_hook), with_kwargs=True, always_call=True)
     os.register_at_fork(after_in_child=_after_fork_in_child)
-    os.execv, os.execve = _stopping_first(os.execv), _stopping_first(os.execve)
+    _wrap_exec()
 
 
 def _python_binding(library):

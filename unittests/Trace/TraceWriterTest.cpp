@@ -721,4 +721,41 @@ TEST_F(TraceTest, AKilledWriterLeavesOnlyCompleteShards) {
   ASSERT_FALSE(bool((*W)->close()));
 }
 
+// flush(): what was handed over, the shard under way included, is in the
+// files when it returns (a process about to exec keeps it), and the writer
+// goes on: later records go into the same trace, into a next shard.
+TEST_F(TraceTest, AFlushWritesEverythingAndTheWriterGoesOn) {
+  TraceWriterOptions O;
+  O.ShardBytes = 1 << 20; // a shard written only when full, or flushed
+  auto W = TraceWriter::create(Dir, O);
+  ASSERT_TRUE(bool(W));
+  writeSmallTrace(**W, 1);
+  (*W)->setMeta("lost_records", "0");
+  ASSERT_FALSE(bool((*W)->flush()));
+  {
+    auto R = TraceReader::open(Dir);
+    ASSERT_TRUE(bool(R)) << toString(R.takeError());
+    EXPECT_EQ((*R)->meta().count("lost_records"), 1u);
+    auto Tensors = (*R)->tensors();
+    ASSERT_TRUE(Tensors && Tensors->size() == 2u);
+    EXPECT_EQ((*Tensors)[0].Shard, "tensors-0000.safetensors");
+    auto Bytes = (*R)->tensorBytes((*Tensors)[0]);
+    ASSERT_TRUE(bool(Bytes)) << toString(Bytes.takeError());
+    EXPECT_EQ(*Bytes, floats({1, 2, 3, 4}));
+  }
+  writeSmallTrace(**W, 5);
+  ASSERT_FALSE(bool((*W)->close()));
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R));
+  auto Calls = (*R)->moduleCalls();
+  ASSERT_TRUE(Calls && Calls->size() == 2u);
+  auto Tensors = (*R)->tensors();
+  ASSERT_TRUE(Tensors && Tensors->size() == 4u);
+  EXPECT_EQ((*Tensors)[2].Shard, "tensors-0001.safetensors");
+  auto Bytes = (*R)->tensorBytes((*Tensors)[2]);
+  ASSERT_TRUE(bool(Bytes));
+  EXPECT_EQ(*Bytes, floats({5, 2, 3, 4}));
+  EXPECT_EQ((*W)->counts().Shards, 2u);
+}
+
 } // namespace

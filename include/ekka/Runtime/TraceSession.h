@@ -69,6 +69,12 @@ bool nativeTraceRunning();
 /// Flushes and closes the trace; returns a one-line summary or an error
 /// message starting with "error: ".
 std::string stopTrace();
+/// Writes everything recorded so far, with what stopTrace() writes of the
+/// trace (meta lost_records ...), and goes on tracing: for a process about
+/// to replace itself (exec), which then leaves a trace as whole as a stop
+/// would, and, if the exec fails, goes on in the same trace. Returns an
+/// error message starting with "error: ", or empty.
+std::string flushTrace();
 
 } // namespace ekka
 

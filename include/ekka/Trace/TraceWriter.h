@@ -126,6 +126,11 @@ public:
   /// background thread. The first write error (a full disk) is returned;
   /// what was written before it is kept.
   llvm::Error close();
+  /// Writes everything queued so far (threads' open chunks included) and
+  /// the shard under way, and returns once that is in the files; the
+  /// writer goes on. For a process about to replace itself (exec), which
+  /// may fail and go on. The first write error is returned.
+  llvm::Error flush();
   TraceCounts counts() const;
   /// Around fork(): waits until the writer thread is between batches (and
   /// not taking threads' chunks) and keeps it there, so that no SQLite,
@@ -209,6 +214,9 @@ private:
   /// close() has begun: nothing waits for room any more.
   bool NoWaiting = false;
   bool Closing = false;
+  /// flush() calls asked for and done, in order; Flushed tells them.
+  uint64_t FlushesAsked = 0, FlushesDone = 0;
+  std::condition_variable Flushed;
   std::thread Worker;
   /// Tells this writer's thread buffers from those of an earlier writer at
   /// the same address.
