@@ -217,7 +217,9 @@ void beforeExec() {
   try {
     Error = ekka::flushTrace();
   } catch (const std::exception &E) { // nothing may escape into the program
-    Error = std::string("error: ") + E.what();
+    Error = std::string("error: writing the trace out failed: ") + E.what();
+  } catch (...) {
+    Error = "error: writing the trace out failed";
   }
   if (!Error.empty())
     std::fprintf(stderr, "ekka-trace: %s\n", Error.c_str());
@@ -249,8 +251,8 @@ __attribute__((constructor)) void findExecCalls() {
   findNext(Libc.Fexecve, "fexecve");
 }
 
-/// How many arguments a list form of exec has after \p First, up to and
-/// with the null that ends them.
+/// How many arguments a list form of exec has: \p First, those after it,
+/// and the null that ends them.
 size_t countListArguments(const char *First, va_list Args) {
   size_t N = 1;
   for (const char *A = First; A; A = va_arg(Args, const char *))
