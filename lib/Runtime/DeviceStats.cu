@@ -192,7 +192,15 @@ bool prepareDeviceStats(int Device, void *Stream) {
   Ring &R = Rings[Device];
   std::lock_guard<std::mutex> Lock(R.Mutex);
   if (!R.Usable && R.Failures < Ring::MaxTries) {
+    // Its allocations and its synchronisation, once, in thread-local
+    // capture mode: made while another thread captures a graph in global
+    // mode, they would fail and invalidate that capture (the program's).
+    // This thread's own stream is not capturing: then nothing is read back.
+    cudaStreamCaptureMode Mode = cudaStreamCaptureModeThreadLocal;
+    bool Swapped = cudaThreadExchangeStreamCaptureMode(&Mode) == cudaSuccess;
     cudaError_t E = setUp(R, static_cast<cudaStream_t>(Stream));
+    if (Swapped)
+      cudaThreadExchangeStreamCaptureMode(&Mode);
     R.Usable = E == cudaSuccess;
     if (!R.Usable) {
       ++R.Failures;
