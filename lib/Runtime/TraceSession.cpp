@@ -646,9 +646,19 @@ void resumeWriterInParent() {
   SessionMutex.unlock();
 }
 
+/// The op observer of the session a forked child forgot: still registered
+/// there (the callbacks are the process's), and removed when the child
+/// starts a trace of its own, which would otherwise see every op twice. Not
+/// in the fork handler: removing takes a lock of PyTorch's that another
+/// thread of the parent may have held at the fork.
+std::optional<at::CallbackHandle> StaleObserver;
+
 void forgetSessionInChild() {
-  if (ForkingSession)
+  if (ForkingSession) {
     ForkingSession->Writer->resumeAfterFork(); // unlocked: the child never writes with it
+    if (ForkingSession->Observer)
+      StaleObserver = ForkingSession->Observer;
+  }
   ForkingSession = nullptr;
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
   CallStack.clear();
@@ -865,6 +875,10 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
   W.setMeta("gpu_kernels", Kernels);
   if (Kernels.find("another CUPTI subscriber") != std::string::npos)
     std::fprintf(stderr, "ekka-trace: warning: GPU kernels %s\n", Kernels.c_str());
+  if (StaleObserver) {
+    at::removeCallback(*StaleObserver);
+    StaleObserver.reset();
+  }
   S->Observer = at::addGlobalCallback(
       at::RecordFunctionCallback(onOpStart, onOpEnd)
           .needsInputs(true)
