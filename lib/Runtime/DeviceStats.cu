@@ -198,6 +198,10 @@ bool prepareDeviceStats(int Device, void *Stream) {
     // This thread's own stream is not capturing: then nothing is read back.
     cudaStreamCaptureMode Mode = cudaStreamCaptureModeThreadLocal;
     bool Swapped = cudaThreadExchangeStreamCaptureMode(&Mode) == cudaSuccess;
+    if (Swapped && Mode == cudaStreamCaptureModeRelaxed) { // laxer still: kept
+      cudaThreadExchangeStreamCaptureMode(&Mode);
+      Swapped = false;
+    }
     cudaError_t E = setUp(R, static_cast<cudaStream_t>(Stream));
     if (Swapped)
       cudaThreadExchangeStreamCaptureMode(&Mode);

@@ -225,6 +225,19 @@ void beforeExec() {
     std::fprintf(stderr, "ekka-trace: %s\n", Error.c_str());
 }
 
+/// After an exec of the traced process that returned (failed): the trace
+/// is open again (beforeExec wrote it out as if closed).
+void afterFailedExec() {
+  if (::getpid() != TracedProcess.load() || !InMain.load())
+    return;
+  int Errno = errno;
+  try {
+    ekka::reopenAfterFailedExec();
+  } catch (...) { // nothing may escape into the program
+  }
+  errno = Errno;
+}
+
 using ExecveFn = int (*)(const char *, char *const[], char *const[]);
 using ExecvFn = int (*)(const char *, char *const[]);
 using FexecveFn = int (*)(int, char *const[], char *const[]);
@@ -269,31 +282,41 @@ size_t countListArguments(const char *First, va_list Args) {
 extern "C" int execve(const char *Path, char *const Argv[], char *const Envp[]) {
   beforeExec();
   findNext(Libc.Execve, "execve");
-  return Libc.Execve(Path, Argv, Envp);
+  int Result = Libc.Execve(Path, Argv, Envp);
+  afterFailedExec();
+  return Result;
 }
 
 extern "C" int execv(const char *Path, char *const Argv[]) {
   beforeExec();
   findNext(Libc.Execv, "execv");
-  return Libc.Execv(Path, Argv);
+  int Result = Libc.Execv(Path, Argv);
+  afterFailedExec();
+  return Result;
 }
 
 extern "C" int execvp(const char *File, char *const Argv[]) {
   beforeExec();
   findNext(Libc.Execvp, "execvp");
-  return Libc.Execvp(File, Argv);
+  int Result = Libc.Execvp(File, Argv);
+  afterFailedExec();
+  return Result;
 }
 
 extern "C" int execvpe(const char *File, char *const Argv[], char *const Envp[]) {
   beforeExec();
   findNext(Libc.Execvpe, "execvpe");
-  return Libc.Execvpe(File, Argv, Envp);
+  int Result = Libc.Execvpe(File, Argv, Envp);
+  afterFailedExec();
+  return Result;
 }
 
 extern "C" int fexecve(int Fd, char *const Argv[], char *const Envp[]) {
   beforeExec();
   findNext(Libc.Fexecve, "fexecve");
-  return Libc.Fexecve(Fd, Argv, Envp);
+  int Result = Libc.Fexecve(Fd, Argv, Envp);
+  afterFailedExec();
+  return Result;
 }
 
 /// The arguments of a list form of exec, \p First and those after it up to

@@ -370,8 +370,14 @@ void *driverFunction(const char *Name) {
 class IgnoringOtherThreadsCaptures {
 public:
   IgnoringOtherThreadsCaptures() {
-    if (ExchangeFn Exchange = exchange())
-      Swapped = Exchange(&Mode) == 0;
+    ExchangeFn Exchange = exchange();
+    if (!Exchange || Exchange(&Mode) != 0)
+      return;
+    Swapped = true;
+    if (Mode == 2) { // relaxed already, which is laxer still: kept
+      Exchange(&Mode);
+      Swapped = false;
+    }
   }
   ~IgnoringOtherThreadsCaptures() {
     if (Swapped)

@@ -65,6 +65,13 @@ std::string flushOp() {
                  std::string("error: flushing failed"));
 }
 
+void execFailedOp() {
+  guarded("exec_failed", /*Record=*/false, [&] {
+    ekka::reopenAfterFailedExec();
+    return true;
+  }, false);
+}
+
 std::string stopOp() {
   return guarded("stop", /*Record=*/false, [&] {
     // The Python a LibTorch program embeds ends before the program does:
@@ -133,4 +140,5 @@ TORCH_LIBRARY(ekka, m) {
         exitOp);
   m.def("stop() -> str", stopOp);
   m.def("flush() -> str", flushOp);
+  m.def("exec_failed() -> ()", execFailedOp);
 }

@@ -1097,4 +1097,15 @@ std::string flushTrace() {
   return "";
 }
 
+void reopenAfterFailedExec() {
+  std::unique_lock<std::mutex> Lock(SessionMutex);
+  Session *S = Current;
+  if (!S)
+    return;
+  S->Writer->setMeta("lost_records", "pending: tracing went on after a failed exec");
+  // Written now: the program may yet end without stopping.
+  Lock.unlock();
+  consumeError(S->Writer->flush());
+}
+
 } // namespace ekka

@@ -794,6 +794,13 @@ void TraceWriter::run() {
     if (Last)
       break;
   }
+  // Whatever flush() still waits for, close() has written.
+  {
+    std::lock_guard<std::mutex> Lock(Mutex);
+    WriterExited = true;
+    FlushesDone = FlushesAsked;
+  }
+  Flushed.notify_all();
 }
 
 // The writer thread holds CountsMutex across each batch's SQLite and file
@@ -802,14 +809,21 @@ void TraceWriter::pauseForFork() { CountsMutex.lock(); }
 void TraceWriter::resumeAfterFork() { CountsMutex.unlock(); }
 
 Error TraceWriter::flush() {
-  if (!Worker.joinable())
-    return Error::success();
+  {
+    // Closing, or closed, or a forked child's copy (whose thread is the
+    // parent's): close() writes everything, or nothing is this process's.
+    std::lock_guard<std::mutex> Lock(Mutex);
+    if (Closing || WriterExited || ::getpid() != OwnerProcess)
+      return Error::success();
+  }
   collectThreadChunks(/*Close=*/false);
   {
     std::unique_lock<std::mutex> Lock(Mutex);
+    if (Closing || WriterExited)
+      return Error::success(); // close() began meanwhile: it writes everything
     uint64_t Ticket = ++FlushesAsked;
     Wake.notify_one();
-    Flushed.wait(Lock, [&] { return FlushesDone >= Ticket; });
+    Flushed.wait(Lock, [&] { return FlushesDone >= Ticket || WriterExited; });
   }
   std::lock_guard<std::mutex> Lock(CountsMutex);
   if (FailureMessage.empty())

@@ -730,14 +730,23 @@ def _writing_out_first(real):
     @functools.wraps(real)
     def exec_after_writing_out(*args, **kwargs):
         state = _state
-        if state is not None and state.started and state.start_ok:
+        traced = state is not None and state.started and state.start_ok
+        if traced:
             try:
                 error = torch.ops.ekka.flush()
                 if error:
                     print(f"ekka-trace: {error}", file=sys.stderr)
             except Exception:  # the exec must happen as it would untraced
                 pass
-        return real(*args, **kwargs)
+        try:
+            return real(*args, **kwargs)
+        except BaseException:
+            if traced:  # it failed: the trace is open again
+                try:
+                    torch.ops.ekka.exec_failed()
+                except Exception:
+                    pass
+            raise
     return exec_after_writing_out
 
 

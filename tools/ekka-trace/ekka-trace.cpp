@@ -256,8 +256,10 @@ struct Totals {
 
   void add(TraceReader &R) {
     ++Traces;
-    // Written when tracing stops: without it, the process ended first.
-    if (!R.meta().count("lost_records"))
+    // Written when tracing stops (or before an exec, "pending" again if the
+    // exec failed): without it, the process ended first.
+    auto Lost = R.meta().find("lost_records");
+    if (Lost == R.meta().end() || StringRef(Lost->second).starts_with("pending"))
       ++Unclosed;
     auto C = R.moduleCalls();
     auto O = R.ops();

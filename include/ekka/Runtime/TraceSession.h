@@ -75,6 +75,11 @@ std::string stopTrace();
 /// would, and, if the exec fails, goes on in the same trace. Returns an
 /// error message starting with "error: ", or empty.
 std::string flushTrace();
+/// After flushTrace() for an exec that failed: the program goes on in the
+/// trace, open again, which meta lost_records says ("pending: ...") until
+/// tracing stops, so that a program that then ends without stopping leaves
+/// a trace that reads as not closed.
+void reopenAfterFailedExec();
 
 } // namespace ekka
 

@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unistd.h>
 #include <tuple>
 #include <variant>
 #include <vector>
@@ -217,6 +218,10 @@ private:
   /// flush() calls asked for and done, in order; Flushed tells them.
   uint64_t FlushesAsked = 0, FlushesDone = 0;
   std::condition_variable Flushed;
+  bool WriterExited = false; ///< The writer's thread has left its loop.
+  /// The process whose thread writes: a forked child has a copy of this
+  /// writer, without the thread.
+  const pid_t OwnerProcess = ::getpid();
   std::thread Worker;
   /// Tells this writer's thread buffers from those of an earlier writer at
   /// the same address.
