@@ -471,6 +471,9 @@ void recordKernelSnapshots(Session &S, OpContext &Ctx) {
 
 std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn);
 void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw);
+/// A forked child has an op observer of its parent's session: see below.
+extern std::atomic<bool> StaleObserverPending;
+void removeStaleObserver();
 
 } // namespace
 
@@ -520,7 +523,12 @@ bool pythonRunning() {
 
 std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn) {
   Session *S = Current;
-  if (!S || InsideEkka)
+  if (!S) {
+    if (StaleObserverPending.load(std::memory_order_relaxed))
+      removeStaleObserver();
+    return nullptr;
+  }
+  if (InsideEkka)
     return nullptr;
   std::string_view Name = Fn.name();
   if (Name.substr(0, 6) == "ekka::")
@@ -647,17 +655,36 @@ void resumeWriterInParent() {
 }
 
 /// The op observer of the session a forked child forgot: still registered
-/// there (the callbacks are the process's), and removed when the child
-/// starts a trace of its own, which would otherwise see every op twice. Not
-/// in the fork handler: removing takes a lock of PyTorch's that another
-/// thread of the parent may have held at the fork.
+/// there (the callbacks are the process's). Removed at the child's first op
+/// (where it would otherwise take every op's inputs and outputs for
+/// nothing, in a DataLoader worker say), or when the child starts a trace
+/// of its own (which would see every op twice). Not in the fork handler:
+/// removing takes a lock of PyTorch's that another thread of the parent may
+/// have held at the fork.
 std::optional<at::CallbackHandle> StaleObserver;
+std::atomic<bool> StaleObserverPending{false};
+
+/// Under SessionMutex.
+void removeStaleObserverLocked() {
+  if (StaleObserver)
+    at::removeCallback(*StaleObserver);
+  StaleObserver.reset();
+  StaleObserverPending = false;
+}
+
+void removeStaleObserver() {
+  std::lock_guard<std::mutex> Lock(SessionMutex);
+  if (!Current)
+    removeStaleObserverLocked();
+}
 
 void forgetSessionInChild() {
   if (ForkingSession) {
     ForkingSession->Writer->resumeAfterFork(); // unlocked: the child never writes with it
-    if (ForkingSession->Observer)
+    if (ForkingSession->Observer) {
       StaleObserver = ForkingSession->Observer;
+      StaleObserverPending = true;
+    }
   }
   ForkingSession = nullptr;
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
@@ -875,10 +902,7 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
   W.setMeta("gpu_kernels", Kernels);
   if (Kernels.find("another CUPTI subscriber") != std::string::npos)
     std::fprintf(stderr, "ekka-trace: warning: GPU kernels %s\n", Kernels.c_str());
-  if (StaleObserver) {
-    at::removeCallback(*StaleObserver);
-    StaleObserver.reset();
-  }
+  removeStaleObserverLocked();
   S->Observer = at::addGlobalCallback(
       at::RecordFunctionCallback(onOpStart, onOpEnd)
           .needsInputs(true)
