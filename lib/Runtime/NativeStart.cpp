@@ -264,6 +264,16 @@ __attribute__((constructor)) void findExecCalls() {
   findNext(Libc.Fexecve, "fexecve");
 }
 
+/// The C library's exec call in \p Slot (named \p Name) on \p A, the
+/// trace written out before it and open again if it returns (failed).
+template <typename Fn, typename... Args> int execAround(Fn &Slot, const char *Name, Args... A) {
+  beforeExec();
+  findNext(Slot, Name);
+  int Result = Slot(A...);
+  afterFailedExec();
+  return Result;
+}
+
 /// How many arguments a list form of exec has: \p First, those after it,
 /// and the null that ends them.
 size_t countListArguments(const char *First, va_list Args) {
@@ -280,43 +290,23 @@ size_t countListArguments(const char *First, va_list Args) {
 // own. The list forms go through the vector ones, their arguments on the
 // stack, as the C library's do.
 extern "C" int execve(const char *Path, char *const Argv[], char *const Envp[]) {
-  beforeExec();
-  findNext(Libc.Execve, "execve");
-  int Result = Libc.Execve(Path, Argv, Envp);
-  afterFailedExec();
-  return Result;
+  return execAround(Libc.Execve, "execve", Path, Argv, Envp);
 }
 
 extern "C" int execv(const char *Path, char *const Argv[]) {
-  beforeExec();
-  findNext(Libc.Execv, "execv");
-  int Result = Libc.Execv(Path, Argv);
-  afterFailedExec();
-  return Result;
+  return execAround(Libc.Execv, "execv", Path, Argv);
 }
 
 extern "C" int execvp(const char *File, char *const Argv[]) {
-  beforeExec();
-  findNext(Libc.Execvp, "execvp");
-  int Result = Libc.Execvp(File, Argv);
-  afterFailedExec();
-  return Result;
+  return execAround(Libc.Execvp, "execvp", File, Argv);
 }
 
 extern "C" int execvpe(const char *File, char *const Argv[], char *const Envp[]) {
-  beforeExec();
-  findNext(Libc.Execvpe, "execvpe");
-  int Result = Libc.Execvpe(File, Argv, Envp);
-  afterFailedExec();
-  return Result;
+  return execAround(Libc.Execvpe, "execvpe", File, Argv, Envp);
 }
 
 extern "C" int fexecve(int Fd, char *const Argv[], char *const Envp[]) {
-  beforeExec();
-  findNext(Libc.Fexecve, "fexecve");
-  int Result = Libc.Fexecve(Fd, Argv, Envp);
-  afterFailedExec();
-  return Result;
+  return execAround(Libc.Fexecve, "fexecve", Fd, Argv, Envp);
 }
 
 /// The arguments of a list form of exec, \p First and those after it up to
