@@ -30,6 +30,7 @@
 
 #include <ATen/Context.h>
 
+#include <alloca.h>
 #include <atomic>
 #include <cerrno>
 #include <cstdarg>
@@ -41,7 +42,6 @@
 #include <glob.h>
 #include <string>
 #include <unistd.h>
-#include <alloca.h>
 
 namespace {
 
@@ -204,6 +204,9 @@ bool tracesThisProcess() {
   return ekka::reachesLibTorch("/proc/self/exe", loadedFile);
 }
 
+/// Whether this process is the one whose main is traced, inside it.
+bool mainTracedHere() { return ::getpid() == TracedProcess.load() && InMain.load(); }
+
 /// Before an exec of the traced process: everything recorded is written
 /// (flushTrace), with what a stop writes of the trace, so that the trace is
 /// as whole as a stop leaves it; if the exec fails, the program goes on in
@@ -211,7 +214,7 @@ bool tracesThisProcess() {
 /// InMain too, and no trace), or a vforked one, whose memory is the
 /// parent's. Not for an exec from a signal handler (it writes files).
 void beforeExec() {
-  if (::getpid() != TracedProcess.load() || !InMain.load())
+  if (!mainTracedHere())
     return;
   std::string Error;
   try {
@@ -228,7 +231,7 @@ void beforeExec() {
 /// After an exec of the traced process that returned (failed): the trace
 /// is open again (beforeExec wrote it out as if closed).
 void afterFailedExec() {
-  if (::getpid() != TracedProcess.load() || !InMain.load())
+  if (!mainTracedHere())
     return;
   int Errno = errno;
   try {

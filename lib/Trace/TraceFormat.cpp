@@ -95,30 +95,12 @@ StringRef dtypeName(DType T) {
 }
 
 std::optional<DType> parseDType(StringRef Name) {
-  return StringSwitch<std::optional<DType>>(Name)
-      .Case("BOOL", DType::Bool)
-      .Case("U8", DType::U8)
-      .Case("I8", DType::I8)
-      .Case("I16", DType::I16)
-      .Case("U16", DType::U16)
-      .Case("I32", DType::I32)
-      .Case("U32", DType::U32)
-      .Case("I64", DType::I64)
-      .Case("U64", DType::U64)
-      .Case("F16", DType::F16)
-      .Case("BF16", DType::BF16)
-      .Case("F32", DType::F32)
-      .Case("F64", DType::F64)
-      .Case("F8_E4M3", DType::F8E4M3)
-      .Case("F8_E5M2", DType::F8E5M2)
-      .Case("C32", DType::C32)
-      .Case("C64", DType::C64)
-      .Case("C128", DType::C128)
-      .Case("F8_E4M3FNUZ", DType::F8E4M3FNUZ)
-      .Case("F8_E5M2FNUZ", DType::F8E5M2FNUZ)
-      .Case("F8_E8M0", DType::F8E8M0)
-      .Case("F4", DType::F4)
-      .Default(std::nullopt);
+  // dtypeName is the one list of names (its switch covers every type);
+  // F4 is the last type.
+  for (int I = 0; I <= int(DType::F4); ++I)
+    if (dtypeName(DType(I)) == Name)
+      return DType(I);
+  return std::nullopt;
 }
 
 unsigned dtypeBits(DType T) {

@@ -42,7 +42,7 @@ llvm::StringRef traceSchema();
 /// its 4-bit elements, as safetensors' does (torch's counts bytes).
 enum class DType {
   Bool, U8, I8, I16, U16, I32, U32, I64, U64, F16, BF16, F32, F64, F8E4M3, F8E5M2,
-  C32, C64, C128, F8E4M3FNUZ, F8E5M2FNUZ, F8E8M0, F4
+  C32, C64, C128, F8E4M3FNUZ, F8E5M2FNUZ, F8E8M0, F4 // new types before F4: parseDType's end
 };
 
 /// "F32", "BF16", "F8_E4M3", "C64", "F4", ...
