@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <bitset>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -38,10 +39,15 @@ struct CuptiApi {
   decltype(&cuptiUnsubscribe) Unsubscribe = nullptr;
   decltype(&cuptiEnableCallback) EnableCallback = nullptr;
   decltype(&cuptiGetResultString) ResultString = nullptr;
+  decltype(&cuptiGetCallbackName) CallbackName = nullptr; ///< Optional.
 };
 
 CuptiApi Api;
 void *Library = nullptr;
+/// The callbacks enabled for calls that write device memory without a
+/// launch (precedesDeviceStatistics), by domain: runtime, driver.
+std::bitset<2048> WriteCallbacks[2];
+std::atomic<bool> SeesWrites{false};
 CUpti_SubscriberHandle Subscriber = nullptr;
 thread_local LaunchDeduplicator Dedup;
 
@@ -277,6 +283,14 @@ void onCallbackImpl(CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid, const vo
   LaunchDomain D = Domain == CUPTI_CB_DOMAIN_RUNTIME_API ? LaunchDomain::RuntimeApi
                                                          : LaunchDomain::DriverApi;
   const auto *Info = static_cast<const CUpti_CallbackData *>(Data);
+  if (Cbid < WriteCallbacks[0].size() && WriteCallbacks[D == LaunchDomain::DriverApi][Cbid]) {
+    // A copy, a set, a graph's launch, a capture's start: what may write
+    // to tensors whose statistics wait, or capture their launch, goes
+    // after them.
+    if (Info->callbackSite == CUPTI_API_ENTER)
+      beforeDeviceWrite();
+    return;
+  }
   auto Decode = [&] {
     return decodeLaunch(D, Cbid, Info->functionParams, Info->symbolName, Info->correlationId);
   };
@@ -290,6 +304,7 @@ void onCallbackImpl(CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid, const vo
     }
     return;
   }
+  beforeDeviceWrite();
   if (!Dedup.enter(D)) {
     // A launch underneath a recorded runtime launch: the same kernel, which
     // may tell its parameters (a driver launch, by CUfunction) when the
@@ -351,13 +366,35 @@ std::string startKernelTracing(const std::string &Path) {
     Subscriber = nullptr;
     return "not traced: no launch callback could be enabled";
   }
+  // The calls that write device memory without a launch (or start a
+  // capture), by their names.
+  load(Api.CallbackName, "cuptiGetCallbackName");
+  bool Writes = false;
+  for (auto [Domain, Index] : {std::pair{CUPTI_CB_DOMAIN_RUNTIME_API, 0},
+                               std::pair{CUPTI_CB_DOMAIN_DRIVER_API, 1}}) {
+    WriteCallbacks[Index].reset();
+    LaunchDomain Launch = Index ? LaunchDomain::DriverApi : LaunchDomain::RuntimeApi;
+    for (uint32_t Cbid = 1; Api.CallbackName && Cbid < WriteCallbacks[Index].size(); ++Cbid) {
+      const char *Name = nullptr;
+      if (isLaunchCallback(Launch, Cbid) ||
+          Api.CallbackName(Domain, Cbid, &Name) != CUPTI_SUCCESS || !precedesDeviceStatistics(Name) ||
+          Api.EnableCallback(1, Subscriber, Domain, Cbid) != CUPTI_SUCCESS)
+        continue;
+      WriteCallbacks[Index].set(Cbid);
+      Writes = true;
+    }
+  }
+  SeesWrites = Writes;
   return "traced";
 }
+
+bool kernelTracingSeesWrites() { return SeesWrites.load(); }
 
 std::string stopKernelTracing() {
   if (Subscriber)
     Api.Unsubscribe(Subscriber);
   Subscriber = nullptr;
+  SeesWrites = false;
   std::lock_guard<std::mutex> Lock(DriverMutex);
   std::string Report;
   uint64_t NestedDriver = NestedDriverLaunches.exchange(0);
@@ -377,6 +414,7 @@ std::string startKernelTracing(const std::string &) {
   return "not traced: this runtime was built without CUPTI headers";
 }
 std::string stopKernelTracing() { return ""; }
+bool kernelTracingSeesWrites() { return false; }
 
 #endif
 

@@ -51,22 +51,56 @@ __device__ Acc reduceBlock(Acc A) {
   return Block;
 }
 
-/// The statistics of \p X into \p Out. With several blocks each writes its
-/// partials into \p Partials and counts itself in \p Counter (zero before);
-/// the last one reduces them, and sets the counter back to zero.
+/// The kernel's parameters: the tensors of one launch.
+struct Batch {
+  const void *Data[MaxItems];
+  int64_t N[MaxItems];
+  uint32_t FirstBlock[MaxItems + 1]; ///< planBlocks'
+  uint32_t Slot[MaxItems];           ///< Each tensor's slot of the ring.
+  uint8_t Type[MaxItems];            ///< DeviceStatsType
+  int Count;
+};
+
+/// This thread's elements of \p X: block \p Local of \p Blocks, the
+/// elements grid-strided.
 template <typename T>
-__global__ void __launch_bounds__(Threads)
-    stats(const T *X, int64_t N, double *Partials, unsigned *Counter, double *Out) {
+__device__ Acc accumulate(const void *X, int64_t N, unsigned Local, unsigned Blocks) {
+  const T *Y = static_cast<const T *>(X);
   Acc A = start();
-  int64_t Stride = int64_t(gridDim.x) * Threads;
-  for (int64_t I = int64_t(blockIdx.x) * Threads + threadIdx.x; I < N; I += Stride)
-    add(A, load(X, I));
+  int64_t Stride = int64_t(Blocks) * Threads;
+  for (int64_t I = int64_t(Local) * Threads + threadIdx.x; I < N; I += Stride)
+    add(A, load(Y, I));
+  return A;
+}
+
+/// The statistics of each tensor of \p B into its slot of \p Results. A
+/// tensor of several blocks has each block write its partials into
+/// \p Partials (six doubles a block of the grid) and count itself in its
+/// slot's counter (zero before); its last block reduces them, and sets the
+/// counter back to zero.
+__global__ void __launch_bounds__(Threads)
+    stats(const Batch B, double *Partials, unsigned *Counters, double *Results) {
+  int Item = itemOfBlock(B.FirstBlock, B.Count, blockIdx.x);
+  unsigned First = B.FirstBlock[Item];
+  unsigned Blocks = B.FirstBlock[Item + 1] - First;
+  unsigned Local = blockIdx.x - First;
+  const void *X = B.Data[Item];
+  int64_t N = B.N[Item];
+  double *Out = Results + 8 * size_t(B.Slot[Item]);
+  Acc A;
+  switch (DeviceStatsType(B.Type[Item])) {
+  case DeviceStatsType::F32: A = accumulate<float>(X, N, Local, Blocks); break;
+  case DeviceStatsType::F64: A = accumulate<double>(X, N, Local, Blocks); break;
+  case DeviceStatsType::F16: A = accumulate<__half>(X, N, Local, Blocks); break;
+  default: A = accumulate<__nv_bfloat16>(X, N, Local, Blocks); break;
+  }
   A = reduceBlock(A);
-  if (gridDim.x == 1) {
+  if (Blocks == 1) {
     if (threadIdx.x == 0)
       finish(A, N, Out);
     return;
   }
+  unsigned *Counter = Counters + B.Slot[Item];
   __shared__ bool Last;
   if (threadIdx.x == 0) {
     double *P = Partials + 6 * int64_t(blockIdx.x);
@@ -77,43 +111,23 @@ __global__ void __launch_bounds__(Threads)
     P[4] = A.Nan;
     P[5] = A.Inf;
     __threadfence(); // the partials before the count
-    Last = atomicAdd(Counter, 1u) == gridDim.x - 1;
+    Last = atomicAdd(Counter, 1u) == Blocks - 1;
   }
   __syncthreads();
   if (!Last)
     return;
   __threadfence();
-  Acc B = start();
-  for (unsigned Block = threadIdx.x; Block < gridDim.x; Block += Threads) {
-    const double *P = Partials + 6 * int64_t(Block);
-    merge(B, Acc{__ldcg(P), __ldcg(P + 1), __ldcg(P + 2), __ldcg(P + 3), __ldcg(P + 4),
+  Acc C = start();
+  for (unsigned Block = threadIdx.x; Block < Blocks; Block += Threads) {
+    const double *P = Partials + 6 * (int64_t(First) + Block);
+    merge(C, Acc{__ldcg(P), __ldcg(P + 1), __ldcg(P + 2), __ldcg(P + 3), __ldcg(P + 4),
                  __ldcg(P + 5)});
   }
-  B = reduceBlock(B);
+  C = reduceBlock(C);
   if (threadIdx.x == 0) {
-    finish(B, N, Out);
+    finish(C, N, Out);
     *Counter = 0;
   }
-}
-
-template <typename T>
-int launch(const void *Data, int64_t N, double *Scratch, unsigned *Counter, double *Out,
-           cudaStream_t Stream) {
-  int Blocks = blocksFor(N);
-  stats<T><<<Blocks, Threads, 0, Stream>>>(static_cast<const T *>(Data), N, Scratch, Counter,
-                                             Out);
-  return cudaGetLastError();
-}
-
-int launch(DeviceStatsType Type, const void *Data, int64_t N, double *Scratch, unsigned *Counter,
-           double *Out, cudaStream_t S) {
-  switch (Type) {
-  case DeviceStatsType::F32: return launch<float>(Data, N, Scratch, Counter, Out, S);
-  case DeviceStatsType::F64: return launch<double>(Data, N, Scratch, Counter, Out, S);
-  case DeviceStatsType::F16: return launch<__half>(Data, N, Scratch, Counter, Out, S);
-  case DeviceStatsType::BF16: return launch<__nv_bfloat16>(Data, N, Scratch, Counter, Out, S);
-  }
-  return cudaErrorInvalidValue;
 }
 
 /// A device's slots of pinned memory for results (eight doubles each, six
@@ -139,19 +153,13 @@ constexpr int MaxDevices = 64;
 Ring *const Rings = new Ring[MaxDevices];
 
 /// Sets up \p R at its device's first statistics, on \p Stream (the
-/// counters are zeroed there, and waited for, once). The kernels are
-/// loaded now rather than at their first launch (CUDA loads modules
-/// lazily), which also tells whether this GPU has an image of them.
+/// counters are zeroed there, and waited for, once). The kernel is
+/// loaded now rather than at its first launch (CUDA loads modules
+/// lazily), which also tells whether this GPU has an image of it.
 cudaError_t setUp(Ring &R, cudaStream_t Stream) {
   void *Host = nullptr, *View = nullptr, *Counters = nullptr;
   cudaFuncAttributes Attributes;
-  cudaError_t E = cudaFuncGetAttributes(&Attributes, stats<float>);
-  if (!E)
-    E = cudaFuncGetAttributes(&Attributes, stats<double>);
-  if (!E)
-    E = cudaFuncGetAttributes(&Attributes, stats<__half>);
-  if (!E)
-    E = cudaFuncGetAttributes(&Attributes, stats<__nv_bfloat16>);
+  cudaError_t E = cudaFuncGetAttributes(&Attributes, stats);
   if (!E)
     E = cudaHostAlloc(&Host, Ring::Slots * 8 * sizeof(double),
                       cudaHostAllocMapped | cudaHostAllocPortable);
@@ -181,9 +189,15 @@ cudaError_t setUp(Ring &R, cudaStream_t Stream) {
 
 } // namespace
 
-int64_t deviceStatsScratch(int64_t N) {
-  int Blocks = blocksFor(N);
-  return Blocks == 1 ? 0 : 6 * int64_t(Blocks);
+int64_t deviceStatsScratch(const DeviceStatsItem *Items, int Count) {
+  int64_t Blocks = 0;
+  bool Several = false;
+  for (int I = 0; I < Count; ++I) {
+    int B = blocksFor(Items[I].N);
+    Blocks += B;
+    Several |= B > 1;
+  }
+  return Several ? 6 * Blocks : 0;
 }
 
 bool prepareDeviceStats(int Device, void *Stream) {
@@ -214,20 +228,29 @@ bool prepareDeviceStats(int Device, void *Stream) {
   return R.Usable;
 }
 
-bool enqueueDeviceStats(int Device, DeviceStatsType Type, const void *Data, int64_t N,
-                        double *Scratch, void *Stream, DeviceStatsTicket &Ticket) {
-  if (Device < 0 || Device >= MaxDevices)
+bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, double *Scratch,
+                        void *Stream, DeviceStatsTicket &Ticket) {
+  if (Device < 0 || Device >= MaxDevices || Count < 1 || Count > MaxItems)
     return false;
   Ring &R = Rings[Device];
   cudaStream_t S = static_cast<cudaStream_t>(Stream);
-  uint32_t Slot;
+  Batch B;
+  B.Count = Count;
+  int64_t Sizes[MaxItems];
+  for (int I = 0; I < Count; ++I) {
+    B.Data[I] = Items[I].Data;
+    B.N[I] = Sizes[I] = Items[I].N;
+    B.Type[I] = uint8_t(Items[I].Type);
+  }
+  uint32_t Blocks = planBlocks(Sizes, Count, B.FirstBlock);
+  std::vector<uint32_t> Slots;
   cudaEvent_t Event = nullptr;
   {
     std::lock_guard<std::mutex> Lock(R.Mutex);
-    if (!R.Usable || R.Free.empty())
+    if (!R.Usable || R.Free.size() < size_t(Count))
       return false;
-    Slot = R.Free.back();
-    R.Free.pop_back();
+    Slots.assign(R.Free.end() - Count, R.Free.end());
+    R.Free.resize(R.Free.size() - Count);
     if (!R.Events.empty()) {
       Event = R.Events.back();
       R.Events.pop_back();
@@ -235,29 +258,33 @@ bool enqueueDeviceStats(int Device, DeviceStatsType Type, const void *Data, int6
   }
   auto GiveBack = [&] {
     std::lock_guard<std::mutex> Lock(R.Mutex);
-    R.Free.push_back(Slot);
+    R.Free.insert(R.Free.end(), Slots.begin(), Slots.end());
     if (Event)
       R.Events.push_back(Event);
   };
+  for (int I = 0; I < Count; ++I)
+    B.Slot[I] = Slots[I];
   if (!Event && cudaEventCreateWithFlags(&Event, cudaEventDisableTiming) != cudaSuccess) {
     cudaGetLastError();
     Event = nullptr;
     GiveBack();
     return false;
   }
-  if (launch(Type, Data, N, Scratch, R.Counters + Slot, R.DeviceView + 8 * size_t(Slot), S) !=
-      cudaSuccess) {
-    cudaGetLastError(); // nothing was enqueued (a GPU the kernel was not built for)
+  stats<<<Blocks, Threads, 0, S>>>(B, Scratch, R.Counters, R.DeviceView);
+  if (cudaGetLastError() != cudaSuccess) {
+    // Nothing was enqueued (a GPU the kernel was not built for).
     GiveBack();
     return false;
   }
   if (cudaEventRecord(Event, S) != cudaSuccess) {
-    // The kernel will write the slot: it is not given back.
+    // The kernel will write the slots: they are not given back.
     cudaGetLastError();
     cudaEventDestroy(Event);
     return false;
   }
-  Ticket = {Device, Slot, Event};
+  Ticket.Device = Device;
+  Ticket.Slots = std::move(Slots);
+  Ticket.Event = Event;
   return true;
 }
 
@@ -270,19 +297,21 @@ const char *deviceStatsUnavailable() {
   return nullptr;
 }
 
-bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double Values[6]) {
+bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double *Values) {
   Ring &R = Rings[Ticket.Device];
   cudaEvent_t Event = static_cast<cudaEvent_t>(Ticket.Event);
   bool Ok = cudaEventSynchronize(Event) == cudaSuccess;
   if (Ok) {
-    const volatile double *Slot = R.Host + 8 * size_t(Ticket.Slot);
-    for (int I = 0; I < 6; ++I)
-      Values[I] = Slot[I];
+    for (size_t I = 0; I < Ticket.Slots.size(); ++I) {
+      const volatile double *Slot = R.Host + 8 * size_t(Ticket.Slots[I]);
+      for (int J = 0; J < 6; ++J)
+        Values[6 * I + J] = Slot[J];
+    }
   } else {
     cudaGetLastError();
   }
   std::lock_guard<std::mutex> Lock(R.Mutex);
-  R.Free.push_back(Ticket.Slot);
+  R.Free.insert(R.Free.end(), Ticket.Slots.begin(), Ticket.Slots.end());
   R.Events.push_back(Event);
   return Ok;
 }

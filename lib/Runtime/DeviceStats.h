@@ -4,10 +4,12 @@
 // and a stack, each a kernel launch, plus a pinned buffer, a copy and an
 // event: about 380 us of the program's time a tensor on an H200 machine,
 // where each CUDA call costs several microseconds, which made a traced
-// Llama forward 6x slower. Here they are one pass over the tensor in one
-// kernel launch (the last block to finish sums the blocks' partials in a
-// fixed order: the result does not depend on scheduling), written straight
-// into a ring of pinned memory, and one event record from a pool.
+// Llama forward 6x slower. Here they are one pass over each tensor, for up
+// to devicestats::MaxItems tensors in one kernel launch (for each tensor,
+// the last of its blocks to finish sums its blocks' partials in a fixed
+// order: the result depends neither on scheduling nor on the other tensors
+// of the launch), written straight into a ring of pinned memory, and one
+// event record from a pool for the launch.
 //
 // Built with nvcc when it is found (EKKA_HAVE_DEVICE_STATS); without it, or
 // for a GPU the kernels were not built for, the ATen reductions remain.
@@ -18,19 +20,28 @@
 #define EKKA_LIB_RUNTIME_DEVICESTATS_H
 
 #include <cstdint>
+#include <vector>
 
 namespace ekka {
 
 enum class DeviceStatsType { F32, F64, F16, BF16 };
 
-/// Doubles of device scratch the statistics of \p N elements need (0: none).
-int64_t deviceStatsScratch(int64_t N);
+/// One tensor of a launch: \p N contiguous elements of type \p Type at
+/// \p Data, in device memory.
+struct DeviceStatsItem {
+  DeviceStatsType Type = DeviceStatsType::F32;
+  const void *Data = nullptr;
+  int64_t N = 0;
+};
 
-/// Statistics in flight: the slot of pinned memory that the kernel writes
-/// and the event recorded after it.
+/// Doubles of device scratch a launch for \p Items needs (0: none).
+int64_t deviceStatsScratch(const DeviceStatsItem *Items, int Count);
+
+/// Statistics in flight: the slots of pinned memory that the kernel writes,
+/// one a tensor, and the event recorded after it.
 struct DeviceStatsTicket {
   int Device = -1;
-  uint32_t Slot = 0;
+  std::vector<uint32_t> Slots;
   void *Event = nullptr;
 };
 
@@ -40,22 +51,23 @@ struct DeviceStatsTicket {
 bool prepareDeviceStats(int Device, void *Stream);
 
 /// Enqueues on \p Stream (a cudaStream_t of device \p Device, which is
-/// current) the statistics of the \p N contiguous elements at \p Data: sum,
-/// sum of squares, min and max (both skipping NaNs; NaN if all are), NaN
-/// count and infinity count. One kernel, which writes the six doubles into a
-/// slot of the device's ring of pinned memory (prepareDeviceStats first),
-/// and an event from a pool.
-/// \p Scratch holds deviceStatsScratch(N) doubles of device memory,
-/// untouched until the kernel ran. False when nothing was enqueued (no free
-/// slot, a GPU the kernel was not built for, a CUDA error): the caller
-/// computes them otherwise.
-bool enqueueDeviceStats(int Device, DeviceStatsType Type, const void *Data, int64_t N,
-                        double *Scratch, void *Stream, DeviceStatsTicket &Ticket);
+/// current) the statistics of \p Count tensors (1 to devicestats::MaxItems):
+/// for each, sum, sum of squares, min and max (both skipping NaNs; NaN if
+/// all are), NaN count and infinity count. One kernel, which writes each
+/// tensor's six doubles into a slot of the device's ring of pinned memory
+/// (prepareDeviceStats first), and an event from a pool.
+/// \p Scratch holds deviceStatsScratch(Items, Count) doubles of device
+/// memory, untouched until the kernel ran. False when nothing was enqueued
+/// (not enough free slots, a GPU the kernel was not built for, a CUDA
+/// error): the caller computes them otherwise.
+bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, double *Scratch,
+                        void *Stream, DeviceStatsTicket &Ticket);
 
-/// Waits for \p Ticket's kernel and gives its six doubles; frees the slot
-/// and the event. Exactly once per ticket. False on a CUDA error (a fault
-/// in the program's own kernels makes every later wait fail).
-bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double Values[6]);
+/// Waits for \p Ticket's kernel and gives each tensor's six doubles, in
+/// the launch's order, into \p Values (6 per tensor); frees the slots and
+/// the event. Exactly once per ticket. False on a CUDA error (a fault in
+/// the program's own kernels makes every later wait fail).
+bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double *Values);
 
 /// Why the kernel could not be set up on a device, if it could not (a CUDA
 /// error's description); else null.

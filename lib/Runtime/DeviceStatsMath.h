@@ -35,6 +35,39 @@ EKKA_HOST_DEVICE inline int blocksFor(int64_t N) {
   return int(Blocks < 1 ? 1 : Blocks > MaxBlocks ? MaxBlocks : Blocks);
 }
 
+/// Tensors one launch computes the statistics of, at most: their pointers,
+/// sizes and first blocks are the kernel's parameters (2.4 KB of the 4 KB
+/// every GPU takes).
+constexpr int MaxItems = 96;
+
+/// The grid of one launch for \p Count tensors of \p N elements each:
+/// tensor I takes blocks FirstBlock[I] to FirstBlock[I + 1] - 1, as many
+/// as blocksFor gives it alone, so that its statistics are added in the
+/// same order as in a launch of its own. Returns the grid's size.
+EKKA_HOST_DEVICE inline uint32_t planBlocks(const int64_t *N, int Count, uint32_t *FirstBlock) {
+  uint32_t Next = 0;
+  for (int I = 0; I < Count; ++I) {
+    FirstBlock[I] = Next;
+    Next += uint32_t(blocksFor(N[I]));
+  }
+  FirstBlock[Count] = Next;
+  return Next;
+}
+
+/// The tensor that block \p Block of the grid planBlocks planned works on:
+/// the last I with FirstBlock[I] <= Block (every tensor has a block).
+EKKA_HOST_DEVICE inline int itemOfBlock(const uint32_t *FirstBlock, int Count, uint32_t Block) {
+  int Low = 0, High = Count - 1;
+  while (Low < High) {
+    int Mid = (Low + High + 1) / 2;
+    if (FirstBlock[Mid] <= Block)
+      Low = Mid;
+    else
+      High = Mid - 1;
+  }
+  return Low;
+}
+
 /// A running sum, sum of squares, min and max of the non-NaN elements, and
 /// the NaN and infinity counts (as doubles: exact below 2^53).
 struct Acc {

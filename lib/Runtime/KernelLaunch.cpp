@@ -6,6 +6,7 @@
 #include <cupti.h>
 
 #include <cstring>
+#include <string_view>
 
 namespace ekka {
 
@@ -104,6 +105,19 @@ bool isLaunchCallback(LaunchDomain Domain, uint32_t Cbid) {
          Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz ||
          Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx ||
          Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz;
+}
+
+bool precedesDeviceStatistics(const char *CallbackName) {
+  if (!CallbackName)
+    return false;
+  std::string_view Name(CallbackName);
+  if (Name.substr(0, 2) != "cu")
+    return false;
+  for (const char *What : {"Memcpy", "Memset", "GraphLaunch", "WriteValue", "BatchMemOp",
+                           "BeginCapture"})
+    if (Name.find(What) != std::string_view::npos)
+      return true;
+  return false;
 }
 
 std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,

@@ -20,6 +20,11 @@ namespace ekka {
 int64_t recordKernelLaunch(const KernelLaunch &Launch,
                            const std::vector<PointerArgument> &Pointers = {});
 void snapshotKernelBuffers();
+/// Before a kernel launch, a copy, a set or a graph's launch (CUPTI's API
+/// entry, before anything else): one made outside any op may write to the
+/// GPU tensors whose statistics wait for their launch (DeviceStatsBatcher),
+/// which are launched first.
+void beforeDeviceWrite();
 /// More pointer parameters of the launch recorded last on this thread (the
 /// driver launch a runtime launch makes underneath, when the runtime's own
 /// parameters gave none).
@@ -71,6 +76,9 @@ std::string startKernelTracing(const std::string &Path);
 /// Unsubscribes; returns why launches in captured ops had no buffers
 /// snapshotted ("" if none was missed).
 std::string stopKernelTracing();
+/// Whether the kernel tracing started sees the calls that write device
+/// memory without a launch (copies, sets, graph launches) too.
+bool kernelTracingSeesWrites();
 
 } // namespace ekka
 

@@ -8,6 +8,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
@@ -441,78 +442,225 @@ std::optional<DeviceStatsType> deviceStatsType(const at::Tensor &T) {
 }
 #endif
 
-/// Statistics that this library's own kernel computes (DeviceStats.h):
-/// waited for once, on the writer's thread, or when dropped unread.
-class KernelStats {
-public:
-  explicit KernelStats(const DeviceStatsTicket &Ticket) : Ticket(Ticket) {}
-  KernelStats(const KernelStats &) = delete;
-  KernelStats &operator=(const KernelStats &) = delete;
-  ~KernelStats() {
-    TensorStats Unread;
-    await(Unread); // the slot is reused only once the kernel is done
-  }
-  bool await(TensorStats &S) {
 #if EKKA_HAVE_DEVICE_STATS
-    if (std::exchange(Awaited, true))
-      return false;
-    double V[6];
-    IgnoringOtherThreadsCaptures Waiting;
-    if (!awaitDeviceStats(Ticket, V))
-      return false;
-    S = statsOfDoubles(V);
-    return true;
-#else
-    return false;
-#endif
+/// The statistics of one launch of this library's kernel (DeviceStats.h):
+/// waited for once, by the first to need them, or when dropped unread (the
+/// slots are reused only once the kernel is done). Its scratch is freed
+/// then too.
+class StatsLaunch : public DeviceStatsBatcher::Launch {
+public:
+  StatsLaunch(DeviceStatsTicket Ticket, at::Tensor Scratch)
+      : Ticket(std::move(Ticket)), Scratch(std::move(Scratch)) {}
+  ~StatsLaunch() override { wait(); }
+  std::optional<TensorStats> stats(size_t I) override {
+    wait();
+    if (!Ok || I >= Ticket.Slots.size())
+      return std::nullopt;
+    return statsOfDoubles(&Values[6 * I]);
   }
 
 private:
-  DeviceStatsTicket Ticket;
-  bool Awaited = false;
-};
-
-/// \p T's statistics by this library's own kernel, in the stream order of
-/// \p Stream. Null where it cannot (built without nvcc, an element type or
-/// a GPU the kernel does not take, no free slot): nothing was enqueued then.
-/// \p OutOfMemory: its few bytes of scratch could not be had (ATen's
-/// reductions, which need more, are not tried then).
-std::shared_ptr<KernelStats> statsByKernel(const at::Tensor &T, const c10::Stream &Stream,
-                                           bool &OutOfMemory) {
-#if EKKA_HAVE_DEVICE_STATS
-  std::optional<DeviceStatsType> Type = deviceStatsType(T);
-  if (!Type || T.layout() != at::kStrided || Stream.device_type() != c10::DeviceType::CUDA ||
-      !prepareDeviceStats(T.device().index(), Stream.native_handle()))
-    return nullptr;
-  TracerTimer Submit(TracerPart::DeviceSubmit);
-  at::Tensor X, Scratch;
-  int64_t N = 0;
-  const void *Data = nullptr;
-  try {
-    at::Tensor V = realValues(T);
-    X = V.is_contiguous() ? V : V.detach().contiguous();
-    N = X.numel();
-    Data = X.const_data_ptr();
-    if (int64_t Doubles = deviceStatsScratch(N))
-      Scratch = at::empty({Doubles}, X.options().dtype(at::kDouble));
-  } catch (const c10::OutOfMemoryError &) {
-    OutOfMemory = true;
-    return nullptr;
-  } catch (const std::exception &) {
-    return nullptr; // no data pointer of its own: the reductions may take it
+  void wait() {
+    std::call_once(Waited, [&] {
+      Values.resize(6 * Ticket.Slots.size());
+      IgnoringOtherThreadsCaptures Waiting;
+      Ok = awaitDeviceStats(Ticket, Values.data());
+    });
   }
   DeviceStatsTicket Ticket;
-  if (!enqueueDeviceStats(T.device().index(), *Type, Data, N,
+  at::Tensor Scratch;
+  std::once_flag Waited;
+  bool Ok = false;
+  std::vector<double> Values;
+};
+#endif
+
+} // namespace
+
+at::Tensor kernelStatsValues(const at::Tensor &T, c10::Stream &Stream, bool &OutOfMemory) {
+#if EKKA_HAVE_DEVICE_STATS
+  if (!deviceStatsType(T) || T.layout() != at::kStrided || !T.is_cuda())
+    return at::Tensor();
+  Stream = c10::impl::getDeviceGuardImpl(T.device().type())->getStream(T.device());
+  if (!prepareDeviceStats(T.device().index(), Stream.native_handle()))
+    return at::Tensor();
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  try {
+    at::Tensor V = realValues(T);
+    return V.is_contiguous() ? V : V.detach().contiguous();
+  } catch (const c10::OutOfMemoryError &) {
+    OutOfMemory = true;
+  } catch (const std::exception &) {
+    // no data pointer of its own: ATen's reductions may take it
+  }
+#endif
+  return at::Tensor();
+}
+
+std::shared_ptr<DeviceStatsBatcher::Launch> launchDeviceStats(const std::vector<at::Tensor> &Values,
+                                                              const c10::Stream &Stream,
+                                                              DeviceStatsCounts &Counts) {
+#if EKKA_HAVE_DEVICE_STATS
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  TracerTimer Submit(TracerPart::DeviceSubmit);
+  // On any thread (the writer's too), while another may capture a graph in
+  // global mode: the scratch's allocation must not invalidate that capture.
+  IgnoringOtherThreadsCaptures NotTheirs;
+  c10::DeviceGuard OnDevice(Stream.device());
+  if (Values.empty() || Values.size() > DeviceStatsBatcher::MaxItems || streamCapturing(Stream))
+    return nullptr; // would become part of the graph
+  std::vector<DeviceStatsItem> Items;
+  for (const at::Tensor &V : Values)
+    Items.push_back({*deviceStatsType(V), V.const_data_ptr(), V.numel()});
+  at::Tensor Scratch;
+  if (int64_t Doubles = deviceStatsScratch(Items.data(), int(Items.size()))) {
+    c10::StreamGuard OnStream(Stream); // the block is the stream's, in its order
+    Scratch = at::empty({Doubles}, Values.front().options().dtype(at::kDouble));
+  }
+  DeviceStatsTicket Ticket;
+  if (!enqueueDeviceStats(Stream.device_index(), Items.data(), int(Items.size()),
                           Scratch.defined() ? Scratch.mutable_data_ptr<double>() : nullptr,
                           Stream.native_handle(), Ticket))
     return nullptr;
-  return std::make_shared<KernelStats>(Ticket);
+  ++Counts.KernelLaunches;
+  return std::make_shared<StatsLaunch>(std::move(Ticket), std::move(Scratch));
 #else
+  (void)Values, (void)Stream, (void)Counts;
   return nullptr;
 #endif
 }
 
-} // namespace
+std::shared_ptr<DeferredStats> DeviceStatsBatcher::defer(at::Tensor Values,
+                                                         const c10::Stream &Stream, bool Now) {
+  auto E = std::make_shared<Entry>(Stream);
+  E->Storage = Values.storage().unsafeGetStorageImpl();
+  E->Bytes = uint64_t(Values.numel()) * Values.element_size();
+  E->Values = std::move(Values);
+  // The entry does not hold its statistics (no cycle): the records do.
+  auto Stats = std::make_shared<DeferredStats>([this, E] { return await(E); });
+  E->Stats = Stats;
+  std::lock_guard<std::mutex> Lock(Mutex);
+  Held.push_back(E);
+  ++Unlaunched;
+  UnlaunchedBytes += E->Bytes;
+  HeldCount.store(Held.size(), std::memory_order_relaxed);
+  Waiting.store(Unlaunched, std::memory_order_relaxed);
+  if (Now || Stopped || Unlaunched >= MaxItems || UnlaunchedBytes >= MaxUnlaunchedBytes)
+    launchLocked();
+  return Stats;
+}
+
+void DeviceStatsBatcher::launchLocked() {
+  if (!Unlaunched)
+    return;
+  // By stream, each stream's in the order they were handed over.
+  std::vector<std::pair<c10::Stream, std::vector<std::shared_ptr<Entry>>>> Groups;
+  for (size_t I = Held.size() - Unlaunched; I < Held.size(); ++I) {
+    const std::shared_ptr<Entry> &E = Held[I];
+    auto It = std::find_if(Groups.begin(), Groups.end(),
+                           [&](const auto &G) { return G.first == E->Stream; });
+    if (It == Groups.end())
+      It = Groups.insert(Groups.end(), {E->Stream, {}});
+    It->second.push_back(E);
+  }
+  for (auto &[Stream, Entries] : Groups)
+    for (size_t First = 0; First < Entries.size(); First += MaxItems) {
+      size_t Count = std::min(MaxItems, Entries.size() - First);
+      std::vector<at::Tensor> Values;
+      for (size_t I = 0; I < Count; ++I)
+        Values.push_back(Entries[First + I]->Values);
+      std::shared_ptr<Launch> Batch;
+      try {
+        Batch = Launcher(Values, Stream);
+      } catch (...) {
+        // not launched: these go without statistics
+      }
+      for (size_t I = 0; I < Count; ++I) {
+        Entry &E = *Entries[First + I];
+        E.Batch = Batch;
+        E.Index = I;
+        E.Launched = true;
+      }
+    }
+  Unlaunched = 0;
+  UnlaunchedBytes = 0;
+  Waiting.store(0, std::memory_order_relaxed);
+  LaunchDone.notify_all();
+}
+
+std::optional<TensorStats> DeviceStatsBatcher::await(const std::shared_ptr<Entry> &E) {
+  {
+    std::unique_lock<std::mutex> Lock(Mutex);
+    if (!E->Launched && !LaunchDone.wait_for(Lock, Patience, [&] { return E->Launched; }))
+      launchLocked(); // nothing in the program launched them meanwhile
+  }
+  return E->Batch ? E->Batch->stats(E->Index) : std::nullopt;
+}
+
+void DeviceStatsBatcher::beforeWrite(const at::Tensor &T) {
+  if (!waiting() || !T.defined() || !T.has_storage())
+    return;
+  const c10::StorageImpl *Storage = T.storage().unsafeGetStorageImpl();
+  std::lock_guard<std::mutex> Lock(Mutex);
+  for (size_t I = Held.size() - Unlaunched; I < Held.size(); ++I)
+    if (Held[I]->Storage == Storage) {
+      launchLocked();
+      return;
+    }
+}
+
+void DeviceStatsBatcher::launchAll() {
+  if (!waiting())
+    return;
+  std::lock_guard<std::mutex> Lock(Mutex);
+  launchLocked();
+}
+
+void DeviceStatsBatcher::stop() {
+  std::lock_guard<std::mutex> Lock(Mutex);
+  Stopped = true;
+}
+
+void DeviceStatsBatcher::settleAll() {
+  std::vector<std::shared_ptr<DeferredStats>> All;
+  {
+    std::lock_guard<std::mutex> Lock(Mutex);
+    launchLocked();
+    for (const auto &E : Held)
+      if (auto Stats = E->Stats.lock())
+        All.push_back(std::move(Stats));
+  }
+  for (const auto &Stats : All)
+    Stats->resolve();
+}
+
+void DeviceStatsBatcher::releaseSettled() {
+  if (!holding())
+    return;
+  std::vector<std::shared_ptr<Entry>> Done;
+  {
+    std::lock_guard<std::mutex> Lock(Mutex);
+    size_t Launched = Held.size() - Unlaunched;
+    auto Kept = Held.begin();
+    for (size_t I = 0; I < Held.size(); ++I) {
+      auto Stats = Held[I]->Stats.lock();
+      if (I < Launched && (!Stats || Stats->settled())) {
+        Done.push_back(std::move(Held[I]));
+        continue;
+      }
+      if (Kept != Held.begin() + I)
+        *Kept = std::move(Held[I]);
+      ++Kept;
+    }
+    Held.erase(Kept, Held.end());
+    HeldCount.store(Held.size(), std::memory_order_relaxed);
+  }
+  // Outside the lock: a release may take the GIL.
+  for (const auto &E : Done)
+    E->Values.reset();
+}
 
 namespace {
 
@@ -543,22 +691,8 @@ std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
   if (N == 0)
     return [] { return std::optional<TensorStats>(TensorStats()); };
   c10::DeviceGuard OnDevice(T.device());
-  c10::Stream Stream = currentStream(T);
-  // One pass by our kernel where it can; else ATen's reductions, copied.
-  bool OutOfMemory = false;
-  if (std::shared_ptr<KernelStats> Kernel = statsByKernel(T, Stream, OutOfMemory)) {
-    ++Counts.ByKernel;
-    return [Kernel]() -> std::optional<TensorStats> {
-      TensorStats S;
-      if (!Kernel->await(S))
-        return std::nullopt;
-      return S;
-    };
-  }
-  if (OutOfMemory)
-    return [] { return std::optional<TensorStats>(); };
   TracerTimer Submit(TracerPart::DeviceSubmit);
-  auto [Host, Done] = copyToPinned(statsOnDevice(T), Stream);
+  auto [Host, Done] = copyToPinned(statsOnDevice(T), currentStream(T));
   ++Counts.ByReductions;
   return [Host, Done, N]() -> std::optional<TensorStats> {
     try {
@@ -594,7 +728,8 @@ std::string DeviceStatsCounts::describe() const {
   int64_t Kernel = ByKernel.load(), Reductions = ByReductions.load();
   if (!Kernel && !Reductions)
     return "";
-  std::string Out = std::to_string(Kernel) + " read back from Ekka's kernel, " +
+  std::string Out = std::to_string(Kernel) + " read back from Ekka's kernel (" +
+                    std::to_string(KernelLaunches.load()) + " launches), " +
                     std::to_string(Reductions) + " from ATen's reductions";
 #if EKKA_HAVE_DEVICE_STATS
   if (const char *Why = deviceStatsUnavailable())

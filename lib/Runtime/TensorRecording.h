@@ -8,12 +8,15 @@
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ekka {
 
@@ -138,16 +141,132 @@ void tensorBytes(const at::Tensor &T, std::string &Out);
 /// for, a runtime built without nvcc).
 struct DeviceStatsCounts {
   std::atomic<int64_t> ByKernel{0}, ByReductions{0};
+  /// The kernel's launches, for ByKernel tensors.
+  std::atomic<int64_t> KernelLaunches{0};
   /// Empty when there were none.
   std::string describe() const;
 };
 
-/// For a tensor on a GPU: its statistics, enqueued now in stream order (so,
-/// as the tensor is now, even if an op later changes it in place), without
-/// blocking the program. The function returned, run on the trace writer's
-/// thread, waits for them; none where the device did not deliver them. Not
-/// for a stream capturing a CUDA graph (capturingGraph(): the caller asks
-/// first).
+/// The GPU tensors whose statistics this library's kernel computes, several
+/// in one launch: a launch and an event record cost the program 10-45 us
+/// each on an H200 machine, so one launch for a forward's module outputs
+/// instead of one for each saves most of what the statistics cost there.
+///
+/// A tensor is handed over when a module or op returns it (what it was
+/// just written to be); its statistics are enqueued, in the order of its
+/// stream, before anything can write to it, which is before whichever
+/// comes first of:
+/// - an op that writes to its storage: the session's op observer calls
+///   beforeWrite() at the start of every op whose schema marks an argument
+///   written (`Tensor(a!)`), as for the CPU's DeferredStatsQueue;
+/// - a kernel launched outside any op (a Triton kernel called from Python,
+///   NCCL through ctypes, code torch.compile generated), which CUPTI's
+///   launch callback sees before the launch: the session hands tensors
+///   over only while it traces kernels;
+/// - the end of the root module's forward, the start of anything that must
+///   see them (a module input, which the program may have filled outside
+///   ops, is launched at once), and the end of tracing;
+/// - MaxItems tensors or MaxUnlaunchedBytes waiting;
+/// - the trace writer's thread needing them and waiting Patience in vain.
+/// A write that none of these sees (a cudaMemcpy into the tensor from a C
+/// extension, a GPU write through another process's mapping) between the
+/// hand-over and the launch would show in the statistics.
+///
+/// Tensors are held until their statistics are read, so that their memory
+/// is not reused meanwhile, and released on a program's thread only
+/// (releaseSettled), as DeferredStatsQueue does: the last reference may
+/// keep a Python object alive.
+class DeviceStatsBatcher {
+public:
+  /// The statistics of one launch's tensors.
+  class Launch {
+  public:
+    virtual ~Launch() = default;
+    /// The statistics of the launch's tensor \p I, once the device
+    /// delivered them (waited for); none if it did not.
+    virtual std::optional<TensorStats> stats(size_t I) = 0;
+  };
+  /// Enqueues the statistics of \p Values (contiguous tensors of one
+  /// device, at most MaxItems) on \p Stream; null when nothing was
+  /// enqueued.
+  using LaunchFn = std::function<std::shared_ptr<Launch>(const std::vector<at::Tensor> &Values,
+                                                         const c10::Stream &Stream)>;
+
+  explicit DeviceStatsBatcher(LaunchFn Launcher,
+                              std::chrono::milliseconds Patience = std::chrono::milliseconds(20))
+      : Launcher(std::move(Launcher)), Patience(Patience) {}
+  DeviceStatsBatcher(const DeviceStatsBatcher &) = delete;
+  DeviceStatsBatcher &operator=(const DeviceStatsBatcher &) = delete;
+
+  /// The statistics of \p Values, contiguous, as they are now in the order
+  /// of \p Stream: launched with others later, or with those waiting \p Now.
+  std::shared_ptr<DeferredStats> defer(at::Tensor Values, const c10::Stream &Stream, bool Now);
+  /// Before an op writes to \p T: launches what waits, if any of it shares
+  /// \p T's storage.
+  void beforeWrite(const at::Tensor &T);
+  /// Launches everything that waits.
+  void launchAll();
+  /// Whether anything waits for its launch (a relaxed read, for the hot path).
+  bool waiting() const { return Waiting.load(std::memory_order_relaxed) != 0; }
+  /// Whether any tensor is held (a relaxed read).
+  bool holding() const { return HeldCount.load(std::memory_order_relaxed) != 0; }
+  /// Releases the tensors whose statistics were read. On a program's
+  /// thread, outside ops.
+  void releaseSettled();
+  /// Launches and reads everything held (before the observer stops).
+  void settleAll();
+  /// From now on every tensor is launched as it is handed over.
+  void stop();
+  static constexpr size_t MaxItems = 96; ///< devicestats::MaxItems
+  static constexpr uint64_t MaxUnlaunchedBytes = uint64_t(256) << 20;
+
+private:
+  struct Entry {
+    explicit Entry(const c10::Stream &Stream) : Stream(Stream) {}
+    at::Tensor Values;
+    const c10::StorageImpl *Storage = nullptr;
+    c10::Stream Stream;
+    uint64_t Bytes = 0;
+    bool Launched = false;
+    std::shared_ptr<Launch> Batch; ///< Null if the launch failed.
+    size_t Index = 0;              ///< In Batch.
+    std::weak_ptr<DeferredStats> Stats;
+  };
+  /// Under Mutex.
+  void launchLocked();
+  std::optional<TensorStats> await(const std::shared_ptr<Entry> &E);
+
+  LaunchFn Launcher;
+  std::chrono::milliseconds Patience;
+  std::mutex Mutex;
+  std::condition_variable LaunchDone;
+  /// In the order handed over; the last Unlaunched wait for their launch.
+  std::deque<std::shared_ptr<Entry>> Held;
+  size_t Unlaunched = 0;
+  uint64_t UnlaunchedBytes = 0;
+  bool Stopped = false;
+  std::atomic<size_t> Waiting{0}, HeldCount{0};
+};
+
+/// The values this library's kernel reads for \p T's statistics (its own,
+/// or its parts', contiguous), and the stream they are current on; an
+/// undefined tensor where the kernel cannot take them (built without nvcc,
+/// an element type or a GPU it does not take). \p OutOfMemory: a copy
+/// could not be had (ATen's reductions, which need more, are not tried then).
+at::Tensor kernelStatsValues(const at::Tensor &T, c10::Stream &Stream, bool &OutOfMemory);
+
+/// Launches the statistics of \p Values by this library's kernel: the
+/// DeviceStatsBatcher's launcher. Counted in \p Counts.
+std::shared_ptr<DeviceStatsBatcher::Launch> launchDeviceStats(const std::vector<at::Tensor> &Values,
+                                                              const c10::Stream &Stream,
+                                                              DeviceStatsCounts &Counts);
+
+/// For a tensor on a GPU that the kernel does not take: its statistics by
+/// ATen's reductions, enqueued now in stream order (so, as the tensor is
+/// now, even if an op later changes it in place), without blocking the
+/// program. The function returned, run on the trace writer's thread, waits
+/// for them; none where the device did not deliver them. Not for a stream
+/// capturing a CUDA graph (capturingGraph(): the caller asks first).
 std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
                                                         DeviceStatsCounts &Counts);
 

@@ -98,6 +98,26 @@ struct ProducedTensor {
   uint64_t OpsBefore = 0;
 };
 
+thread_local bool InsideEkka = false;
+
+/// Marks the thread as inside Ekka (our own tensor ops are not recorded)
+/// for a scope, also when an exception leaves it.
+struct InsideEkkaScope {
+  bool Saved = InsideEkka;
+  InsideEkkaScope() { InsideEkka = true; }
+  ~InsideEkkaScope() { InsideEkka = Saved; }
+};
+
+/// The statistics kernel's launcher, on whichever thread launches (the
+/// writer's too): inside Ekka, so that CUPTI's launch callback neither
+/// records the launch as the program's nor launches again.
+DeviceStatsBatcher::LaunchFn launchDeviceStatsInside(DeviceStatsCounts &Counts) {
+  return [&Counts](const std::vector<at::Tensor> &Values, const c10::Stream &Stream) {
+    InsideEkkaScope Inside;
+    return launchDeviceStats(Values, Stream, Counts);
+  };
+}
+
 /// The process-wide state. Hot paths take no lock but the writer's queue.
 struct Session {
   /// Distinct for every session of the process (a pointer may be reused).
@@ -128,6 +148,8 @@ struct Session {
   std::optional<at::CallbackHandle> Observer;
   /// CPU tensors whose statistics the writer's thread computes.
   DeferredStatsQueue Deferred;
+  /// GPU tensors whose statistics are launched together.
+  DeviceStatsBatcher DeviceDeferred{launchDeviceStatsInside(GpuStats)};
   std::string Error;
 };
 
@@ -165,15 +187,6 @@ void forgetProducers() {
 struct OpContext;
 thread_local std::vector<OpContext *> OpStack; ///< Ops running on this thread.
 thread_local uint64_t OpsBegun = 0;             ///< Ops of the program this thread began.
-thread_local bool InsideEkka = false;
-
-/// Marks the thread as inside Ekka (our own tensor ops are not recorded)
-/// for a scope, also when an exception leaves it.
-struct InsideEkkaScope {
-  bool Saved = InsideEkka;
-  InsideEkkaScope() { InsideEkka = true; }
-  ~InsideEkkaScope() { InsideEkka = Saved; }
-};
 
 int64_t openCall() {
   if (!CallStack.empty())
@@ -196,6 +209,29 @@ bool withinCaptureBudget(Session &S, uint64_t Bytes) {
 
 bool stepCaptured(Session &S) {
   return S.Options.MaxSteps < 0 || S.Step.load() <= S.Options.MaxSteps;
+}
+
+/// The statistics of \p T, on a GPU, in its stream's order as it is now:
+/// by this library's kernel, launched with others (DeviceStatsBatcher), or
+/// by ATen's reductions. Launched with those waiting at once unless CUPTI
+/// sees the launches outside ops (the batcher's soundness needs them), and,
+/// unless it sees the copies and sets too, for an input (which the program
+/// may have filled outside ops: a C extension's copy).
+std::shared_ptr<DeferredStats> deviceStatsLater(Session &S, const at::Tensor &T,
+                                                const char *Role) {
+  if (valueCount(T) == 0)
+    return std::make_shared<DeferredStats>(TensorStats());
+  bool OutOfMemory = false;
+  c10::Stream Stream(c10::Stream::DEFAULT, T.device());
+  if (at::Tensor Values = kernelStatsValues(T, Stream, OutOfMemory); Values.defined()) {
+    ++S.GpuStats.ByKernel;
+    bool Now = !S.TracingKernels ||
+               (std::strcmp(Role, "input") == 0 && !kernelTracingSeesWrites());
+    return S.DeviceDeferred.defer(std::move(Values), Stream, Now);
+  }
+  if (OutOfMemory)
+    return std::make_shared<DeferredStats>(std::nullopt);
+  return std::make_shared<DeferredStats>(deviceStats(T, S.GpuStats));
 }
 
 /// Records \p T; returns its tensor id, or 0 if it cannot be recorded.
@@ -263,7 +299,7 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
       std::shared_ptr<DeferredStats> Later = std::move(Known);
       if (!Later) {
         TracerTimer Timer(TracerPart::Statistics);
-        Later = std::make_shared<DeferredStats>(deviceStats(T, S.GpuStats));
+        Later = deviceStatsLater(S, T, Role);
       }
       if (Computed)
         *Computed = Later;
@@ -537,8 +573,10 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   // A native program has no module entries, where settled statistics'
   // tensors are let go: every few thousand ops instead. Not where Python
   // runs (a release may take the GIL, which this op's caller may not hold).
-  if (S->Options.Native && OpsBegun % 4096 == 0 && S->Deferred.holding() && !pythonRunning())
+  if (S->Options.Native && OpsBegun % 4096 == 0 && !pythonRunning()) {
     S->Deferred.releaseSettled();
+    S->DeviceDeferred.releaseSettled();
+  }
   auto Ctx = std::make_unique<OpContext>();
   int64_t Id = Ctx->OpId = S->Writer->nextOpId();
   std::optional<int64_t> Call;
@@ -572,9 +610,10 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   // Before anything that may fail: statistics the writer's thread has not
   // computed yet, of what the op is about to write, are computed now,
   // before it runs; and the writes to recorded inference tensors counted.
-  if (S->Deferred.holding() || ProducedInference) {
+  if (S->Deferred.holding() || S->DeviceDeferred.waiting() || ProducedInference) {
     auto WillWrite = [&](const at::Tensor &T) {
       S->Deferred.beforeWrite(T);
+      S->DeviceDeferred.beforeWrite(T);
       if (ProducedInference)
         noteWrite(T);
     };
@@ -782,6 +821,12 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
   return Id;
 }
 
+void beforeDeviceWrite() {
+  Session *S = Current;
+  if (S && !InsideEkka && OpStack.empty() && S->DeviceDeferred.waiting())
+    S->DeviceDeferred.launchAll();
+}
+
 void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
   Session *S = Current;
   OpContext *Op = LastLaunch.Op;
@@ -920,6 +965,7 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   InsideEkkaScope Inside;
   TracerTimer Timer(TracerPart::Modules);
   S->Deferred.releaseSettled();
+  S->DeviceDeferred.releaseSettled();
   if (IsRoot)
     ++S->Step;
   ModuleCallRecord R;
@@ -973,13 +1019,17 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     recordInput(*S, Id, KeywordInputs[I], FirstKeywordIndex + int64_t(I), Capture,
                 /*AtExit=*/true, FirstTensor);
   // A forward of the root is over: its tensors feed nothing later (also
-  // when recording one of them fails).
+  // when recording one of them fails), and the statistics of its GPU
+  // tensors are launched, before the program does anything else with them.
   struct AtRootEnd {
+    Session &S;
     ~AtRootEnd() {
-      if (CallStack.empty())
-        forgetProducers();
+      if (!CallStack.empty())
+        return;
+      forgetProducers();
+      S.DeviceDeferred.launchAll();
     }
-  } ForgetAtRootEnd;
+  } ForgetAtRootEnd{*S};
   for (size_t I = 0; I < Outputs.size(); ++I) {
     const at::Tensor &T = Outputs[I];
     // A module often returns what its last submodule returned (a model its
@@ -1079,6 +1129,8 @@ std::string stopTrace() {
   // handed over, and the statistics still to compute are computed now.
   S->Deferred.stop();
   S->Deferred.settleAll();
+  S->DeviceDeferred.stop();
+  S->DeviceDeferred.settleAll();
   if (S->Observer)
     at::removeCallback(*S->Observer);
   std::string Missed = S->TracingKernels ? stopKernelTracing() : std::string();
@@ -1104,6 +1156,7 @@ std::string stopTrace() {
   // for the lock (a fork).
   Lock.unlock();
   S->Deferred.releaseSettled();
+  S->DeviceDeferred.releaseSettled();
   return Result;
 }
 
@@ -1112,6 +1165,7 @@ std::string flushTrace() {
   Session *S = Current;
   if (!S)
     return "";
+  S->DeviceDeferred.launchAll(); // the writer's thread waits for them
   writeClosingMeta(*S, "");
   // The writer is waited for without the lock: other threads' records go
   // on meanwhile (the session is never deleted).

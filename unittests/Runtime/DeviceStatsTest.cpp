@@ -35,30 +35,49 @@ ds::Acc tree(std::vector<ds::Acc> Threads) {
   return Threads[0];
 }
 
-/// What the kernel computes for \p X, on the host.
-TensorStats likeTheKernel(const std::vector<double> &X) {
-  int64_t N = int64_t(X.size());
-  int Blocks = ds::blocksFor(N);
+/// What the kernel computes for the tensors \p Xs of one launch, on the
+/// host: block by block of the grid, each finding its tensor as the kernel
+/// does (planBlocks, itemOfBlock), its threads' grid-strided elements
+/// within that tensor's blocks reduced in a tree; then each tensor's
+/// blocks' partials reduced by its last block, in a tree too.
+std::vector<TensorStats> likeOneLaunch(const std::vector<std::vector<double>> &Xs) {
+  int Count = int(Xs.size());
+  std::vector<int64_t> N;
+  for (const auto &X : Xs)
+    N.push_back(int64_t(X.size()));
+  std::vector<uint32_t> FirstBlock(Count + 1);
+  uint32_t Grid = ds::planBlocks(N.data(), Count, FirstBlock.data());
   std::vector<ds::Acc> Partials;
-  for (int B = 0; B < Blocks; ++B) {
+  for (uint32_t Block = 0; Block < Grid; ++Block) {
+    int Item = ds::itemOfBlock(FirstBlock.data(), Count, Block);
+    uint32_t Blocks = FirstBlock[Item + 1] - FirstBlock[Item];
+    uint32_t Local = Block - FirstBlock[Item];
     std::vector<ds::Acc> Threads(ds::Threads, ds::start());
     for (int T = 0; T < ds::Threads; ++T)
-      for (int64_t I = int64_t(B) * ds::Threads + T; I < N; I += int64_t(Blocks) * ds::Threads)
-        ds::add(Threads[T], X[I]);
+      for (int64_t I = int64_t(Local) * ds::Threads + T; I < N[Item];
+           I += int64_t(Blocks) * ds::Threads)
+        ds::add(Threads[T], Xs[Item][I]);
     Partials.push_back(tree(Threads));
   }
-  ds::Acc All = Partials[0];
-  if (Blocks > 1) {
-    std::vector<ds::Acc> Threads(ds::Threads, ds::start());
-    for (int T = 0; T < ds::Threads; ++T)
-      for (int B = T; B < Blocks; B += ds::Threads)
-        ds::merge(Threads[T], Partials[B]);
-    All = tree(Threads);
+  std::vector<TensorStats> Out;
+  for (int Item = 0; Item < Count; ++Item) {
+    uint32_t First = FirstBlock[Item], Blocks = FirstBlock[Item + 1] - First;
+    ds::Acc All = Partials[First];
+    if (Blocks > 1) {
+      std::vector<ds::Acc> Threads(ds::Threads, ds::start());
+      for (uint32_t T = 0; T < uint32_t(ds::Threads); ++T)
+        for (uint32_t B = T; B < Blocks; B += ds::Threads)
+          ds::merge(Threads[T], Partials[First + B]);
+      All = tree(Threads);
+    }
+    double Six[6];
+    ds::finish(All, N[Item], Six);
+    Out.push_back(statsOfDoubles(Six));
   }
-  double Out[6];
-  ds::finish(All, N, Out);
-  return statsOfDoubles(Out);
+  return Out;
 }
+
+TensorStats likeTheKernel(const std::vector<double> &X) { return likeOneLaunch({X}).front(); }
 
 TensorStats onTheCpu(const std::vector<double> &X) {
   llvm::StringRef Bytes(reinterpret_cast<const char *>(X.data()), X.size() * sizeof(double));
@@ -130,6 +149,60 @@ std::vector<std::pair<std::string, std::vector<double>>> cases() {
 TEST(DeviceStats, TheKernelsArithmeticGivesTheCpusStatistics) {
   for (const auto &[What, X] : cases())
     expectSame(likeTheKernel(X), onTheCpu(X), X, What.c_str());
+}
+
+// Several tensors in one launch: each gets the blocks it would get alone,
+// and the same statistics, bit for bit (the same additions in the same
+// order), whatever the others are.
+TEST(DeviceStats, OneLaunchForSeveralTensorsGivesEachItsOwnStatistics) {
+  std::vector<std::vector<double>> Xs;
+  std::vector<std::string> Names;
+  for (const auto &[What, X] : cases())
+    if (X.size() < 200000) {
+      Xs.push_back(X);
+      Names.push_back(What);
+    }
+  ASSERT_LE(Xs.size(), size_t(ds::MaxItems));
+  std::vector<TensorStats> Together = likeOneLaunch(Xs);
+  ASSERT_EQ(Together.size(), Xs.size());
+  for (size_t I = 0; I < Xs.size(); ++I) {
+    TensorStats Alone = likeTheKernel(Xs[I]);
+    auto Bits = [](double V) { return std::isnan(V) ? std::string("nan") : std::to_string(V); };
+    EXPECT_EQ(Bits(Together[I].Sum), Bits(Alone.Sum)) << Names[I];
+    EXPECT_EQ(Bits(Together[I].SumSq), Bits(Alone.SumSq)) << Names[I];
+    EXPECT_EQ(Bits(Together[I].Min), Bits(Alone.Min)) << Names[I];
+    EXPECT_EQ(Bits(Together[I].Max), Bits(Alone.Max)) << Names[I];
+    EXPECT_EQ(Together[I].NanCount, Alone.NanCount) << Names[I];
+    expectSame(Together[I], onTheCpu(Xs[I]), Xs[I], Names[I].c_str());
+  }
+}
+
+TEST(DeviceStats, TheGridOfOneLaunch) {
+  int64_t N[] = {1, ds::Threads * ds::PerThread + 1, int64_t(1) << 40, 5};
+  uint32_t First[5];
+  EXPECT_EQ(ds::planBlocks(N, 4, First), uint32_t(1 + 2 + ds::MaxBlocks + 1));
+  EXPECT_EQ(First[0], 0u);
+  EXPECT_EQ(First[1], 1u);
+  EXPECT_EQ(First[2], 3u);
+  EXPECT_EQ(First[3], uint32_t(3 + ds::MaxBlocks));
+  EXPECT_EQ(First[4], uint32_t(4 + ds::MaxBlocks));
+  for (uint32_t Block = 0; Block < First[4]; ++Block) {
+    int Item = ds::itemOfBlock(First, 4, Block);
+    EXPECT_LE(First[Item], Block);
+    EXPECT_LT(Block, First[Item + 1]);
+  }
+  uint32_t One[2];
+  EXPECT_EQ(ds::planBlocks(N, 1, One), 1u);
+  EXPECT_EQ(ds::itemOfBlock(One, 1, 0), 0);
+  // The most tensors of a launch, each as large as a grid of its own gets:
+  // the grid still fits a launch's first dimension.
+  std::vector<int64_t> Largest(ds::MaxItems, int64_t(1) << 40);
+  std::vector<uint32_t> Firsts(ds::MaxItems + 1);
+  EXPECT_EQ(ds::planBlocks(Largest.data(), ds::MaxItems, Firsts.data()),
+            uint32_t(ds::MaxItems) * ds::MaxBlocks);
+  EXPECT_EQ(ds::itemOfBlock(Firsts.data(), ds::MaxItems, uint32_t(ds::MaxItems) * ds::MaxBlocks - 1),
+            ds::MaxItems - 1);
+  EXPECT_EQ(size_t(ds::MaxItems), DeviceStatsBatcher::MaxItems);
 }
 
 TEST(DeviceStats, GridSizes) {

@@ -13,6 +13,22 @@ using namespace ekka;
 
 namespace {
 
+// The calls besides launches that may write a GPU tensor whose statistics
+// wait for their launch, or start capturing its stream into a graph, by
+// the names cuptiGetCallbackName gives.
+TEST(KernelLaunch, CallsThatWriteDeviceMemory) {
+  for (const char *Name : {"cudaMemcpyAsync", "cudaMemcpy_v3020", "cudaMemsetAsync_ptsz",
+                           "cuMemcpyHtoDAsync_v2", "cuMemsetD32Async", "cuMemcpyPeerAsync",
+                           "cudaGraphLaunch", "cuGraphLaunch_ptsz", "cuStreamWriteValue32_v2",
+                           "cuStreamBatchMemOp", "cudaStreamBeginCapture_v10000",
+                           "cuStreamBeginCapture_v2"})
+    EXPECT_TRUE(precedesDeviceStatistics(Name)) << Name;
+  for (const char *Name : {"cudaLaunchKernel", "cuLaunchKernel", "cudaMemGetInfo", "cudaMalloc",
+                           "cudaStreamSynchronize", "cuGraphInstantiate", "", "Memcpy"})
+    EXPECT_FALSE(precedesDeviceStatistics(Name)) << Name;
+  EXPECT_FALSE(precedesDeviceStatistics(nullptr));
+}
+
 TEST(KernelLaunch, RuntimeLaunchKernel) {
   cudaLaunchKernel_v7000_params P{};
   P.gridDim = dim3(4, 2, 1);

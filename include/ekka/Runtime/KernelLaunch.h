@@ -71,6 +71,16 @@ enum class LaunchDomain : int { RuntimeApi = 1, DriverApi = 2 };
 /// and the driver's cuLaunchKernel and cuLaunchKernelEx (Triton's path).
 bool isLaunchCallback(LaunchDomain Domain, uint32_t Cbid);
 
+/// Whether GPU statistics that wait for their launch must be launched
+/// before the API call that CUPTI names \p CallbackName (its
+/// cuptiGetCallbackName): one that may write to device memory other than
+/// by a kernel launch — the copies and sets (cudaMemcpy*, cuMemsetD8Async,
+/// ...), a CUDA graph's launch (whose kernels no launch callback reports),
+/// the stream memory operations (cuStreamWriteValue32, cuStreamBatchMemOp)
+/// — or one after which a launch would be captured into a graph
+/// (cudaStreamBeginCapture).
+bool precedesDeviceStatistics(const char *CallbackName);
+
 /// Decodes a launch callback's `functionParams`; nullopt for other callbacks.
 std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
                                          const void *FunctionParams,
