@@ -390,20 +390,28 @@ std::string startKernelTracing(const std::string &Path) {
 
 bool kernelTracingSeesWrites() { return SeesWrites.load(); }
 
-std::string stopKernelTracing() {
-  if (Subscriber)
-    Api.Unsubscribe(Subscriber);
-  Subscriber = nullptr;
-  SeesWrites = false;
+std::string kernelTracingMisses() {
   std::lock_guard<std::mutex> Lock(DriverMutex);
   std::string Report;
-  uint64_t NestedDriver = NestedDriverLaunches.exchange(0);
-  uint64_t NestedRuntime = NestedRuntimeLaunches.exchange(0);
+  uint64_t NestedDriver = NestedDriverLaunches.load();
+  uint64_t NestedRuntime = NestedRuntimeLaunches.load();
   if (NestedDriver || NestedRuntime)
     Report = "launches inside a recorded launch, not recorded twice: " +
              std::to_string(NestedDriver) + " driver, " + std::to_string(NestedRuntime) + " runtime";
   for (const auto &[Why, Count] : SnapshotMisses)
     Report += (Report.empty() ? "" : "; ") + std::to_string(Count) + " launches: " + Why;
+  return Report;
+}
+
+std::string stopKernelTracing() {
+  if (Subscriber)
+    Api.Unsubscribe(Subscriber);
+  Subscriber = nullptr;
+  SeesWrites = false;
+  std::string Report = kernelTracingMisses();
+  std::lock_guard<std::mutex> Lock(DriverMutex);
+  NestedDriverLaunches = 0;
+  NestedRuntimeLaunches = 0;
   SnapshotMisses.clear();
   return Report;
 }
@@ -414,6 +422,7 @@ std::string startKernelTracing(const std::string &) {
   return "not traced: this runtime was built without CUPTI headers";
 }
 std::string stopKernelTracing() { return ""; }
+std::string kernelTracingMisses() { return ""; }
 bool kernelTracingSeesWrites() { return false; }
 
 #endif

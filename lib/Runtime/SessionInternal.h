@@ -76,6 +76,9 @@ std::string startKernelTracing(const std::string &Path);
 /// Unsubscribes; returns why launches in captured ops had no buffers
 /// snapshotted ("" if none was missed).
 std::string stopKernelTracing();
+/// What stopKernelTracing would return, while tracing goes on (a trace
+/// written out before an exec).
+std::string kernelTracingMisses();
 /// Whether the kernel tracing started sees the calls that write device
 /// memory without a launch (copies, sets, graph launches) too.
 bool kernelTracingSeesWrites();

@@ -692,6 +692,9 @@ std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
     return [] { return std::optional<TensorStats>(TensorStats()); };
   c10::DeviceGuard OnDevice(T.device());
   TracerTimer Submit(TracerPart::DeviceSubmit);
+  // The reductions' and the pinned buffer's allocations, while another
+  // thread may capture a graph in global mode: they must not invalidate it.
+  IgnoringOtherThreadsCaptures NotTheirs;
   auto [Host, Done] = copyToPinned(statsOnDevice(T), currentStream(T));
   ++Counts.ByReductions;
   return [Host, Done, N]() -> std::optional<TensorStats> {
@@ -711,6 +714,7 @@ TraceWriter::Completion deviceBytes(const at::Tensor &T, std::atomic<int64_t> &L
   c10::DeviceGuard OnDevice(T.device());
   c10::Stream Stream = currentStream(T);
   TracerTimer Submit(TracerPart::DeviceSubmit);
+  IgnoringOtherThreadsCaptures NotTheirs; // as deviceStats
   auto [Host, Done] = copyToPinned(logicalValues(T).detach().contiguous(), Stream);
   return [Host, Done, &Lost](TensorRecord &, std::optional<std::string> &Data) {
     try {

@@ -1166,7 +1166,7 @@ std::string flushTrace() {
   if (!S)
     return "";
   S->DeviceDeferred.launchAll(); // the writer's thread waits for them
-  writeClosingMeta(*S, "");
+  writeClosingMeta(*S, S->TracingKernels ? kernelTracingMisses() : std::string());
   // The writer is waited for without the lock: other threads' records go
   // on meanwhile (the session is never deleted).
   Lock.unlock();
