@@ -45,8 +45,10 @@ struct CuptiApi {
 CuptiApi Api;
 void *Library = nullptr;
 /// The callbacks enabled for calls that write device memory without a
-/// launch (precedesDeviceStatistics), by domain: runtime, driver.
-std::bitset<2048> WriteCallbacks[2];
+/// launch, or start a graph's capture (precedesDeviceStatistics), and for
+/// those that order work across streams (ordersDeviceWork), by domain:
+/// runtime, driver.
+std::bitset<2048> WriteCallbacks[2], OrderCallbacks[2];
 std::atomic<bool> SeesWrites{false};
 CUpti_SubscriberHandle Subscriber = nullptr;
 thread_local LaunchDeduplicator Dedup;
@@ -283,12 +285,13 @@ void onCallbackImpl(CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid, const vo
   LaunchDomain D = Domain == CUPTI_CB_DOMAIN_RUNTIME_API ? LaunchDomain::RuntimeApi
                                                          : LaunchDomain::DriverApi;
   const auto *Info = static_cast<const CUpti_CallbackData *>(Data);
-  if (Cbid < WriteCallbacks[0].size() && WriteCallbacks[D == LaunchDomain::DriverApi][Cbid]) {
+  if (Cbid < WriteCallbacks[0].size() && (WriteCallbacks[D == LaunchDomain::DriverApi][Cbid] ||
+                                           OrderCallbacks[D == LaunchDomain::DriverApi][Cbid])) {
     // A copy, a set, a graph's launch, a capture's start: what may write
     // to tensors whose statistics wait, or capture their launch, goes
-    // after them.
+    // after them; so does an event's record, a wait or a synchronisation.
     if (Info->callbackSite == CUPTI_API_ENTER)
-      beforeDeviceWrite();
+      beforeDeviceWrite(OrderCallbacks[D == LaunchDomain::DriverApi][Cbid]);
     return;
   }
   auto Decode = [&] {
@@ -369,22 +372,28 @@ std::string startKernelTracing(const std::string &Path) {
   // The calls that write device memory without a launch (or start a
   // capture), by their names.
   load(Api.CallbackName, "cuptiGetCallbackName");
-  bool Writes = false;
+  bool Writes = true;
   for (auto [Domain, Index] : {std::pair{CUPTI_CB_DOMAIN_RUNTIME_API, 0},
                                std::pair{CUPTI_CB_DOMAIN_DRIVER_API, 1}}) {
     WriteCallbacks[Index].reset();
+    OrderCallbacks[Index].reset();
     LaunchDomain Launch = Index ? LaunchDomain::DriverApi : LaunchDomain::RuntimeApi;
     for (uint32_t Cbid = 1; Api.CallbackName && Cbid < WriteCallbacks[Index].size(); ++Cbid) {
       const char *Name = nullptr;
-      if (isLaunchCallback(Launch, Cbid) ||
-          Api.CallbackName(Domain, Cbid, &Name) != CUPTI_SUCCESS || !precedesDeviceStatistics(Name) ||
-          Api.EnableCallback(1, Subscriber, Domain, Cbid) != CUPTI_SUCCESS)
+      if (isLaunchCallback(Launch, Cbid) || Api.CallbackName(Domain, Cbid, &Name) != CUPTI_SUCCESS)
         continue;
-      WriteCallbacks[Index].set(Cbid);
-      Writes = true;
+      bool Write = precedesDeviceStatistics(Name), Order = ordersDeviceWork(Name);
+      if (!Write && !Order)
+        continue;
+      if (Api.EnableCallback(1, Subscriber, Domain, Cbid) != CUPTI_SUCCESS) {
+        Writes = false; // one that cannot be seen: not all are
+        continue;
+      }
+      WriteCallbacks[Index].set(Cbid, Write);
+      OrderCallbacks[Index].set(Cbid, Order);
     }
   }
-  SeesWrites = Writes;
+  SeesWrites = Writes && Api.CallbackName;
   return "traced";
 }
 

@@ -120,6 +120,18 @@ bool precedesDeviceStatistics(const char *CallbackName) {
   return false;
 }
 
+bool ordersDeviceWork(const char *CallbackName) {
+  if (!CallbackName)
+    return false;
+  std::string_view Name(CallbackName);
+  if (Name.substr(0, 2) != "cu")
+    return false;
+  for (const char *What : {"EventRecord", "StreamWaitEvent", "Synchronize"})
+    if (Name.find(What) != std::string_view::npos)
+      return true;
+  return false;
+}
+
 std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
                                          const void *FunctionParams,
                                          const char *SymbolName, uint32_t CorrelationId) {

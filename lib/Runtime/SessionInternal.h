@@ -11,6 +11,21 @@
 
 namespace ekka {
 
+/// Whether this thread is inside Ekka: its own tensor ops, launches and
+/// waits are not the program's (not recorded; no statistics launched for
+/// them).
+extern thread_local bool InsideEkka;
+
+/// Marks the thread as inside Ekka for a scope, also when an exception
+/// leaves it.
+struct InsideEkkaScope {
+  bool Saved = InsideEkka;
+  InsideEkkaScope() { InsideEkka = true; }
+  ~InsideEkkaScope() { InsideEkka = Saved; }
+  InsideEkkaScope(const InsideEkkaScope &) = delete;
+  InsideEkkaScope &operator=(const InsideEkkaScope &) = delete;
+};
+
 /// Records a kernel launch under the op and module call open on this thread;
 /// returns its kernel id, 0 when nothing is traced. \p Pointers are the
 /// launch's pointer-sized parameters: when the open op's tensors are
@@ -24,7 +39,11 @@ void snapshotKernelBuffers();
 /// entry, before anything else): one made outside any op may write to the
 /// GPU tensors whose statistics wait for their launch (DeviceStatsBatcher),
 /// which are launched first.
-void beforeDeviceWrite();
+/// \p Ordering: a call that orders work across streams or with the host
+/// (an event's record, a stream's wait, a synchronisation), before which
+/// they are launched wherever it is made: work after it on another stream
+/// is ordered only after what their stream had then.
+void beforeDeviceWrite(bool Ordering = false);
 /// More pointer parameters of the launch recorded last on this thread (the
 /// driver launch a runtime launch makes underneath, when the runtime's own
 /// parameters gave none).

@@ -463,6 +463,7 @@ private:
   void wait() {
     std::call_once(Waited, [&] {
       Values.resize(6 * Ticket.Slots.size());
+      InsideEkkaScope Inside; // a synchronisation of Ekka's, not the program's
       IgnoringOtherThreadsCaptures Waiting;
       Ok = awaitDeviceStats(Ticket, Values.data());
     });
@@ -525,6 +526,7 @@ std::shared_ptr<DeviceStatsBatcher::Launch> launchDeviceStats(const std::vector<
                           Stream.native_handle(), Ticket))
     return nullptr;
   ++Counts.KernelLaunches;
+  Counts.ByKernel += int64_t(Values.size());
   return std::make_shared<StatsLaunch>(std::move(Ticket), std::move(Scratch));
 #else
   (void)Values, (void)Stream, (void)Counts;
@@ -536,29 +538,45 @@ std::shared_ptr<DeferredStats> DeviceStatsBatcher::defer(at::Tensor Values,
                                                          const c10::Stream &Stream, bool Now) {
   auto E = std::make_shared<Entry>(Stream);
   E->Storage = Values.storage().unsafeGetStorageImpl();
+  E->StorageData = E->Storage->data_ptr().get();
+  E->StorageBytes = E->Storage->nbytes();
   E->Bytes = uint64_t(Values.numel()) * Values.element_size();
   E->Values = std::move(Values);
   // The entry does not hold its statistics (no cycle): the records do.
   auto Stats = std::make_shared<DeferredStats>([this, E] { return await(E); });
   E->Stats = Stats;
   std::lock_guard<std::mutex> Lock(Mutex);
+  bool Hold = HeldBytes + E->Bytes <= MaxHeldBytes;
   Held.push_back(E);
   ++Unlaunched;
   UnlaunchedBytes += E->Bytes;
+  HeldBytes += E->Bytes;
   HeldCount.store(Held.size(), std::memory_order_relaxed);
   Waiting.store(Unlaunched, std::memory_order_relaxed);
-  if (Now || Stopped || Unlaunched >= MaxItems || UnlaunchedBytes >= MaxUnlaunchedBytes)
+  if (Now || Stopped || !Hold || Unlaunched >= MaxItems || UnlaunchedBytes >= MaxUnlaunchedBytes)
     launchLocked();
+  if (!Hold) {
+    // Enqueued: the caller's reference keeps the memory until then.
+    HeldBytes -= E->Bytes;
+    E->Bytes = 0;
+    E->Values.reset();
+  }
   return Stats;
 }
 
 void DeviceStatsBatcher::launchLocked() {
   if (!Unlaunched)
     return;
-  // By stream, each stream's in the order they were handed over.
+  // By stream, each stream's in the order they were handed over; not one
+  // whose storage's memory was freed or moved outside ops since.
   std::vector<std::pair<c10::Stream, std::vector<std::shared_ptr<Entry>>>> Groups;
   for (size_t I = Held.size() - Unlaunched; I < Held.size(); ++I) {
     const std::shared_ptr<Entry> &E = Held[I];
+    if (E->Storage->data_ptr().get() != E->StorageData ||
+        E->Storage->nbytes() != E->StorageBytes) {
+      E->Launched = true; // without statistics
+      continue;
+    }
     auto It = std::find_if(Groups.begin(), Groups.end(),
                            [&](const auto &G) { return G.first == E->Stream; });
     if (It == Groups.end())
@@ -647,6 +665,7 @@ void DeviceStatsBatcher::releaseSettled() {
     for (size_t I = 0; I < Held.size(); ++I) {
       auto Stats = Held[I]->Stats.lock();
       if (I < Launched && (!Stats || Stats->settled())) {
+        HeldBytes -= std::exchange(Held[I]->Bytes, 0);
         Done.push_back(std::move(Held[I]));
         continue;
       }
@@ -699,6 +718,7 @@ std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
   ++Counts.ByReductions;
   return [Host, Done, N]() -> std::optional<TensorStats> {
     try {
+      InsideEkkaScope Inside;
       IgnoringOtherThreadsCaptures Waiting;
       Done->synchronize();
       return statsOfSix(Host, N);
@@ -718,6 +738,7 @@ TraceWriter::Completion deviceBytes(const at::Tensor &T, std::atomic<int64_t> &L
   auto [Host, Done] = copyToPinned(logicalValues(T).detach().contiguous(), Stream);
   return [Host, Done, &Lost](TensorRecord &, std::optional<std::string> &Data) {
     try {
+      InsideEkkaScope Inside;
       IgnoringOtherThreadsCaptures Waiting;
       Done->synchronize();
       const char *P = static_cast<const char *>(Host.const_data_ptr());

@@ -152,10 +152,10 @@ struct DeviceStatsCounts {
 /// each on an H200 machine, so one launch for a forward's module outputs
 /// instead of one for each saves most of what the statistics cost there.
 ///
-/// A tensor is handed over when a module or op returns it (what it was
-/// just written to be); its statistics are enqueued, in the order of its
-/// stream, before anything can write to it, which is before whichever
-/// comes first of:
+/// A tensor is handed over when a module or op returns it, or a module is
+/// given it; its statistics are enqueued, in the order of the stream
+/// current then, before anything can write to it, which is before
+/// whichever comes first of:
 /// - an op that writes to its storage: the session's op observer calls
 ///   beforeWrite() at the start of every op whose schema marks an argument
 ///   written (`Tensor(a!)`), as for the CPU's DeferredStatsQueue;
@@ -163,19 +163,24 @@ struct DeviceStatsCounts {
 ///   NCCL through ctypes, code torch.compile generated), which CUPTI's
 ///   launch callback sees before the launch: the session hands tensors
 ///   over only while it traces kernels;
-/// - the end of the root module's forward, the start of anything that must
-///   see them (a module input, which the program may have filled outside
-///   ops, is launched at once), and the end of tracing;
+/// - the end of the root module's forward, the end of tracing, an exec;
 /// - MaxItems tensors or MaxUnlaunchedBytes waiting;
 /// - the trace writer's thread needing them and waiting Patience in vain.
-/// A write that none of these sees (a cudaMemcpy into the tensor from a C
-/// extension, a GPU write through another process's mapping) between the
-/// hand-over and the launch would show in the statistics.
+/// The session adds: a copy, a set, a CUDA graph's launch or the start of
+/// a capture made outside any op, and, anywhere, an event's record, a wait
+/// for one or a synchronisation (after which the program may write on
+/// another stream, ordered only after what the tensor's stream held then);
+/// c10d's collectives, which write tensors their schemas do not mark.
+/// A write that none of these sees (a GPU write through another process's
+/// CUDA IPC mapping, the host writing managed memory) between the hand-over
+/// and the launch would show in the statistics. A tensor whose storage was
+/// freed or moved outside ops meanwhile (`UntypedStorage.resize_`) is not
+/// read: it goes without statistics.
 ///
 /// Tensors are held until their statistics are read, so that their memory
-/// is not reused meanwhile, and released on a program's thread only
-/// (releaseSettled), as DeferredStatsQueue does: the last reference may
-/// keep a Python object alive.
+/// is not reused meanwhile (MaxHeldBytes at most), and released on a
+/// program's thread only (releaseSettled), as DeferredStatsQueue does: the
+/// last reference may keep a Python object alive.
 class DeviceStatsBatcher {
 public:
   /// The statistics of one launch's tensors.
@@ -219,14 +224,21 @@ public:
   void stop();
   static constexpr size_t MaxItems = 96; ///< devicestats::MaxItems
   static constexpr uint64_t MaxUnlaunchedBytes = uint64_t(256) << 20;
+  /// Past this many bytes held (waiting, or launched and not yet read), a
+  /// tensor is launched with those waiting at once and not held: released
+  /// right after its launch, as its caller still holds it.
+  static constexpr uint64_t MaxHeldBytes = uint64_t(512) << 20;
 
 private:
   struct Entry {
     explicit Entry(const c10::Stream &Stream) : Stream(Stream) {}
     at::Tensor Values;
     const c10::StorageImpl *Storage = nullptr;
+    /// Where the storage's memory was when handed over, and its extent.
+    const void *StorageData = nullptr;
+    size_t StorageBytes = 0;
     c10::Stream Stream;
-    uint64_t Bytes = 0;
+    uint64_t Bytes = 0; ///< Held: 0 once released, or if never held.
     bool Launched = false;
     std::shared_ptr<Launch> Batch; ///< Null if the launch failed.
     size_t Index = 0;              ///< In Batch.
@@ -243,7 +255,7 @@ private:
   /// In the order handed over; the last Unlaunched wait for their launch.
   std::deque<std::shared_ptr<Entry>> Held;
   size_t Unlaunched = 0;
-  uint64_t UnlaunchedBytes = 0;
+  uint64_t UnlaunchedBytes = 0, HeldBytes = 0;
   bool Stopped = false;
   std::atomic<size_t> Waiting{0}, HeldCount{0};
 };

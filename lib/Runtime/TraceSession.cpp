@@ -98,15 +98,11 @@ struct ProducedTensor {
   uint64_t OpsBefore = 0;
 };
 
+} // namespace
+
 thread_local bool InsideEkka = false;
 
-/// Marks the thread as inside Ekka (our own tensor ops are not recorded)
-/// for a scope, also when an exception leaves it.
-struct InsideEkkaScope {
-  bool Saved = InsideEkka;
-  InsideEkkaScope() { InsideEkka = true; }
-  ~InsideEkkaScope() { InsideEkka = Saved; }
-};
+namespace {
 
 /// The statistics kernel's launcher, on whichever thread launches (the
 /// writer's too): inside Ekka, so that CUPTI's launch callback neither
@@ -116,6 +112,25 @@ DeviceStatsBatcher::LaunchFn launchDeviceStatsInside(DeviceStatsCounts &Counts) 
     InsideEkkaScope Inside;
     return launchDeviceStats(Values, Stream, Counts);
   };
+}
+
+/// How long the trace writer's thread waits for the program to launch the
+/// GPU statistics it needs before launching them itself:
+/// EKKA_GPU_STATS_WAIT_MS, 20 by default. Longer batches more where a
+/// forward takes longer than that; gpu-check sets it long to see that the
+/// program's own triggers launch them.
+std::chrono::milliseconds deviceStatsPatience() {
+  const char *Text = std::getenv("EKKA_GPU_STATS_WAIT_MS");
+  char *End = nullptr;
+  long long Ms = Text ? std::strtoll(Text, &End, 10) : 20;
+  if (Text && (End == Text || *End || Ms < 0)) {
+    std::fprintf(stderr,
+                 "ekka-trace: warning: EKKA_GPU_STATS_WAIT_MS=%s is not a number of "
+                 "milliseconds; 20 used\n",
+                 Text);
+    Ms = 20;
+  }
+  return std::chrono::milliseconds(Ms);
 }
 
 /// The process-wide state. Hot paths take no lock but the writer's queue.
@@ -149,7 +164,7 @@ struct Session {
   /// CPU tensors whose statistics the writer's thread computes.
   DeferredStatsQueue Deferred;
   /// GPU tensors whose statistics are launched together.
-  DeviceStatsBatcher DeviceDeferred{launchDeviceStatsInside(GpuStats)};
+  DeviceStatsBatcher DeviceDeferred{launchDeviceStatsInside(GpuStats), deviceStatsPatience()};
   std::string Error;
 };
 
@@ -214,21 +229,17 @@ bool stepCaptured(Session &S) {
 /// The statistics of \p T, on a GPU, in its stream's order as it is now:
 /// by this library's kernel, launched with others (DeviceStatsBatcher), or
 /// by ATen's reductions. Launched with those waiting at once unless CUPTI
-/// sees the launches outside ops (the batcher's soundness needs them), and,
-/// unless it sees the copies and sets too, for an input (which the program
-/// may have filled outside ops: a C extension's copy).
+/// sees the launches, copies, sets and synchronisations outside ops (the
+/// batcher's soundness needs them).
 std::shared_ptr<DeferredStats> deviceStatsLater(Session &S, const at::Tensor &T,
                                                 const char *Role) {
   if (valueCount(T) == 0)
     return std::make_shared<DeferredStats>(TensorStats());
   bool OutOfMemory = false;
   c10::Stream Stream(c10::Stream::DEFAULT, T.device());
-  if (at::Tensor Values = kernelStatsValues(T, Stream, OutOfMemory); Values.defined()) {
-    ++S.GpuStats.ByKernel;
-    bool Now = !S.TracingKernels ||
-               (std::strcmp(Role, "input") == 0 && !kernelTracingSeesWrites());
-    return S.DeviceDeferred.defer(std::move(Values), Stream, Now);
-  }
+  if (at::Tensor Values = kernelStatsValues(T, Stream, OutOfMemory); Values.defined())
+    return S.DeviceDeferred.defer(std::move(Values), Stream,
+                                  /*Now=*/!S.TracingKernels || !kernelTracingSeesWrites());
   if (OutOfMemory)
     return std::make_shared<DeferredStats>(std::nullopt);
   return std::make_shared<DeferredStats>(deviceStats(T, S.GpuStats));
@@ -389,6 +400,10 @@ struct OpKind {
   std::string Name, Overload; ///< What the key's pointers pointed to.
   std::string Schema;
   std::vector<bool> Written;  ///< By argument position.
+  /// Writes to tensors that its schema does not mark written: c10d's
+  /// collectives (`allreduce_` reduces its tensors in place, and
+  /// `broadcast_`, `recv_`, `_allgather_base_` write theirs).
+  bool WritesUnmarked = false;
   uint64_t FilteredIn = 0;    ///< The session Captured was decided for.
   bool Captured = false;
   uint64_t InternedIn = 0;    ///< The session whose writer holds Text.
@@ -435,6 +450,7 @@ OpKind &opKind(const at::RecordFunction &Fn) {
   K.Schema = OS.str();
   for (const c10::Argument &A : Schema->arguments())
     K.Written.push_back(A.alias_info() && A.alias_info()->isWrite());
+  K.WritesUnmarked = K.Name.rfind("c10d::", 0) == 0;
   return Kinds.emplace(Key, std::move(K)).first->second;
 }
 
@@ -450,6 +466,7 @@ struct KernelSnapshot {
 
 struct OpContext : at::ObserverContext {
   int64_t OpId = 0;
+  bool Operator = false; ///< A dispatcher op with a schema, not a named scope.
   bool Capture = false; ///< Whether this op's tensors are captured.
   /// Arguments the schema marks as written (`Tensor(a!)`), taken at the
   /// op's start: RecordFunction's inputs are only valid then.
@@ -590,10 +607,18 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   }
   Ctx->Capture = S->Options.OpFilter && Kind.Captured && stepCaptured(*S);
   auto Inputs = Fn.inputs();
+  Ctx->Operator = !Kind.Schema.empty();
   std::vector<at::Tensor> Read; // what the op reads, to capture as it is now
   std::vector<size_t> WrittenLists;
+  std::vector<at::Tensor> Unmarked; // what it may write besides
   for (size_t I = 0; I < Inputs.size(); ++I) {
     bool Written = I < Kind.Written.size() && Kind.Written[I];
+    if (Kind.WritesUnmarked && !Written) {
+      if (Inputs[I].isTensor())
+        Unmarked.push_back(Inputs[I].toTensor());
+      else if (Inputs[I].isList())
+        WrittenLists.push_back(I);
+    }
     if (Written && Inputs[I].isList()) // _foreach_mul_'s Tensor(a!)[]
       WrittenLists.push_back(I);
     if (!Inputs[I].isTensor())
@@ -618,6 +643,8 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
         noteWrite(T);
     };
     for (const at::Tensor &T : Ctx->Mutated)
+      WillWrite(T);
+    for (const at::Tensor &T : Unmarked)
       WillWrite(T);
     for (size_t I : WrittenLists)
       for (const c10::IValue &V : Inputs[I].toListRef())
@@ -821,10 +848,16 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
   return Id;
 }
 
-void beforeDeviceWrite() {
+void beforeDeviceWrite(bool Ordering) {
   Session *S = Current;
-  if (S && !InsideEkka && OpStack.empty() && S->DeviceDeferred.waiting())
-    S->DeviceDeferred.launchAll();
+  if (!S || InsideEkka || !S->DeviceDeferred.waiting())
+    return;
+  // Inside an op, its own launches and copies write what its schema says
+  // (seen at its start); inside a named scope (record_function, an
+  // autograd Function's forward) nothing says what they write.
+  if (!Ordering && !OpStack.empty() && OpStack.back()->Operator)
+    return;
+  S->DeviceDeferred.launchAll();
 }
 
 void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {

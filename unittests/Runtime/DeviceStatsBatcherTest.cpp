@@ -43,7 +43,7 @@ struct Launches {
         return nullptr;
       std::vector<TensorStats> Stats;
       for (const at::Tensor &V : Values)
-        Stats.push_back(tensorStats(V));
+        Stats.push_back(V.numel() < (1 << 20) ? tensorStats(V) : TensorStats()); // not the large
       return std::make_shared<HostLaunch>(std::move(Stats));
     };
   }
@@ -181,6 +181,59 @@ TEST(DeviceStatsBatcher, TensorsAreHeldUntilTheirStatisticsAreRead) {
   B.releaseSettled();
   EXPECT_EQ(X.use_count(), 1);
   EXPECT_FALSE(B.holding());
+}
+
+TEST(DeviceStatsBatcher, AWriteAfterTheLaunchLaunchesNothingMore) {
+  Launches L;
+  DeviceStatsBatcher B(L.launcher());
+  at::Tensor X = at::ones({8});
+  auto S = B.defer(X, stream(0), false);
+  B.launchAll();
+  B.beforeWrite(X);
+  EXPECT_EQ(L.Made.size(), 1u);
+  EXPECT_EQ(S->resolve()->Sum, 8.0);
+}
+
+// A storage freed or moved outside ops (UntypedStorage.resize_, which
+// FSDP uses to free parameters) before the launch: its memory is not read.
+TEST(DeviceStatsBatcher, AStorageMovedBeforeTheLaunchIsNotRead) {
+  Launches L;
+  DeviceStatsBatcher B(L.launcher());
+  at::Tensor X = at::ones({8}), Y = at::ones({4});
+  auto SX = B.defer(X, stream(0), false);
+  auto SY = B.defer(Y, stream(0), false);
+  X.storage().set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(8 * sizeof(float)));
+  B.launchAll();
+  ASSERT_EQ(L.Made.size(), 1u);
+  EXPECT_EQ(L.Made[0].first, 1u); // Y's alone
+  EXPECT_FALSE(SX->resolve());
+  EXPECT_EQ(SY->resolve()->Sum, 4.0);
+}
+
+// Past MaxHeldBytes held, a tensor is launched at once and not held.
+TEST(DeviceStatsBatcher, HeldBytesAreBounded) {
+  Launches L;
+  DeviceStatsBatcher B(L.launcher());
+  int64_t Quarter = int64_t(DeviceStatsBatcher::MaxHeldBytes / 4 / sizeof(float));
+  std::vector<at::Tensor> Ts;
+  std::vector<std::shared_ptr<DeferredStats>> Stats;
+  for (int I = 0; I < 4; ++I) { // held: waiting, then launched unread
+    Ts.push_back(at::empty({Quarter}));
+    Stats.push_back(B.defer(Ts.back(), stream(0), false));
+    EXPECT_EQ(Ts.back().use_count(), 2) << I;
+  }
+  size_t Before = L.Made.size();
+  at::Tensor Over = at::ones({16});
+  auto S = B.defer(Over, stream(0), false);
+  EXPECT_EQ(L.Made.size(), Before + 1); // launched at once
+  EXPECT_EQ(Over.use_count(), 1);       // and not held
+  EXPECT_EQ(S->resolve()->Sum, 16.0);
+  for (auto &St : Stats)
+    St->resolve();
+  B.releaseSettled();
+  at::Tensor Again = at::ones({16});
+  B.defer(Again, stream(0), false);
+  EXPECT_EQ(Again.use_count(), 2); // held again, the others released
 }
 
 TEST(DeviceStatsBatcher, SettleAllLaunchesAndReadsAndStopLaunchesAtOnce) {

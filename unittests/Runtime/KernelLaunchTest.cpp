@@ -24,9 +24,23 @@ TEST(KernelLaunch, CallsThatWriteDeviceMemory) {
                            "cuStreamBeginCapture_v2"})
     EXPECT_TRUE(precedesDeviceStatistics(Name)) << Name;
   for (const char *Name : {"cudaLaunchKernel", "cuLaunchKernel", "cudaMemGetInfo", "cudaMalloc",
-                           "cudaStreamSynchronize", "cuGraphInstantiate", "", "Memcpy"})
+                           "cudaStreamSynchronize", "cuGraphInstantiate", "", "Memcpy",
+                           "cuMemSetAccess", "cudaEventRecord"})
     EXPECT_FALSE(precedesDeviceStatistics(Name)) << Name;
   EXPECT_FALSE(precedesDeviceStatistics(nullptr));
+}
+
+// The calls that order work across streams or with the host.
+TEST(KernelLaunch, CallsThatOrderDeviceWork) {
+  for (const char *Name : {"cudaEventRecord", "cudaEventRecordWithFlags_ptsz", "cuEventRecord",
+                           "cudaStreamWaitEvent_ptsz", "cuStreamWaitEvent", "cudaDeviceSynchronize",
+                           "cudaStreamSynchronize_v3020", "cudaEventSynchronize",
+                           "cuCtxSynchronize", "cuStreamSynchronize_ptsz"})
+    EXPECT_TRUE(ordersDeviceWork(Name)) << Name;
+  for (const char *Name : {"cudaEventQuery", "cudaStreamQuery", "cudaEventCreate", "cudaMemcpyAsync",
+                           "cudaLaunchKernel", "", "EventRecord"})
+    EXPECT_FALSE(ordersDeviceWork(Name)) << Name;
+  EXPECT_FALSE(ordersDeviceWork(nullptr));
 }
 
 TEST(KernelLaunch, RuntimeLaunchKernel) {

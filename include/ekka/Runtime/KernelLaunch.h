@@ -81,6 +81,15 @@ bool isLaunchCallback(LaunchDomain Domain, uint32_t Cbid);
 /// (cudaStreamBeginCapture).
 bool precedesDeviceStatistics(const char *CallbackName);
 
+/// Whether the API call that CUPTI names \p CallbackName orders device
+/// work across streams or with the host: an event's record, a stream's
+/// wait for an event, a synchronisation of a stream, an event, a context
+/// or the device. Work that the program puts after it on another stream is
+/// ordered after what the first stream held then, and no later: GPU
+/// statistics waiting on that stream are launched before it. (Queries are
+/// not: the caching allocator polls events at every allocation.)
+bool ordersDeviceWork(const char *CallbackName);
+
 /// Decodes a launch callback's `functionParams`; nullopt for other callbacks.
 std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
                                          const void *FunctionParams,
