@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -57,9 +58,15 @@ struct Batch {
   int64_t N[MaxItems];
   uint32_t FirstBlock[MaxItems + 1]; ///< planBlocks'
   uint32_t Slot[MaxItems];           ///< Each tensor's slot of the ring.
+  /// A tensor of several blocks: where its blocks' partials go in the
+  /// ring's arena, in blocks (a chunk of MaxBlocks of its own).
+  uint32_t PartialsAt[MaxItems];
   uint8_t Type[MaxItems];            ///< DeviceStatsType
   int Count;
 };
+
+static_assert(sizeof(Batch) + 3 * sizeof(void *) <= 4096,
+              "the kernel's parameters must fit the 4 KB every GPU takes");
 
 /// This thread's elements of \p X: block \p Local of \p Blocks, the
 /// elements grid-strided.
@@ -74,8 +81,8 @@ __device__ Acc accumulate(const void *X, int64_t N, unsigned Local, unsigned Blo
 }
 
 /// The statistics of each tensor of \p B into its slot of \p Results. A
-/// tensor of several blocks has each block write its partials into
-/// \p Partials (six doubles a block of the grid) and count itself in its
+/// tensor of several blocks has each block write its partials into its
+/// chunk of \p Partials (six doubles a block) and count itself in its
 /// slot's counter (zero before); its last block reduces them, and sets the
 /// counter back to zero.
 __global__ void __launch_bounds__(Threads)
@@ -103,7 +110,7 @@ __global__ void __launch_bounds__(Threads)
   unsigned *Counter = Counters + B.Slot[Item];
   __shared__ bool Last;
   if (threadIdx.x == 0) {
-    double *P = Partials + 6 * int64_t(blockIdx.x);
+    double *P = Partials + 6 * (int64_t(B.PartialsAt[Item]) + Local);
     P[0] = A.Sum;
     P[1] = A.SumSq;
     P[2] = A.Min;
@@ -119,7 +126,7 @@ __global__ void __launch_bounds__(Threads)
   __threadfence();
   Acc C = start();
   for (unsigned Block = threadIdx.x; Block < Blocks; Block += Threads) {
-    const double *P = Partials + 6 * (int64_t(First) + Block);
+    const double *P = Partials + 6 * (int64_t(B.PartialsAt[Item]) + Block);
     merge(C, Acc{__ldcg(P), __ldcg(P + 1), __ldcg(P + 2), __ldcg(P + 3), __ldcg(P + 4),
                  __ldcg(P + 5)});
   }
@@ -136,6 +143,12 @@ __global__ void __launch_bounds__(Threads)
 /// kernel never writes into a slot that is being read.
 struct Ring {
   static constexpr unsigned Slots = 1 << 16;
+  /// Chunks of MaxBlocks blocks' partials (6.3 MB of device memory): one a
+  /// tensor of several blocks in flight. Allocated once rather than per
+  /// launch: a launch may come from inside the caching allocator's own
+  /// critical section (CUPTI's callback for an event it records), where
+  /// allocating through it again is not safe.
+  static constexpr unsigned Chunks = 128;
   /// Set-ups tried and failed before the kernel is given up on this device.
   static constexpr int MaxTries = 3;
   std::mutex Mutex;
@@ -144,8 +157,13 @@ struct Ring {
   const char *Why = nullptr; ///< The last set-up's error.
   double *Host = nullptr, *DeviceView = nullptr;
   unsigned *Counters = nullptr;
-  std::vector<uint32_t> Free;
+  double *Partials = nullptr;
+  std::vector<uint32_t> Free, FreeChunks;
   std::vector<cudaEvent_t> Events;
+  /// The launches holding chunks, oldest first: a chunk is free again once
+  /// its launch's event completed (waited for by its ticket, or here when
+  /// none is free).
+  std::deque<std::pair<cudaEvent_t, std::vector<uint32_t>>> Flights;
 };
 
 constexpr int MaxDevices = 64;
@@ -157,7 +175,7 @@ Ring *const Rings = new Ring[MaxDevices];
 /// loaded now rather than at its first launch (CUDA loads modules
 /// lazily), which also tells whether this GPU has an image of it.
 cudaError_t setUp(Ring &R, cudaStream_t Stream) {
-  void *Host = nullptr, *View = nullptr, *Counters = nullptr;
+  void *Host = nullptr, *View = nullptr, *Counters = nullptr, *Partials = nullptr;
   cudaFuncAttributes Attributes;
   cudaError_t E = cudaFuncGetAttributes(&Attributes, stats);
   if (!E)
@@ -168,11 +186,15 @@ cudaError_t setUp(Ring &R, cudaStream_t Stream) {
   if (!E)
     E = cudaMalloc(&Counters, Ring::Slots * sizeof(unsigned));
   if (!E)
+    E = cudaMalloc(&Partials, size_t(Ring::Chunks) * MaxBlocks * 6 * sizeof(double));
+  if (!E)
     E = cudaMemsetAsync(Counters, 0, Ring::Slots * sizeof(unsigned), Stream);
   if (!E)
     E = cudaStreamSynchronize(Stream);
   if (E) {
     cudaGetLastError();
+    if (Partials)
+      cudaFree(Partials);
     if (Counters)
       cudaFree(Counters);
     if (Host)
@@ -182,23 +204,29 @@ cudaError_t setUp(Ring &R, cudaStream_t Stream) {
   R.Host = static_cast<double *>(Host);
   R.DeviceView = static_cast<double *>(View);
   R.Counters = static_cast<unsigned *>(Counters);
+  R.Partials = static_cast<double *>(Partials);
   for (uint32_t Slot = Ring::Slots; Slot-- > 0;)
     R.Free.push_back(Slot);
+  for (uint32_t Chunk = Ring::Chunks; Chunk-- > 0;)
+    R.FreeChunks.push_back(Chunk);
   return cudaSuccess;
 }
 
 } // namespace
 
-int64_t deviceStatsScratch(const DeviceStatsItem *Items, int Count) {
-  int64_t Blocks = 0;
-  bool Several = false;
-  for (int I = 0; I < Count; ++I) {
-    int B = blocksFor(Items[I].N);
-    Blocks += B;
-    Several |= B > 1;
-  }
-  return Several ? 6 * Blocks : 0;
+namespace {
+
+/// Frees \p R's chunks of launch \p Event, if it holds any. Under R.Mutex.
+void freeChunks(Ring &R, cudaEvent_t Event) {
+  for (auto It = R.Flights.begin(); It != R.Flights.end(); ++It)
+    if (It->first == Event) {
+      R.FreeChunks.insert(R.FreeChunks.end(), It->second.begin(), It->second.end());
+      R.Flights.erase(It);
+      return;
+    }
 }
+
+} // namespace
 
 bool prepareDeviceStats(int Device, void *Stream) {
   if (Device < 0 || Device >= MaxDevices)
@@ -228,8 +256,8 @@ bool prepareDeviceStats(int Device, void *Stream) {
   return R.Usable;
 }
 
-bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, double *Scratch,
-                        void *Stream, DeviceStatsTicket &Ticket) {
+bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, void *Stream,
+                        DeviceStatsTicket &Ticket) {
   if (Device < 0 || Device >= MaxDevices || Count < 1 || Count > MaxItems)
     return false;
   Ring &R = Rings[Device];
@@ -237,20 +265,34 @@ bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, dou
   Batch B;
   B.Count = Count;
   int64_t Sizes[MaxItems];
+  size_t Several = 0;
   for (int I = 0; I < Count; ++I) {
     B.Data[I] = Items[I].Data;
     B.N[I] = Sizes[I] = Items[I].N;
     B.Type[I] = uint8_t(Items[I].Type);
+    B.PartialsAt[I] = 0;
+    Several += blocksFor(Sizes[I]) > 1;
   }
   uint32_t Blocks = planBlocks(Sizes, Count, B.FirstBlock);
-  std::vector<uint32_t> Slots;
+  std::vector<uint32_t> Slots, Chunks;
   cudaEvent_t Event = nullptr;
   {
     std::lock_guard<std::mutex> Lock(R.Mutex);
     if (!R.Usable || R.Free.size() < size_t(Count))
       return false;
+    // Too few chunks free: the oldest launches holding some are waited for
+    // (Chunks > MaxItems: enough once all are).
+    while (R.FreeChunks.size() < Several && !R.Flights.empty()) {
+      cudaEventSynchronize(R.Flights.front().first); // an error ends its kernel too
+      cudaGetLastError();
+      freeChunks(R, R.Flights.front().first);
+    }
+    if (R.FreeChunks.size() < Several)
+      return false;
     Slots.assign(R.Free.end() - Count, R.Free.end());
     R.Free.resize(R.Free.size() - Count);
+    Chunks.assign(R.FreeChunks.end() - Several, R.FreeChunks.end());
+    R.FreeChunks.resize(R.FreeChunks.size() - Several);
     if (!R.Events.empty()) {
       Event = R.Events.back();
       R.Events.pop_back();
@@ -259,28 +301,36 @@ bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, dou
   auto GiveBack = [&] {
     std::lock_guard<std::mutex> Lock(R.Mutex);
     R.Free.insert(R.Free.end(), Slots.begin(), Slots.end());
+    R.FreeChunks.insert(R.FreeChunks.end(), Chunks.begin(), Chunks.end());
     if (Event)
       R.Events.push_back(Event);
   };
-  for (int I = 0; I < Count; ++I)
+  for (int I = 0, Chunk = 0; I < Count; ++I) {
     B.Slot[I] = Slots[I];
+    if (blocksFor(Sizes[I]) > 1)
+      B.PartialsAt[I] = Chunks[Chunk++] * uint32_t(MaxBlocks);
+  }
   if (!Event && cudaEventCreateWithFlags(&Event, cudaEventDisableTiming) != cudaSuccess) {
     cudaGetLastError();
     Event = nullptr;
     GiveBack();
     return false;
   }
-  stats<<<Blocks, Threads, 0, S>>>(B, Scratch, R.Counters, R.DeviceView);
+  stats<<<Blocks, Threads, 0, S>>>(B, R.Partials, R.Counters, R.DeviceView);
   if (cudaGetLastError() != cudaSuccess) {
     // Nothing was enqueued (a GPU the kernel was not built for).
     GiveBack();
     return false;
   }
   if (cudaEventRecord(Event, S) != cudaSuccess) {
-    // The kernel will write the slots: they are not given back.
+    // The kernel will write the slots and chunks: they are not given back.
     cudaGetLastError();
     cudaEventDestroy(Event);
     return false;
+  }
+  if (!Chunks.empty()) {
+    std::lock_guard<std::mutex> Lock(R.Mutex);
+    R.Flights.emplace_back(Event, std::move(Chunks));
   }
   Ticket.Device = Device;
   Ticket.Slots = std::move(Slots);
@@ -312,6 +362,7 @@ bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double *Values) {
   }
   std::lock_guard<std::mutex> Lock(R.Mutex);
   R.Free.insert(R.Free.end(), Ticket.Slots.begin(), Ticket.Slots.end());
+  freeChunks(R, Event);
   R.Events.push_back(Event);
   return Ok;
 }

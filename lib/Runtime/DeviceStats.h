@@ -34,9 +34,6 @@ struct DeviceStatsItem {
   int64_t N = 0;
 };
 
-/// Doubles of device scratch a launch for \p Items needs (0: none).
-int64_t deviceStatsScratch(const DeviceStatsItem *Items, int Count);
-
 /// Statistics in flight: the slots of pinned memory that the kernel writes,
 /// one a tensor, and the event recorded after it.
 struct DeviceStatsTicket {
@@ -56,12 +53,14 @@ bool prepareDeviceStats(int Device, void *Stream);
 /// all are), NaN count and infinity count. One kernel, which writes each
 /// tensor's six doubles into a slot of the device's ring of pinned memory
 /// (prepareDeviceStats first), and an event from a pool.
-/// \p Scratch holds deviceStatsScratch(Items, Count) doubles of device
-/// memory, untouched until the kernel ran. False when nothing was enqueued
-/// (not enough free slots, a GPU the kernel was not built for, a CUDA
-/// error): the caller computes them otherwise.
-bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, double *Scratch,
-                        void *Stream, DeviceStatsTicket &Ticket);
+/// A tensor of several blocks has its blocks' partial results in a chunk
+/// of the device's arena, free again once the kernel is done (waited for
+/// here when none is free). Allocates nothing: it may be called from inside
+/// the caching allocator's critical section. False when nothing was
+/// enqueued (not enough free slots, a GPU the kernel was not built for, a
+/// CUDA error): the caller computes them otherwise.
+bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, void *Stream,
+                        DeviceStatsTicket &Ticket);
 
 /// Waits for \p Ticket's kernel and gives each tensor's six doubles, in
 /// the launch's order, into \p Values (6 per tensor); frees the slots and

@@ -36,7 +36,7 @@ EKKA_HOST_DEVICE inline int blocksFor(int64_t N) {
 }
 
 /// Tensors one launch computes the statistics of, at most: their pointers,
-/// sizes and first blocks are the kernel's parameters (2.4 KB of the 4 KB
+/// sizes, blocks and slots are the kernel's parameters (2.8 KB of the 4 KB
 /// every GPU takes).
 constexpr int MaxItems = 96;
 

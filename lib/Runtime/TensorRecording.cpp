@@ -8,7 +8,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
@@ -445,12 +444,10 @@ std::optional<DeviceStatsType> deviceStatsType(const at::Tensor &T) {
 #if EKKA_HAVE_DEVICE_STATS
 /// The statistics of one launch of this library's kernel (DeviceStats.h):
 /// waited for once, by the first to need them, or when dropped unread (the
-/// slots are reused only once the kernel is done). Its scratch is freed
-/// then too.
+/// slots are reused only once the kernel is done).
 class StatsLaunch : public DeviceStatsBatcher::Launch {
 public:
-  StatsLaunch(DeviceStatsTicket Ticket, at::Tensor Scratch)
-      : Ticket(std::move(Ticket)), Scratch(std::move(Scratch)) {}
+  explicit StatsLaunch(DeviceStatsTicket Ticket) : Ticket(std::move(Ticket)) {}
   ~StatsLaunch() override { wait(); }
   std::optional<TensorStats> stats(size_t I) override {
     wait();
@@ -469,7 +466,6 @@ private:
     });
   }
   DeviceStatsTicket Ticket;
-  at::Tensor Scratch;
   std::once_flag Waited;
   bool Ok = false;
   std::vector<double> Values;
@@ -506,8 +502,10 @@ std::shared_ptr<DeviceStatsBatcher::Launch> launchDeviceStats(const std::vector<
   at::RecordFunctionGuard NoRecord(false);
   c10::NoGradGuard NoGrad;
   TracerTimer Submit(TracerPart::DeviceSubmit);
-  // On any thread (the writer's too), while another may capture a graph in
-  // global mode: the scratch's allocation must not invalidate that capture.
+  // On any thread (the writer's too, or one inside the caching allocator,
+  // whose event record called back: nothing here allocates through it),
+  // while another may capture a graph in global mode: a wait for a chunk
+  // must not invalidate that capture.
   IgnoringOtherThreadsCaptures NotTheirs;
   c10::DeviceGuard OnDevice(Stream.device());
   if (Values.empty() || Values.size() > DeviceStatsBatcher::MaxItems || streamCapturing(Stream))
@@ -515,19 +513,13 @@ std::shared_ptr<DeviceStatsBatcher::Launch> launchDeviceStats(const std::vector<
   std::vector<DeviceStatsItem> Items;
   for (const at::Tensor &V : Values)
     Items.push_back({*deviceStatsType(V), V.const_data_ptr(), V.numel()});
-  at::Tensor Scratch;
-  if (int64_t Doubles = deviceStatsScratch(Items.data(), int(Items.size()))) {
-    c10::StreamGuard OnStream(Stream); // the block is the stream's, in its order
-    Scratch = at::empty({Doubles}, Values.front().options().dtype(at::kDouble));
-  }
   DeviceStatsTicket Ticket;
   if (!enqueueDeviceStats(Stream.device_index(), Items.data(), int(Items.size()),
-                          Scratch.defined() ? Scratch.mutable_data_ptr<double>() : nullptr,
                           Stream.native_handle(), Ticket))
     return nullptr;
   ++Counts.KernelLaunches;
   Counts.ByKernel += int64_t(Values.size());
-  return std::make_shared<StatsLaunch>(std::move(Ticket), std::move(Scratch));
+  return std::make_shared<StatsLaunch>(std::move(Ticket));
 #else
   (void)Values, (void)Stream, (void)Counts;
   return nullptr;
