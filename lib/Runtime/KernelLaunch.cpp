@@ -6,6 +6,7 @@
 #include <cupti.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <string_view>
 
 namespace ekka {
@@ -107,29 +108,29 @@ bool isLaunchCallback(LaunchDomain Domain, uint32_t Cbid) {
          Cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz;
 }
 
-bool precedesDeviceStatistics(const char *CallbackName) {
-  if (!CallbackName)
-    return false;
-  std::string_view Name(CallbackName);
+namespace {
+
+/// Whether \p CallbackName is a CUDA API call's (cuda*, cu*) whose name
+/// holds one of \p Parts.
+bool cudaCallNamed(const char *CallbackName, std::initializer_list<std::string_view> Parts) {
+  std::string_view Name(CallbackName ? CallbackName : "");
   if (Name.substr(0, 2) != "cu")
     return false;
-  for (const char *What : {"Memcpy", "Memset", "GraphLaunch", "WriteValue", "BatchMemOp",
-                           "BeginCapture"})
-    if (Name.find(What) != std::string_view::npos)
+  for (std::string_view Part : Parts)
+    if (Name.find(Part) != std::string_view::npos)
       return true;
   return false;
 }
 
+} // namespace
+
+bool precedesDeviceStatistics(const char *CallbackName) {
+  return cudaCallNamed(CallbackName, {"Memcpy", "Memset", "GraphLaunch", "WriteValue",
+                                      "BatchMemOp", "BeginCapture"});
+}
+
 bool ordersDeviceWork(const char *CallbackName) {
-  if (!CallbackName)
-    return false;
-  std::string_view Name(CallbackName);
-  if (Name.substr(0, 2) != "cu")
-    return false;
-  for (const char *What : {"EventRecord", "StreamWaitEvent", "Synchronize"})
-    if (Name.find(What) != std::string_view::npos)
-      return true;
-  return false;
+  return cudaCallNamed(CallbackName, {"EventRecord", "StreamWaitEvent", "Synchronize"});
 }
 
 std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,
