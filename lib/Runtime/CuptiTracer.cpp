@@ -19,8 +19,11 @@
 #include <cupti.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bitset>
+#include <iterator>
+#include <string_view>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -373,6 +376,10 @@ std::string startKernelTracing(const std::string &Path) {
   // capture), by their names.
   load(Api.CallbackName, "cuptiGetCallbackName");
   bool Writes = true;
+  // Each kind seen at least once, in one domain or the other.
+  const char *const Kinds[] = {"cudaMemcpy", "cuMemcpy", "EventRecord", "Synchronize",
+                               "GraphLaunch"};
+  bool Seen[std::size(Kinds)] = {};
   for (auto [Domain, Index] : {std::pair{CUPTI_CB_DOMAIN_RUNTIME_API, 0},
                                std::pair{CUPTI_CB_DOMAIN_DRIVER_API, 1}}) {
     WriteCallbacks[Index].reset();
@@ -391,9 +398,13 @@ std::string startKernelTracing(const std::string &Path) {
       }
       WriteCallbacks[Index].set(Cbid, Write);
       OrderCallbacks[Index].set(Cbid, Order);
+      std::string_view Called(Name);
+      for (size_t K = 0; K < std::size(Kinds); ++K)
+        Seen[K] |= Called.find(Kinds[K]) != std::string_view::npos;
     }
   }
-  SeesWrites = Writes && Api.CallbackName;
+  // Not if names were missing or matched little: then some are not seen.
+  SeesWrites = Writes && std::all_of(std::begin(Seen), std::end(Seen), [](bool B) { return B; });
   return "traced";
 }
 

@@ -19,7 +19,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -59,7 +58,7 @@ struct Batch {
   uint32_t FirstBlock[MaxItems + 1]; ///< planBlocks'
   uint32_t Slot[MaxItems];           ///< Each tensor's slot of the ring.
   /// A tensor of several blocks: where its blocks' partials go in the
-  /// ring's arena, in blocks (a chunk of MaxBlocks of its own).
+  /// ring's arena, in blocks.
   uint32_t PartialsAt[MaxItems];
   uint8_t Type[MaxItems];            ///< DeviceStatsType
   int Count;
@@ -82,8 +81,8 @@ __device__ Acc accumulate(const void *X, int64_t N, unsigned Local, unsigned Blo
 
 /// The statistics of each tensor of \p B into its slot of \p Results. A
 /// tensor of several blocks has each block write its partials into its
-/// chunk of \p Partials (six doubles a block) and count itself in its
-/// slot's counter (zero before); its last block reduces them, and sets the
+/// run of \p Partials (six doubles a block) and count itself in its slot's
+/// counter (zero before); its last block reduces them, and sets the
 /// counter back to zero.
 __global__ void __launch_bounds__(Threads)
     stats(const Batch B, double *Partials, unsigned *Counters, double *Results) {
@@ -143,12 +142,12 @@ __global__ void __launch_bounds__(Threads)
 /// kernel never writes into a slot that is being read.
 struct Ring {
   static constexpr unsigned Slots = 1 << 16;
-  /// Chunks of MaxBlocks blocks' partials (6.3 MB of device memory): one a
-  /// tensor of several blocks in flight. Allocated once rather than per
-  /// launch: a launch may come from inside the caching allocator's own
-  /// critical section (CUPTI's callback for an event it records), where
-  /// allocating through it again is not safe.
-  static constexpr unsigned Chunks = 128;
+  /// Blocks' partials in flight at most (9.4 MB of device memory: two
+  /// launches of the most tensors, each of the most blocks). Allocated once
+  /// rather than per launch: a launch may come from inside the caching
+  /// allocator's own critical section (CUPTI's callback for an event it
+  /// records), where allocating through it again is not safe.
+  static constexpr uint32_t ArenaBlocks = 2 * MaxItems * MaxBlocks;
   /// Set-ups tried and failed before the kernel is given up on this device.
   static constexpr int MaxTries = 3;
   std::mutex Mutex;
@@ -158,12 +157,9 @@ struct Ring {
   double *Host = nullptr, *DeviceView = nullptr;
   unsigned *Counters = nullptr;
   double *Partials = nullptr;
-  std::vector<uint32_t> Free, FreeChunks;
+  PartialsArena Arena{ArenaBlocks}; ///< Runs owned by launches' events.
+  std::vector<uint32_t> Free;
   std::vector<cudaEvent_t> Events;
-  /// The launches holding chunks, oldest first: a chunk is free again once
-  /// its launch's event completed (waited for by its ticket, or here when
-  /// none is free).
-  std::deque<std::pair<cudaEvent_t, std::vector<uint32_t>>> Flights;
 };
 
 constexpr int MaxDevices = 64;
@@ -186,7 +182,7 @@ cudaError_t setUp(Ring &R, cudaStream_t Stream) {
   if (!E)
     E = cudaMalloc(&Counters, Ring::Slots * sizeof(unsigned));
   if (!E)
-    E = cudaMalloc(&Partials, size_t(Ring::Chunks) * MaxBlocks * 6 * sizeof(double));
+    E = cudaMalloc(&Partials, size_t(Ring::ArenaBlocks) * 6 * sizeof(double));
   if (!E)
     E = cudaMemsetAsync(Counters, 0, Ring::Slots * sizeof(unsigned), Stream);
   if (!E)
@@ -207,23 +203,7 @@ cudaError_t setUp(Ring &R, cudaStream_t Stream) {
   R.Partials = static_cast<double *>(Partials);
   for (uint32_t Slot = Ring::Slots; Slot-- > 0;)
     R.Free.push_back(Slot);
-  for (uint32_t Chunk = Ring::Chunks; Chunk-- > 0;)
-    R.FreeChunks.push_back(Chunk);
   return cudaSuccess;
-}
-
-} // namespace
-
-namespace {
-
-/// Frees \p R's chunks of launch \p Event, if it holds any. Under R.Mutex.
-void freeChunks(Ring &R, cudaEvent_t Event) {
-  for (auto It = R.Flights.begin(); It != R.Flights.end(); ++It)
-    if (It->first == Event) {
-      R.FreeChunks.insert(R.FreeChunks.end(), It->second.begin(), It->second.end());
-      R.Flights.erase(It);
-      return;
-    }
 }
 
 } // namespace
@@ -265,72 +245,65 @@ bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, voi
   Batch B;
   B.Count = Count;
   int64_t Sizes[MaxItems];
-  size_t Several = 0;
+  uint32_t Partials = 0; // blocks of the tensors of several
   for (int I = 0; I < Count; ++I) {
     B.Data[I] = Items[I].Data;
     B.N[I] = Sizes[I] = Items[I].N;
     B.Type[I] = uint8_t(Items[I].Type);
     B.PartialsAt[I] = 0;
-    Several += blocksFor(Sizes[I]) > 1;
+    if (int Blocks = blocksFor(Sizes[I]); Blocks > 1)
+      Partials += uint32_t(Blocks);
   }
-  uint32_t Blocks = planBlocks(Sizes, Count, B.FirstBlock);
-  std::vector<uint32_t> Slots, Chunks;
+  std::vector<uint32_t> Slots;
   cudaEvent_t Event = nullptr;
+  std::optional<uint32_t> At;
   {
     std::lock_guard<std::mutex> Lock(R.Mutex);
     if (!R.Usable || R.Free.size() < size_t(Count))
       return false;
-    // Too few chunks free: the oldest launches holding some are waited for
-    // (Chunks > MaxItems: enough once all are).
-    while (R.FreeChunks.size() < Several && !R.Flights.empty()) {
-      cudaEventSynchronize(R.Flights.front().first); // an error ends its kernel too
-      cudaGetLastError();
-      freeChunks(R, R.Flights.front().first);
-    }
-    if (R.FreeChunks.size() < Several)
-      return false;
-    Slots.assign(R.Free.end() - Count, R.Free.end());
-    R.Free.resize(R.Free.size() - Count);
-    Chunks.assign(R.FreeChunks.end() - Several, R.FreeChunks.end());
-    R.FreeChunks.resize(R.FreeChunks.size() - Several);
     if (!R.Events.empty()) {
       Event = R.Events.back();
       R.Events.pop_back();
     }
   }
-  auto GiveBack = [&] {
-    std::lock_guard<std::mutex> Lock(R.Mutex);
-    R.Free.insert(R.Free.end(), Slots.begin(), Slots.end());
-    R.FreeChunks.insert(R.FreeChunks.end(), Chunks.begin(), Chunks.end());
-    if (Event)
-      R.Events.push_back(Event);
-  };
-  for (int I = 0, Chunk = 0; I < Count; ++I) {
-    B.Slot[I] = Slots[I];
-    if (blocksFor(Sizes[I]) > 1)
-      B.PartialsAt[I] = Chunks[Chunk++] * uint32_t(MaxBlocks);
-  }
   if (!Event && cudaEventCreateWithFlags(&Event, cudaEventDisableTiming) != cudaSuccess) {
     cudaGetLastError();
-    Event = nullptr;
-    GiveBack();
     return false;
+  }
+  {
+    std::lock_guard<std::mutex> Lock(R.Mutex);
+    if (R.Free.size() < size_t(Count)) {
+      R.Events.push_back(Event);
+      return false;
+    }
+    Slots.assign(R.Free.end() - Count, R.Free.end());
+    R.Free.resize(R.Free.size() - Count);
+    // No room for the partials (launches in flight hold it): never waited
+    // for (this may be inside the program's capture, or the allocator's
+    // lock); each tensor in one block instead.
+    At = R.Arena.take(Partials, Event);
+  }
+  uint32_t Blocks = planBlocks(Sizes, Count, B.FirstBlock, /*OneEach=*/!At);
+  for (int I = 0; I < Count; ++I) {
+    B.Slot[I] = Slots[I];
+    if (At && blocksFor(Sizes[I]) > 1) {
+      B.PartialsAt[I] = *At;
+      *At += uint32_t(blocksFor(Sizes[I]));
+    }
   }
   stats<<<Blocks, Threads, 0, S>>>(B, R.Partials, R.Counters, R.DeviceView);
   if (cudaGetLastError() != cudaSuccess) {
     // Nothing was enqueued (a GPU the kernel was not built for).
-    GiveBack();
+    std::lock_guard<std::mutex> Lock(R.Mutex);
+    R.Free.insert(R.Free.end(), Slots.begin(), Slots.end());
+    R.Arena.give(Event);
+    R.Events.push_back(Event);
     return false;
   }
   if (cudaEventRecord(Event, S) != cudaSuccess) {
-    // The kernel will write the slots and chunks: they are not given back.
+    // The kernel will write the slots and the partials: they stay taken.
     cudaGetLastError();
-    cudaEventDestroy(Event);
     return false;
-  }
-  if (!Chunks.empty()) {
-    std::lock_guard<std::mutex> Lock(R.Mutex);
-    R.Flights.emplace_back(Event, std::move(Chunks));
   }
   Ticket.Device = Device;
   Ticket.Slots = std::move(Slots);
@@ -351,20 +324,25 @@ bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double *Values) {
   Ring &R = Rings[Ticket.Device];
   cudaEvent_t Event = static_cast<cudaEvent_t>(Ticket.Event);
   bool Ok = cudaEventSynchronize(Event) == cudaSuccess;
-  if (Ok) {
-    for (size_t I = 0; I < Ticket.Slots.size(); ++I) {
-      const volatile double *Slot = R.Host + 8 * size_t(Ticket.Slots[I]);
-      for (int J = 0; J < 6; ++J)
-        Values[6 * I + J] = Slot[J];
-    }
-  } else {
+  if (!Ok) {
     cudaGetLastError();
+    // Not known to be done (a wait refused while this thread captures, a
+    // device fault): its slots, partials and event stay taken.
+    if (cudaEventQuery(Event) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+  }
+  for (size_t I = 0; I < Ticket.Slots.size(); ++I) {
+    const volatile double *Slot = R.Host + 8 * size_t(Ticket.Slots[I]);
+    for (int J = 0; J < 6; ++J)
+      Values[6 * I + J] = Slot[J];
   }
   std::lock_guard<std::mutex> Lock(R.Mutex);
   R.Free.insert(R.Free.end(), Ticket.Slots.begin(), Ticket.Slots.end());
-  freeChunks(R, Event);
+  R.Arena.give(Event);
   R.Events.push_back(Event);
-  return Ok;
+  return true;
 }
 
 } // namespace ekka

@@ -53,19 +53,22 @@ bool prepareDeviceStats(int Device, void *Stream);
 /// all are), NaN count and infinity count. One kernel, which writes each
 /// tensor's six doubles into a slot of the device's ring of pinned memory
 /// (prepareDeviceStats first), and an event from a pool.
-/// A tensor of several blocks has its blocks' partial results in a chunk
-/// of the device's arena, free again once the kernel is done (waited for
-/// here when none is free). Allocates nothing: it may be called from inside
-/// the caching allocator's critical section. False when nothing was
-/// enqueued (not enough free slots, a GPU the kernel was not built for, a
-/// CUDA error): the caller computes them otherwise.
+/// A tensor of several blocks has its blocks' partial results in a run of
+/// the device's arena, free again once the kernel is done; where launches
+/// in flight hold all of it, each tensor is computed in one block instead.
+/// Allocates nothing and waits for nothing: it may be called from inside
+/// the caching allocator's critical section, or during the program's
+/// capture of a graph on another stream. False when nothing was enqueued
+/// (not enough free slots, a GPU the kernel was not built for, a CUDA
+/// error): those tensors go without statistics.
 bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, void *Stream,
                         DeviceStatsTicket &Ticket);
 
 /// Waits for \p Ticket's kernel and gives each tensor's six doubles, in
-/// the launch's order, into \p Values (6 per tensor); frees the slots and
-/// the event. Exactly once per ticket. False on a CUDA error (a fault in
-/// the program's own kernels makes every later wait fail).
+/// the launch's order, into \p Values (6 per tensor); frees the slots, the
+/// partials and the event. Exactly once per ticket. False on a CUDA error (a
+/// fault in the program's own kernels makes every later wait fail): then
+/// what the kernel may still write stays taken.
 bool awaitDeviceStats(const DeviceStatsTicket &Ticket, double *Values);
 
 /// Why the kernel could not be set up on a device, if it could not (a CUDA

@@ -12,6 +12,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <deque>
+#include <optional>
 
 #ifdef __CUDACC__
 #define EKKA_HOST_DEVICE __host__ __device__
@@ -43,16 +45,80 @@ constexpr int MaxItems = 96;
 /// The grid of one launch for \p Count tensors of \p N elements each:
 /// tensor I takes blocks FirstBlock[I] to FirstBlock[I + 1] - 1, as many
 /// as blocksFor gives it alone, so that its statistics are added in the
-/// same order as in a launch of its own. Returns the grid's size.
-EKKA_HOST_DEVICE inline uint32_t planBlocks(const int64_t *N, int Count, uint32_t *FirstBlock) {
+/// same order as in a launch of its own; or, \p OneEach, one block (which
+/// needs no room for partials). Returns the grid's size.
+EKKA_HOST_DEVICE inline uint32_t planBlocks(const int64_t *N, int Count, uint32_t *FirstBlock,
+                                            bool OneEach = false) {
   uint32_t Next = 0;
   for (int I = 0; I < Count; ++I) {
     FirstBlock[I] = Next;
-    Next += uint32_t(blocksFor(N[I]));
+    Next += OneEach ? 1u : uint32_t(blocksFor(N[I]));
   }
   FirstBlock[Count] = Next;
   return Next;
 }
+
+/// Room on the device for the partials of the tensors of several blocks in
+/// flight, in blocks (six doubles each), handed out first in, first out: a
+/// launch takes a contiguous run, which is free again once its kernel is
+/// done, and the runs after it once theirs are. Never waits: a launch that
+/// finds no room computes each tensor in one block instead.
+class PartialsArena {
+public:
+  explicit PartialsArena(uint32_t Size) : Size(Size) {}
+  /// Where \p N blocks of \p Owner's (a launch's: non-null, one run each
+  /// at a time) go, if there is room; 0 without a run for \p N = 0.
+  std::optional<uint32_t> take(uint32_t N, const void *Owner) {
+    if (N == 0)
+      return 0u;
+    if (N > Size)
+      return std::nullopt;
+    uint32_t At = 0;
+    if (!Flights.empty()) {
+      uint32_t First = Flights.front().Begin, Last = Flights.back().End;
+      if (Last > First) { // free: [Last, Size) and [0, First)
+        if (Size - Last >= N)
+          At = Last;
+        else if (First >= N)
+          At = 0;
+        else
+          return std::nullopt;
+      } else if (First - Last >= N) { // wrapped around: free [Last, First)
+        At = Last;
+      } else {
+        return std::nullopt;
+      }
+    }
+    Flights.push_back({Owner, At, At + N, false});
+    return At;
+  }
+  /// \p Owner's run is free: its kernel is done (or never ran).
+  void give(const void *Owner) {
+    for (Flight &F : Flights)
+      if (!F.Done && F.Owner == Owner) {
+        F.Done = true;
+        break;
+      }
+    while (!Flights.empty() && Flights.front().Done)
+      Flights.pop_front();
+  }
+  /// Blocks in runs not yet free, or behind one.
+  uint32_t used() const {
+    if (Flights.empty())
+      return 0;
+    uint32_t First = Flights.front().Begin, Last = Flights.back().End;
+    return Last > First ? Last - First : Size - First + Last;
+  }
+
+private:
+  struct Flight {
+    const void *Owner;
+    uint32_t Begin, End;
+    bool Done;
+  };
+  uint32_t Size;
+  std::deque<Flight> Flights;
+};
 
 /// The tensor that block \p Block of the grid planBlocks planned works on:
 /// the last I with FirstBlock[I] <= Block (every tensor has a block).

@@ -130,7 +130,8 @@ bool precedesDeviceStatistics(const char *CallbackName) {
 }
 
 bool ordersDeviceWork(const char *CallbackName) {
-  return cudaCallNamed(CallbackName, {"EventRecord", "StreamWaitEvent", "Synchronize"});
+  return cudaCallNamed(CallbackName,
+                       {"EventRecord", "StreamWaitEvent", "Synchronize", "WaitValue"});
 }
 
 std::optional<KernelLaunch> decodeLaunch(LaunchDomain Domain, uint32_t Cbid,

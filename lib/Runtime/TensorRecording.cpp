@@ -537,8 +537,9 @@ std::shared_ptr<DeferredStats> DeviceStatsBatcher::defer(at::Tensor Values,
   // The entry does not hold its statistics (no cycle): the records do.
   auto Stats = std::make_shared<DeferredStats>([this, E] { return await(E); });
   E->Stats = Stats;
+  at::Tensor Unheld; // let go after the lock: it may be the last reference
   std::lock_guard<std::mutex> Lock(Mutex);
-  bool Hold = HeldBytes + E->Bytes <= MaxHeldBytes;
+  bool Hold = HeldBytes + E->Bytes <= MaxHeld;
   Held.push_back(E);
   ++Unlaunched;
   UnlaunchedBytes += E->Bytes;
@@ -551,7 +552,7 @@ std::shared_ptr<DeferredStats> DeviceStatsBatcher::defer(at::Tensor Values,
     // Enqueued: the caller's reference keeps the memory until then.
     HeldBytes -= E->Bytes;
     E->Bytes = 0;
-    E->Values.reset();
+    Unheld = std::move(E->Values);
   }
   return Stats;
 }
@@ -708,12 +709,17 @@ std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
   IgnoringOtherThreadsCaptures NotTheirs;
   auto [Host, Done] = copyToPinned(statsOnDevice(T), currentStream(T));
   ++Counts.ByReductions;
-  return [Host, Done, N]() -> std::optional<TensorStats> {
+  return [Host, Done, N]() mutable -> std::optional<TensorStats> {
+    // Waited for and let go inside Ekka: freeing a pinned buffer records an
+    // event (the caching host allocator's), which is no call of the
+    // program's that the GPU statistics waiting should be launched before.
+    InsideEkkaScope Inside;
+    at::Tensor Buffer = std::move(Host);
+    std::shared_ptr<c10::Event> Copied = std::move(Done);
     try {
-      InsideEkkaScope Inside;
       IgnoringOtherThreadsCaptures Waiting;
-      Done->synchronize();
-      return statsOfSix(Host, N);
+      Copied->synchronize();
+      return statsOfSix(Buffer, N);
     } catch (...) {
       return std::nullopt;
     }
@@ -728,13 +734,15 @@ TraceWriter::Completion deviceBytes(const at::Tensor &T, std::atomic<int64_t> &L
   TracerTimer Submit(TracerPart::DeviceSubmit);
   IgnoringOtherThreadsCaptures NotTheirs; // as deviceStats
   auto [Host, Done] = copyToPinned(logicalValues(T).detach().contiguous(), Stream);
-  return [Host, Done, &Lost](TensorRecord &, std::optional<std::string> &Data) {
+  return [Host, Done, &Lost](TensorRecord &, std::optional<std::string> &Data) mutable {
+    InsideEkkaScope Inside; // as deviceStats'
+    at::Tensor Buffer = std::move(Host);
+    std::shared_ptr<c10::Event> Copied = std::move(Done);
     try {
-      InsideEkkaScope Inside;
       IgnoringOtherThreadsCaptures Waiting;
-      Done->synchronize();
-      const char *P = static_cast<const char *>(Host.const_data_ptr());
-      Data = std::string(P, P + Host.numel() * Host.element_size());
+      Copied->synchronize();
+      const char *P = static_cast<const char *>(Buffer.const_data_ptr());
+      Data = std::string(P, P + Buffer.numel() * Buffer.element_size());
     } catch (...) {
       ++Lost; // the record stays, without what the device did not deliver
     }

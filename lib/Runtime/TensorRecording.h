@@ -167,15 +167,18 @@ struct DeviceStatsCounts {
 /// - MaxItems tensors or MaxUnlaunchedBytes waiting;
 /// - the trace writer's thread needing them and waiting Patience in vain.
 /// The session adds: a copy, a set, a CUDA graph's launch or the start of
-/// a capture made outside any op, and, anywhere, an event's record, a wait
-/// for one or a synchronisation (after which the program may write on
-/// another stream, ordered only after what the tensor's stream held then);
-/// c10d's collectives, which write tensors their schemas do not mark.
+/// a capture made outside an op (inside a named scope, such as an autograd
+/// Function's forward, counts as outside), and, anywhere, an event's
+/// record, a wait for one or a synchronisation (after which the program
+/// may write on another stream, ordered only after what the tensor's
+/// stream held then); c10d's collectives, which write tensors their
+/// schemas do not mark.
 /// A write that none of these sees (a GPU write through another process's
 /// CUDA IPC mapping, the host writing managed memory) between the hand-over
 /// and the launch would show in the statistics. A tensor whose storage was
 /// freed or moved outside ops meanwhile (`UntypedStorage.resize_`) is not
-/// read: it goes without statistics.
+/// read: it goes without statistics (unless it was given the same memory
+/// back, and then written, before the launch).
 ///
 /// Tensors are held until their statistics are read, so that their memory
 /// is not reused meanwhile (MaxHeldBytes at most), and released on a
@@ -198,8 +201,9 @@ public:
                                                          const c10::Stream &Stream)>;
 
   explicit DeviceStatsBatcher(LaunchFn Launcher,
-                              std::chrono::milliseconds Patience = std::chrono::milliseconds(20))
-      : Launcher(std::move(Launcher)), Patience(Patience) {}
+                              std::chrono::milliseconds Patience = std::chrono::milliseconds(20),
+                              uint64_t MaxHeld = MaxHeldBytes)
+      : Launcher(std::move(Launcher)), Patience(Patience), MaxHeld(MaxHeld) {}
   DeviceStatsBatcher(const DeviceStatsBatcher &) = delete;
   DeviceStatsBatcher &operator=(const DeviceStatsBatcher &) = delete;
 
@@ -250,6 +254,7 @@ private:
 
   LaunchFn Launcher;
   std::chrono::milliseconds Patience;
+  uint64_t MaxHeld;
   std::mutex Mutex;
   std::condition_variable LaunchDone;
   /// In the order handed over; the last Unlaunched wait for their launch.

@@ -647,9 +647,14 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     for (const at::Tensor &T : Unmarked)
       WillWrite(T);
     for (size_t I : WrittenLists)
-      for (const c10::IValue &V : Inputs[I].toListRef())
+      for (const c10::IValue &V : Inputs[I].toListRef()) {
         if (V.isTensor())
           WillWrite(V.toTensor());
+        else if (V.isList()) // c10d::allgather_'s Tensor[][] outputs
+          for (const c10::IValue &W : V.toListRef())
+            if (W.isTensor())
+              WillWrite(W.toTensor());
+      }
   }
   if (Kind.Schema.empty()) {
     S->Writer->addOp(OpRecord{Id, Call, Seq, Kind.Name, ""}); // a named scope
@@ -850,14 +855,16 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
 
 void beforeDeviceWrite(bool Ordering) {
   Session *S = Current;
-  if (!S || InsideEkka || !S->DeviceDeferred.waiting())
+  if (!S || InsideEkka)
     return;
   // Inside an op, its own launches and copies write what its schema says
   // (seen at its start); inside a named scope (record_function, an
   // autograd Function's forward) nothing says what they write.
-  if (!Ordering && !OpStack.empty() && OpStack.back()->Operator)
-    return;
-  S->DeviceDeferred.launchAll();
+  bool InOperator = !OpStack.empty() && OpStack.back()->Operator;
+  if (!Ordering && !InOperator)
+    ++OpsBegun; // a write no op announced: what was produced before may have changed
+  if (S->DeviceDeferred.waiting() && (Ordering || !InOperator))
+    S->DeviceDeferred.launchAll();
 }
 
 void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
@@ -1095,8 +1102,8 @@ static std::string lostLater(Session &S, std::string Before) {
       Before += (Before.empty() ? "" : "; ") + std::to_string(N) + What;
   };
   Add(S.LostReadbacks.load(), " tensors' statistics or bytes never came back from the device "
-                              "(recorded without; a stream capturing a CUDA graph, or a device "
-                              "error)");
+                              "(recorded without; a stream capturing a CUDA graph, a device "
+                              "error, or a storage freed before its statistics were launched)");
   Add(S.Deferred.unavailable(),
       " tensors' statistics could not be computed (recorded without): their storage was "
       "resized or moved outside PyTorch's ops before the trace's writer read it");

@@ -12,6 +12,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <future>
+#include <mutex>
 #include <thread>
 
 using namespace ekka;
@@ -234,6 +236,48 @@ TEST(DeviceStatsBatcher, HeldBytesAreBounded) {
   at::Tensor Again = at::ones({16});
   B.defer(Again, stream(0), false);
   EXPECT_EQ(Again.use_count(), 2); // held again, the others released
+}
+
+// A tensor not held is let go after the batcher's lock: its last reference
+// may free memory through an allocator whose own lock another thread holds
+// while it waits for the batcher's (the caching allocator records an event
+// under its lock, and CUPTI's callback for that launches what waits).
+TEST(DeviceStatsBatcher, ATensorIsLetGoOutsideTheLock) {
+  std::mutex AllocatorLock;
+  Launches L;
+  DeviceStatsBatcher::LaunchFn Slow = [&, Inner = L.launcher()](const auto &Values,
+                                                                 const c10::Stream &S) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return Inner(Values, S);
+  };
+  DeviceStatsBatcher B(Slow, std::chrono::milliseconds(20), /*MaxHeld=*/16);
+  auto Run = std::async(std::launch::async, [&] {
+    std::vector<float> *Memory = new std::vector<float>(64, 1.0f);
+    at::Tensor Only = at::from_blob(
+        Memory->data(), {64},
+        [&, Memory](void *) {
+          std::lock_guard<std::mutex> Lock(AllocatorLock);
+          delete Memory;
+        },
+        at::kFloat);
+    std::atomic<bool> Held{false};
+    std::thread Other([&] {
+      std::lock_guard<std::mutex> Lock(AllocatorLock); // inside the allocator
+      Held = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      B.launchAll(); // an event recorded there: what waits is launched
+    });
+    while (!Held)
+      std::this_thread::yield();
+    auto S = B.defer(std::move(Only), stream(0), false); // over the cap: not held
+    Other.join();
+    return S->resolve()->Sum;
+  });
+  if (Run.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "deadlock: the batcher's lock held while a tensor was let go";
+    std::_Exit(1); // the threads cannot be joined
+  }
+  EXPECT_EQ(Run.get(), 64.0);
 }
 
 TEST(DeviceStatsBatcher, SettleAllLaunchesAndReadsAndStopLaunchesAtOnce) {

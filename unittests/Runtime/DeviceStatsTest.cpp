@@ -236,6 +236,67 @@ TEST(DeviceStats, TheGridOfOneLaunch) {
   EXPECT_EQ(size_t(ds::MaxItems), DeviceStatsBatcher::MaxItems);
 }
 
+// Without room for partials, each tensor of a launch takes one block.
+TEST(DeviceStats, OneBlockEachWithoutRoomForPartials) {
+  int64_t N[] = {1, int64_t(1) << 30, 70000};
+  uint32_t First[4];
+  EXPECT_EQ(ds::planBlocks(N, 3, First, /*OneEach=*/true), 3u);
+  for (uint32_t Block = 0; Block < 3; ++Block)
+    EXPECT_EQ(ds::itemOfBlock(First, 3, Block), int(Block));
+}
+
+// The room for partials: runs handed out first in, first out, free again
+// once their launch is done and every run before it too; never more than
+// there is, and no run over another.
+TEST(DeviceStats, ThePartialsArena) {
+  ds::PartialsArena A(100);
+  int L1, L2, L3, L4, L5;
+  EXPECT_EQ(A.take(0, &L1), 0u); // no run
+  EXPECT_EQ(A.used(), 0u);
+  EXPECT_EQ(A.take(40, &L1), 0u);
+  EXPECT_EQ(A.take(40, &L2), 40u);
+  EXPECT_EQ(A.take(30, &L3), std::nullopt); // 20 left at the end, none before
+  EXPECT_EQ(A.take(101, &L3), std::nullopt);
+  A.give(&L2); // done, but behind L1
+  EXPECT_EQ(A.used(), 80u);
+  EXPECT_EQ(A.take(30, &L3), std::nullopt);
+  A.give(&L1); // both free now
+  EXPECT_EQ(A.used(), 0u);
+  EXPECT_EQ(A.take(30, &L3), 0u);
+  EXPECT_EQ(A.take(60, &L4), 30u);
+  A.give(&L3);
+  EXPECT_EQ(A.take(20, &L5), 0u); // wrapped around: [90, 100) is too short
+  EXPECT_EQ(A.used(), 90u);        // and unused until the runs before it are free
+  EXPECT_EQ(A.take(11, &L1), std::nullopt); // [20, 30) holds 10
+  EXPECT_EQ(A.take(10, &L1), 20u);
+  EXPECT_EQ(A.used(), 100u);
+  EXPECT_EQ(A.take(1, &L2), std::nullopt); // full
+  A.give(&L4);
+  A.give(&L5);
+  A.give(&L1);
+  EXPECT_EQ(A.used(), 0u);
+  // Many rounds of launches done in order and out of it: the runs in
+  // flight never overlap.
+  ds::PartialsArena B(1000);
+  std::vector<std::pair<int *, std::pair<uint32_t, uint32_t>>> Flying;
+  std::vector<int> Owners(4000);
+  std::mt19937 Random(3);
+  for (int I = 0; I < 4000; ++I) {
+    uint32_t N = 1 + Random() % 300;
+    if (auto At = B.take(N, &Owners[I])) {
+      for (const auto &[Owner, Run] : Flying)
+        ASSERT_TRUE(*At + N <= Run.first || Run.second <= *At) << I;
+      ASSERT_LE(*At + N, 1000u);
+      Flying.push_back({&Owners[I], {*At, *At + N}});
+    }
+    if (!Flying.empty() && Random() % 2) {
+      size_t K = Random() % Flying.size();
+      B.give(Flying[K].first);
+      Flying.erase(Flying.begin() + K);
+    }
+  }
+}
+
 TEST(DeviceStats, GridSizes) {
   EXPECT_EQ(ds::blocksFor(1), 1);
   EXPECT_EQ(ds::blocksFor(ds::Threads * ds::PerThread), 1);

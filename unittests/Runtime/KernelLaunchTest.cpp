@@ -35,7 +35,8 @@ TEST(KernelLaunch, CallsThatOrderDeviceWork) {
   for (const char *Name : {"cudaEventRecord", "cudaEventRecordWithFlags_ptsz", "cuEventRecord",
                            "cudaStreamWaitEvent_ptsz", "cuStreamWaitEvent", "cudaDeviceSynchronize",
                            "cudaStreamSynchronize_v3020", "cudaEventSynchronize",
-                           "cuCtxSynchronize", "cuStreamSynchronize_ptsz"})
+                           "cuCtxSynchronize", "cuStreamSynchronize_ptsz",
+                           "cuStreamWaitValue32_v2"})
     EXPECT_TRUE(ordersDeviceWork(Name)) << Name;
   for (const char *Name : {"cudaEventQuery", "cudaStreamQuery", "cudaEventCreate", "cudaMemcpyAsync",
                            "cudaLaunchKernel", "", "EventRecord"})

@@ -83,8 +83,8 @@ bool precedesDeviceStatistics(const char *CallbackName);
 
 /// Whether the API call that CUPTI names \p CallbackName orders device
 /// work across streams or with the host: an event's record, a stream's
-/// wait for an event, a synchronisation of a stream, an event, a context
-/// or the device. Work that the program puts after it on another stream is
+/// wait for an event or a value (cuStreamWaitValue32), a synchronisation of
+/// a stream, an event, a context or the device. Work that the program puts after it on another stream is
 /// ordered after what the first stream held then, and no later: GPU
 /// statistics waiting on that stream are launched before it. (Queries are
 /// not: the caching allocator polls events at every allocation.)
