@@ -245,14 +245,14 @@ bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, voi
   Batch B;
   B.Count = Count;
   int64_t Sizes[MaxItems];
-  uint32_t Partials = 0; // blocks of the tensors of several
+  uint32_t PartialBlocks = 0; // the blocks of the tensors of several
   for (int I = 0; I < Count; ++I) {
     B.Data[I] = Items[I].Data;
     B.N[I] = Sizes[I] = Items[I].N;
     B.Type[I] = uint8_t(Items[I].Type);
     B.PartialsAt[I] = 0;
     if (int Blocks = blocksFor(Sizes[I]); Blocks > 1)
-      Partials += uint32_t(Blocks);
+      PartialBlocks += uint32_t(Blocks);
   }
   std::vector<uint32_t> Slots;
   cudaEvent_t Event = nullptr;
@@ -278,11 +278,22 @@ bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, voi
     }
     Slots.assign(R.Free.end() - Count, R.Free.end());
     R.Free.resize(R.Free.size() - Count);
-    // No room for the partials (launches in flight hold it): never waited
-    // for (this may be inside the program's capture, or the allocator's
-    // lock); each tensor in one block instead.
-    At = R.Arena.take(Partials, Event);
+    At = R.Arena.take(PartialBlocks, Event);
   }
+  // No room in the arena (launches in flight hold it, until the writer's
+  // thread has read them): never waited for here (this may be inside the
+  // program's capture, or the allocator's lock). The partials go into
+  // memory of the stream's own, freed in its order after the kernel
+  // (CUDA's pool, not PyTorch's allocator); without that, each tensor is
+  // computed in one block, its sums in another order.
+  double *Partials = R.Partials, *Own = nullptr;
+  if (!At && cudaMallocAsync(reinterpret_cast<void **>(&Own), size_t(PartialBlocks) * 6 *
+                                                                   sizeof(double),
+                             S) == cudaSuccess) {
+    Partials = Own;
+    At = 0;
+  }
+  cudaGetLastError(); // that error, or any left before: not the launch's
   uint32_t Blocks = planBlocks(Sizes, Count, B.FirstBlock, /*OneEach=*/!At);
   for (int I = 0; I < Count; ++I) {
     B.Slot[I] = Slots[I];
@@ -291,8 +302,11 @@ bool enqueueDeviceStats(int Device, const DeviceStatsItem *Items, int Count, voi
       *At += uint32_t(blocksFor(Sizes[I]));
     }
   }
-  stats<<<Blocks, Threads, 0, S>>>(B, R.Partials, R.Counters, R.DeviceView);
-  if (cudaGetLastError() != cudaSuccess) {
+  stats<<<Blocks, Threads, 0, S>>>(B, Partials, R.Counters, R.DeviceView);
+  bool Launched = cudaGetLastError() == cudaSuccess;
+  if (Own)
+    cudaFreeAsync(Own, S);
+  if (!Launched) {
     // Nothing was enqueued (a GPU the kernel was not built for).
     std::lock_guard<std::mutex> Lock(R.Mutex);
     R.Free.insert(R.Free.end(), Slots.begin(), Slots.end());

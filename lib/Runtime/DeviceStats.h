@@ -54,8 +54,10 @@ bool prepareDeviceStats(int Device, void *Stream);
 /// tensor's six doubles into a slot of the device's ring of pinned memory
 /// (prepareDeviceStats first), and an event from a pool.
 /// A tensor of several blocks has its blocks' partial results in a run of
-/// the device's arena, free again once the kernel is done; where launches
-/// in flight hold all of it, each tensor is computed in one block instead.
+/// the device's arena, free again once the kernel was waited for; where
+/// launches in flight hold all of it, in memory from CUDA's stream-ordered
+/// pool, freed after the kernel; failing that, each tensor is computed in
+/// one block (its sums in another order).
 /// Allocates nothing and waits for nothing: it may be called from inside
 /// the caching allocator's critical section, or during the program's
 /// capture of a graph on another stream. False when nothing was enqueued

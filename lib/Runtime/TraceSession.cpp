@@ -201,7 +201,10 @@ void forgetProducers() {
 }
 struct OpContext;
 thread_local std::vector<OpContext *> OpStack; ///< Ops running on this thread.
-thread_local uint64_t OpsBegun = 0;             ///< Ops of the program this thread began.
+/// Ops of the program this thread began, and the writes to device memory it
+/// made that no op announced (CUPTI's callbacks count those).
+thread_local uint64_t OpsBegun = 0;
+thread_local uint64_t OpStarts = 0; ///< The ops alone.
 
 int64_t openCall() {
   if (!CallStack.empty())
@@ -367,7 +370,9 @@ struct Provenance {
   bool ChangedInPlace = false;   ///< It was one, but an op has written to it since.
   /// That record's statistics, if no op at all ran since: then not even
   /// a write that leaves the version counter alone (through `.data`, a
-  /// NumPy view, a C extension) can have changed the values.
+  /// C extension's op) can have changed the values. On a GPU, also no
+  /// kernel, copy or graph launch that no op announced, which CUPTI's
+  /// callbacks count; without them, never.
   std::shared_ptr<DeferredStats> Stats;
 };
 
@@ -385,7 +390,9 @@ Provenance provenanceOf(const at::Tensor &T) {
     P.ChangedInPlace = true;
   } else {
     P.Source = It->second.TensorId;
-    if (It->second.OpsBefore == OpsBegun)
+    bool WritesSeen = !T.is_cuda() || (Current && Current->TracingKernels &&
+                                       kernelTracingSeesWrites());
+    if (It->second.OpsBefore == OpsBegun && WritesSeen)
       P.Stats = It->second.Stats;
   }
   return P;
@@ -587,10 +594,11 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   if (Name.substr(0, 6) == "ekka::")
     return nullptr;
   ++OpsBegun;
+  ++OpStarts;
   // A native program has no module entries, where settled statistics'
   // tensors are let go: every few thousand ops instead. Not where Python
   // runs (a release may take the GIL, which this op's caller may not hold).
-  if (S->Options.Native && OpsBegun % 4096 == 0 && !pythonRunning()) {
+  if (S->Options.Native && OpStarts % 4096 == 0 && !pythonRunning()) {
     S->Deferred.releaseSettled();
     S->DeviceDeferred.releaseSettled();
   }
