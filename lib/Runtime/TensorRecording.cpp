@@ -82,8 +82,11 @@ int64_t valueCount(const at::Tensor &T) {
 
 bool describeTensor(const at::Tensor &T, TensorRecord &R) {
   auto Type = traceDType(T);
-  if (!Type || T.is_sparse() || T.is_quantized() || T.is_nested())
-    return false;
+  at::Layout L = T.layout();
+  if (!Type || T.is_quantized() || T.is_nested() || L == at::kSparse || L == at::kSparseCsr ||
+      L == at::kSparseCsc || L == at::kSparseBsr || L == at::kSparseBsc)
+    return false; // describeValues' to describe
+
   R.Type = *Type;
   R.Shape.assign(T.sizes().begin(), T.sizes().end());
   if (T.layout() == at::kStrided)
@@ -108,6 +111,71 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R) {
   }
   R.Device = T.device().str();
   return true;
+}
+
+bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor &Values, int64_t &Zeros) {
+  if (T.key_set().has(c10::DispatchKey::Python))
+    return false;
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  try {
+    at::Tensor V;
+    switch (T.layout()) {
+    case at::kSparse: R.Layout = "sparse_coo"; break;
+    case at::kSparseCsr: R.Layout = "sparse_csr"; break;
+    case at::kSparseCsc: R.Layout = "sparse_csc"; break;
+    case at::kSparseBsr: R.Layout = "sparse_bsr"; break;
+    case at::kSparseBsc: R.Layout = "sparse_bsc"; break;
+    default:
+      if (T.is_nested())
+        R.Layout = "nested";
+      else if (T.is_quantized())
+        R.Layout = "quantized";
+      else
+        return false;
+    }
+    if (T.layout() == at::kSparse) {
+      V = T.detach().coalesce().values();
+      Zeros = T.numel() - V.numel();
+    } else if (R.Layout.rfind("sparse_", 0) == 0) {
+      V = T.detach().values();
+      Zeros = T.numel() - V.numel();
+    } else if (T.is_nested()) {
+      std::vector<at::Tensor> Parts;
+      for (const at::Tensor &P : T.detach().unbind())
+        Parts.push_back(P.reshape({-1}));
+      V = Parts.empty() ? at::empty({0}, T.options().layout(at::kStrided)) : at::cat(Parts);
+      Zeros = 0;
+    } else {
+      V = T.detach().dequantize();
+      Zeros = 0;
+    }
+    std::optional<DType> Type = traceDType(V);
+    if (!Type || V.layout() != at::kStrided)
+      return false;
+    R.Type = *Type;
+    if (T.is_nested())
+      R.Shape = {V.numel()};
+    else
+      R.Shape.assign(T.sizes().begin(), T.sizes().end());
+    R.Strides.clear();
+    R.Device = T.device().str();
+    Values = std::move(V);
+    return true;
+  } catch (const std::exception &) {
+    R.Layout.clear();
+    return false;
+  }
+}
+
+TensorStats withZeros(TensorStats S, int64_t Zeros) {
+  if (Zeros <= 0)
+    return S;
+  // Min and max skip NaNs (NaN only when every element is one): a zero is
+  // a number.
+  S.Min = std::isnan(S.Min) ? 0.0 : std::min(S.Min, 0.0);
+  S.Max = std::isnan(S.Max) ? 0.0 : std::max(S.Max, 0.0);
+  return S;
 }
 
 namespace {

@@ -234,8 +234,7 @@ bool stepCaptured(Session &S) {
 /// by ATen's reductions. Launched with those waiting at once unless CUPTI
 /// sees the launches, copies, sets and synchronisations outside ops (the
 /// batcher's soundness needs them).
-std::shared_ptr<DeferredStats> deviceStatsLater(Session &S, const at::Tensor &T,
-                                                const char *Role) {
+std::shared_ptr<DeferredStats> deviceStatsLater(Session &S, const at::Tensor &T) {
   if (valueCount(T) == 0)
     return std::make_shared<DeferredStats>(TensorStats());
   bool OutOfMemory = false;
@@ -259,8 +258,17 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   if (!T.defined())
     return 0;
   TensorRecord R;
-  if (!describeTensor(T, R))
-    return 0;
+  // A sparse, nested or quantized tensor: described as the dense tensor it
+  // stands for, with statistics of its values (and a sparse one's zeros);
+  // not captured (safetensors holds strided tensors only).
+  at::Tensor Values;
+  int64_t Zeros = 0;
+  if (!describeTensor(T, R)) {
+    if (!describeValues(T, R, Values, Zeros))
+      return 0;
+    Capture = false;
+  }
+  const at::Tensor &Stored = Values.defined() ? Values : T; // what has the bytes
   R.SourceId = SourceId;
   if (!storableDType(R.Type))
     Capture = false; // no safetensors type for it: statistics only
@@ -274,9 +282,9 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   if (T.is_meta() ||
       T.key_set().has_any(c10::DispatchKeySet(
           {c10::DispatchKey::Python, c10::DispatchKey::Functionalize})) ||
-      (!T.has_storage() && (T.is_cpu() || T.is_cuda())) ||
-      (T.numel() > 0 && T.has_storage() &&
-       !T.unsafeGetTensorImpl()->unsafe_storage().data())) {
+      (!Stored.has_storage() && (Stored.is_cpu() || Stored.is_cuda())) ||
+      (Stored.numel() > 0 && Stored.has_storage() &&
+       !Stored.unsafeGetTensorImpl()->unsafe_storage().data())) {
     Stats = Capture = false;
   }
   R.Id = S.Writer->nextTensorId();
@@ -284,6 +292,33 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   R.OwnerId = OwnerId;
   R.Role = Role;
   R.Index = Index;
+  if (Values.defined()) {
+    int64_t NewId = R.Id;
+    if (!Stats) {
+      S.Writer->addTensor(std::move(R), std::nullopt, TraceWriter::BytesUse::StatsOnly);
+    } else if (!Values.is_cuda()) {
+      TracerTimer Timer(TracerPart::Statistics);
+      R.Stats = withZeros(tensorStats(Values), Zeros);
+      S.Writer->addTensor(std::move(R), std::nullopt, TraceWriter::BytesUse::StatsOnly);
+    } else {
+      TracerTimer Timer(TracerPart::Statistics);
+      std::function<std::optional<TensorStats>()> Later;
+      if (!capturingGraph(Values))
+        Later = deviceStats(Values, S.GpuStats);
+      S.Writer->addTensor(
+          std::move(R),
+          [Later, Zeros, &Lost = S.LostReadbacks](TensorRecord &Out,
+                                                  std::optional<std::string> &) mutable {
+            std::function<std::optional<TensorStats>()> Now = std::move(Later);
+            if (std::optional<TensorStats> St = Now ? Now() : std::nullopt)
+              Out.Stats = withZeros(*St, Zeros);
+            else
+              ++Lost;
+          },
+          0, TraceWriter::BytesUse::StatsOnly);
+    }
+    return NewId;
+  }
   uint64_t Size = uint64_t(T.numel()) * T.element_size();
   // Under a CUDA graph capture nothing is read back (a read-back would
   // become part of the graph): the record stays, without statistics or
@@ -313,7 +348,7 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
       std::shared_ptr<DeferredStats> Later = std::move(Known);
       if (!Later) {
         TracerTimer Timer(TracerPart::Statistics);
-        Later = deviceStatsLater(S, T, Role);
+        Later = deviceStatsLater(S, T);
       }
       if (Computed)
         *Computed = Later;

@@ -59,7 +59,8 @@ CREATE TABLE IF NOT EXISTS tensors(
   nan_count INTEGER, inf_count INTEGER,
   shard TEXT,
   key TEXT,
-  source_id INTEGER);
+  source_id INTEGER,
+  layout TEXT);
 CREATE INDEX IF NOT EXISTS tensors_owner ON tensors(owner, owner_id);
 CREATE INDEX IF NOT EXISTS ops_module_call ON ops(module_call_id);
 CREATE INDEX IF NOT EXISTS kernels_op ON kernels(op_id);

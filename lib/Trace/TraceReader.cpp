@@ -179,14 +179,18 @@ Expected<std::vector<KernelRecord>> TraceReader::kernels() {
 
 Expected<std::vector<TensorRecord>> TraceReader::tensors() {
   std::vector<TensorRecord> Out;
-  // source_id arrived with format 1.1; a 1.0 trace has none.
-  auto Probe = Db->prepare("SELECT source_id FROM tensors LIMIT 0");
-  bool HasSource = bool(Probe);
-  if (!Probe)
-    consumeError(Probe.takeError());
+  // source_id arrived with format 1.1, layout with 1.4: older traces lack them.
+  auto Has = [&](const char *Column) {
+    auto Probe = Db->prepare(std::string("SELECT ") + Column + " FROM tensors LIMIT 0");
+    if (!Probe)
+      consumeError(Probe.takeError());
+    return bool(Probe);
+  };
+  bool HasSource = Has("source_id"), HasLayout = Has("layout");
   auto S = Db->prepare(std::string("SELECT id, owner, owner_id, role, idx, dtype, shape, strides, "
                                    "device, sum, sumsq, min, max, nan_count, inf_count, shard, key, ") +
-                       (HasSource ? "source_id" : "NULL") + " FROM tensors ORDER BY id");
+                       (HasSource ? "source_id" : "NULL") + ", " +
+                       (HasLayout ? "layout" : "NULL") + " FROM tensors ORDER BY id");
   if (!S)
     return S.takeError();
   std::string Problem;
@@ -226,6 +230,7 @@ Expected<std::vector<TensorRecord>> TraceReader::tensors() {
         R.Shard = Row.columnText(15).str();
         R.Key = Row.columnText(16).str();
         R.SourceId = optionalInt(Row, 17);
+        R.Layout = Row.columnText(18).str();
         Out.push_back(std::move(R));
       }))
     return E;

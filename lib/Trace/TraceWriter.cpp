@@ -138,8 +138,8 @@ public:
       return E;
     return Prep(Tensor, "INSERT INTO tensors(id, owner, owner_id, role, idx, dtype, shape, "
                         "strides, device, sum, sumsq, min, max, nan_count, inf_count, "
-                        "shard, key, source_id) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, "
-                        "?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)");
+                        "shard, key, source_id, layout) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
+                        "?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)");
   }
 
   /// Writes one batch of queued items in one transaction.
@@ -332,6 +332,10 @@ private:
       Tensor.bind(16, R.Shard).bind(17, R.Key);
     }
     Tensor.bind(18, R.SourceId);
+    if (R.Layout.empty())
+      Tensor.bindNull(19);
+    else
+      Tensor.bind(19, R.Layout);
     return Tensor.run();
   }
 
@@ -679,8 +683,8 @@ void TraceWriter::addOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t
 void TraceWriter::addKernel(KernelRecord R) { enqueue<KernelRecord>(0, std::move(R)); }
 void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data, BytesUse Use) {
   std::optional<uint8_t> Role = smallRole(R.Role);
-  if (Data || !Role || !R.Shard.empty() || !R.Key.empty() || R.Shape.size() > 255 ||
-      R.Strides.size() > 255) {
+  if (Data || !Role || !R.Shard.empty() || !R.Key.empty() || !R.Layout.empty() ||
+      R.Shape.size() > 255 || R.Strides.size() > 255) {
     uint64_t Bytes = Data ? Data->size() : 0;
     return enqueue<TensorItem>(Bytes, std::move(R), std::move(Data), Use, nullptr);
   }

@@ -85,7 +85,7 @@ TEST_F(TraceTest, WriteThenRead) {
   auto R = TraceReader::open(Dir);
   ASSERT_TRUE(bool(R)) << toString(R.takeError());
   EXPECT_EQ((*R)->meta().at("framework"), "hf");
-  EXPECT_EQ((*R)->meta().at("format"), "ekka-trace 1.3");
+  EXPECT_EQ((*R)->meta().at("format"), "ekka-trace 1.4");
   auto Calls = (*R)->moduleCalls();
   ASSERT_TRUE(Calls && Calls->size() == 1u);
   EXPECT_EQ((*Calls)[0].Path, "model.layers.0.mlp");
@@ -194,6 +194,8 @@ TensorRecord smallTensor(TraceWriter &W, int64_t OwnerId, const char *Role, cons
     R.Stats = TensorStats{double(R.Id), 2, -1, 1, 0, R.Id % 5};
   if (R.Id % 4 == 0)
     R.SourceId = R.Id - 1;
+  if (R.Id % 5 == 0)
+    R.Layout = "sparse_csr"; // not packed: the queue's own item
   return R;
 }
 
@@ -212,6 +214,7 @@ void expectSmallTensor(const TensorRecord &T) {
     EXPECT_EQ(T.Stats->InfCount, T.Id % 5);
   }
   EXPECT_EQ(T.SourceId, T.Id % 4 == 0 ? std::optional<int64_t>(T.Id - 1) : std::nullopt);
+  EXPECT_EQ(T.Layout, T.Id % 5 == 0 ? "sparse_csr" : "");
   EXPECT_TRUE(T.Shard.empty());
 }
 

@@ -24,8 +24,9 @@ namespace ekka {
 
 /// Readers refuse a trace of a newer major version; minor versions only add.
 constexpr int TraceFormatMajor = 1;
-/// 1.1: tensors.source_id; 1.2: complex dtypes; 1.3: fnuz, e8m0 and fp4 dtypes
-constexpr int TraceFormatMinor = 3;
+/// 1.1: tensors.source_id; 1.2: complex dtypes; 1.3: fnuz, e8m0 and fp4
+/// dtypes; 1.4: tensors.layout (sparse, nested and quantized tensors)
+constexpr int TraceFormatMinor = 4;
 
 constexpr llvm::StringLiteral TraceDatabaseName = "trace.db";
 
@@ -139,6 +140,10 @@ struct TensorRecord {
   /// For a module call's input: the tensor (a module call's output) it is,
   /// unchanged since. The dataflow between module calls.
   std::optional<int64_t> SourceId;
+  /// Empty for a strided tensor; else `sparse_coo`, `sparse_csr`,
+  /// `sparse_csc`, `sparse_bsr`, `sparse_bsc`, `nested` or `quantized`,
+  /// whose statistics are those of its values as dense (see TraceFormat.md).
+  std::string Layout;
 };
 /// A queue of records that grows moves them (TensorDims).
 static_assert(std::is_nothrow_move_constructible_v<TensorRecord>);

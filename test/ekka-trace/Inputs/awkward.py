@@ -123,6 +123,24 @@ elif kind == "complex":
             return torch.conj(z), z.to(torch.complex128), z.to(torch.complex32)
 
     Complex()(x)
+elif kind == "layouts":
+    import warnings
+    warnings.simplefilter("ignore")  # nested and quantized tensors warn of their future
+
+    class Layouts(torch.nn.Module):
+        def forward(self, x):
+            coo = torch.sparse_coo_tensor([[0, 0, 2], [1, 1, 0]], [1.0, 2.0, -4.0], (3, 3))
+            csr = torch.tensor([[0.0, 5.0], [-1.0, 0.0]]).to_sparse_csr()
+            positive = torch.tensor([[0.0, 2.0], [3.0, 0.0]]).to_sparse()
+            nested = torch.nested.nested_tensor([torch.tensor([1.0, 2.0]),
+                                                 torch.tensor([3.0, 4.0, 5.0])])
+            quantized = torch.quantize_per_tensor(torch.tensor([0.5, -1.0, 2.0]), 0.5, 0,
+                                                  torch.qint8)
+            jagged = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)],
+                                                layout=torch.jagged)
+            return coo, csr, positive, nested, quantized, jagged
+
+    Layouts()(x)
 elif kind == "smallfloats":
     # Every byte, as each small float type (and transposed, as fp4, whose
     # bytes' two values then are not side by side in a row).
