@@ -751,10 +751,14 @@ def _writing_out_first(real):
 
 
 def _wrap_exec():
+    import posix  # os's own: a program may call posix.execv directly
+
     for name in ("execv", "execve"):
         real = getattr(os, name)
         wrapped = _writing_out_first(real)
         setattr(os, name, wrapped)
+        if getattr(posix, name, None) is real:
+            setattr(posix, name, wrapped)
         if real in os.supports_fd:  # os.execve takes a file descriptor
             os.supports_fd.add(wrapped)
 
