@@ -113,7 +113,7 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R) {
   return true;
 }
 
-bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor &Values, int64_t &Zeros) {
+bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor *Values, int64_t &Zeros) {
   if (T.key_set().has(c10::DispatchKey::Python))
     return false;
   at::RecordFunctionGuard NoRecord(false);
@@ -134,33 +134,45 @@ bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor &Values, in
       else
         return false;
     }
-    if (T.layout() == at::kSparse) {
-      V = T.detach().coalesce().values();
-      Zeros = T.numel() - V.numel();
-    } else if (R.Layout.rfind("sparse_", 0) == 0) {
-      V = T.detach().values();
-      Zeros = T.numel() - V.numel();
-    } else if (T.is_nested()) {
-      std::vector<at::Tensor> Parts;
-      for (const at::Tensor &P : T.detach().unbind())
-        Parts.push_back(P.reshape({-1}));
-      V = Parts.empty() ? at::empty({0}, T.options().layout(at::kStrided)) : at::cat(Parts);
-      Zeros = 0;
+    Zeros = 0;
+    std::optional<DType> Type = T.is_quantized() ? DType::F32 : traceDType(T);
+    int64_t Count = 0; // a nested tensor's values
+    if (!Values) {
+      // Described only (no statistics wanted): nothing copied or coalesced.
+      if (T.is_nested())
+        for (const at::Tensor &P : T.detach().unbind())
+          Count += P.numel();
     } else {
-      V = T.detach().dequantize();
-      Zeros = 0;
+      if (T.layout() == at::kSparse) {
+        V = T.detach().coalesce().values();
+        Zeros = T.numel() - V.numel();
+      } else if (R.Layout.rfind("sparse_", 0) == 0) {
+        V = T.detach().values();
+        Zeros = T.numel() - V.numel();
+      } else if (T.is_nested()) {
+        std::vector<at::Tensor> Parts;
+        for (const at::Tensor &P : T.detach().unbind())
+          Parts.push_back(P.reshape({-1}));
+        V = Parts.empty() ? at::empty({0}, T.options().layout(at::kStrided)) : at::cat(Parts);
+      } else {
+        V = T.detach().dequantize();
+      }
+      Type = traceDType(V);
+      Count = V.numel();
+      if (V.layout() != at::kStrided)
+        return false;
     }
-    std::optional<DType> Type = traceDType(V);
-    if (!Type || V.layout() != at::kStrided)
+    if (!Type)
       return false;
     R.Type = *Type;
     if (T.is_nested())
-      R.Shape = {V.numel()};
+      R.Shape = {Count};
     else
       R.Shape.assign(T.sizes().begin(), T.sizes().end());
     R.Strides.clear();
     R.Device = T.device().str();
-    Values = std::move(V);
+    if (Values)
+      *Values = std::move(V);
     return true;
   } catch (const std::exception &) {
     R.Layout.clear();

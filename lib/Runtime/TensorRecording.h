@@ -37,13 +37,13 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R);
 /// For a sparse (COO, CSR, CSC, BSR, BSC), nested (strided) or quantized
 /// tensor, which describeTensor does not take: its layout, dtype, shape
 /// and device into \p R (no strides; a nested tensor's shape is its
-/// values' count), and what its statistics are of: \p Values, a strided
-/// tensor of its stored values (a sparse one's coalesced, a nested one's
-/// parts' flattened one after another, a quantized one's dequantized), and
-/// \p Zeros, the elements a sparse tensor does not store. False for
-/// others, and for a tensor subclass that Python dispatches (reading it
-/// would run Python: torch.nested's jagged layout).
-bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor &Values, int64_t &Zeros);
+/// values' count), and, given \p Values, what its statistics are of: a
+/// strided tensor of its stored values (a sparse one's coalesced, a nested
+/// one's parts' flattened one after another, a quantized one's
+/// dequantized), and \p Zeros, the elements a sparse tensor does not
+/// store. False for others, and for a tensor subclass that Python
+/// dispatches (reading it would run Python: torch.nested's jagged layout).
+bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor *Values, int64_t &Zeros);
 /// \p S, the statistics of some values, with \p Zeros zeros more.
 TensorStats withZeros(TensorStats S, int64_t Zeros);
 /// The statistics from six doubles in their order in the trace: sum, sum

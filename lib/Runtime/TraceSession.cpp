@@ -264,7 +264,7 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
   at::Tensor Values;
   int64_t Zeros = 0;
   if (!describeTensor(T, R)) {
-    if (!describeValues(T, R, Values, Zeros))
+    if (!describeValues(T, R, Stats ? &Values : nullptr, Zeros))
       return 0;
     Capture = false;
   }
