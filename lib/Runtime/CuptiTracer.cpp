@@ -310,7 +310,8 @@ void onCallbackImpl(CUpti_CallbackDomain Domain, CUpti_CallbackId Cbid, const vo
     }
     return;
   }
-  beforeDeviceWrite();
+  if (!Dedup.insideLaunch()) // once per kernel, before our own launches' callbacks
+    beforeDeviceWrite();
   if (!Dedup.enter(D)) {
     // A launch underneath a recorded runtime launch: the same kernel, which
     // may tell its parameters (a driver launch, by CUfunction) when the

@@ -768,6 +768,20 @@ std::pair<at::Tensor, std::shared_ptr<c10::Event>> copyToPinned(const at::Tensor
   return {Host, Done};
 }
 
+/// The pinned buffer of copyToPinned, once its copy is done (waited for in
+/// thread-local capture mode); throws if the device does not deliver it.
+/// Takes both out of the read-back: the caller, inside Ekka, lets them go
+/// (freeing a pinned buffer records an event, the caching host
+/// allocator's, which is no call of the program's that the GPU statistics
+/// waiting should be launched before).
+at::Tensor takeCopied(at::Tensor &Host, std::shared_ptr<c10::Event> &Done) {
+  at::Tensor Buffer = std::move(Host);
+  std::shared_ptr<c10::Event> Copied = std::move(Done);
+  IgnoringOtherThreadsCaptures Waiting;
+  Copied->synchronize();
+  return Buffer;
+}
+
 /// The current stream of \p T's device.
 c10::Stream currentStream(const at::Tensor &T) {
   return c10::impl::getDeviceGuardImpl(T.device().type())->getStream(T.device());
@@ -790,16 +804,9 @@ std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
   auto [Host, Done] = copyToPinned(statsOnDevice(T), currentStream(T));
   ++Counts.ByReductions;
   return [Host, Done, N]() mutable -> std::optional<TensorStats> {
-    // Waited for and let go inside Ekka: freeing a pinned buffer records an
-    // event (the caching host allocator's), which is no call of the
-    // program's that the GPU statistics waiting should be launched before.
     InsideEkkaScope Inside;
-    at::Tensor Buffer = std::move(Host);
-    std::shared_ptr<c10::Event> Copied = std::move(Done);
     try {
-      IgnoringOtherThreadsCaptures Waiting;
-      Copied->synchronize();
-      return statsOfSix(Buffer, N);
+      return statsOfSix(takeCopied(Host, Done), N);
     } catch (...) {
       return std::nullopt;
     }
@@ -815,12 +822,9 @@ TraceWriter::Completion deviceBytes(const at::Tensor &T, std::atomic<int64_t> &L
   IgnoringOtherThreadsCaptures NotTheirs; // as deviceStats
   auto [Host, Done] = copyToPinned(logicalValues(T).detach().contiguous(), Stream);
   return [Host, Done, &Lost](TensorRecord &, std::optional<std::string> &Data) mutable {
-    InsideEkkaScope Inside; // as deviceStats'
-    at::Tensor Buffer = std::move(Host);
-    std::shared_ptr<c10::Event> Copied = std::move(Done);
+    InsideEkkaScope Inside;
     try {
-      IgnoringOtherThreadsCaptures Waiting;
-      Copied->synchronize();
+      at::Tensor Buffer = takeCopied(Host, Done);
       const char *P = static_cast<const char *>(Buffer.const_data_ptr());
       Data = std::string(P, P + Buffer.numel() * Buffer.element_size());
     } catch (...) {

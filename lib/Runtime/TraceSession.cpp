@@ -229,6 +229,13 @@ bool stepCaptured(Session &S) {
   return S.Options.MaxSteps < 0 || S.Step.load() <= S.Options.MaxSteps;
 }
 
+/// Whether CUPTI sees, in \p S, the writes to device memory that no op
+/// announces (kernels launched outside ops, copies, graph launches) and the
+/// calls that order work across streams: what holding GPU statistics back
+/// (DeviceStatsBatcher), and reusing them for a later record of the same
+/// tensor, rely on.
+bool deviceWritesSeen(const Session &S) { return S.TracingKernels && kernelTracingSeesWrites(); }
+
 /// The statistics of \p T, on a GPU, in its stream's order as it is now:
 /// by this library's kernel, launched with others (DeviceStatsBatcher), or
 /// by ATen's reductions. Launched with those waiting at once unless CUPTI
@@ -240,8 +247,7 @@ std::shared_ptr<DeferredStats> deviceStatsLater(Session &S, const at::Tensor &T)
   bool OutOfMemory = false;
   c10::Stream Stream(c10::Stream::DEFAULT, T.device());
   if (at::Tensor Values = kernelStatsValues(T, Stream, OutOfMemory); Values.defined())
-    return S.DeviceDeferred.defer(std::move(Values), Stream,
-                                  /*Now=*/!S.TracingKernels || !kernelTracingSeesWrites());
+    return S.DeviceDeferred.defer(std::move(Values), Stream, /*Now=*/!deviceWritesSeen(S));
   if (OutOfMemory)
     return std::make_shared<DeferredStats>(std::nullopt);
   return std::make_shared<DeferredStats>(deviceStats(T, S.GpuStats));
@@ -425,8 +431,7 @@ Provenance provenanceOf(const at::Tensor &T) {
     P.ChangedInPlace = true;
   } else {
     P.Source = It->second.TensorId;
-    bool WritesSeen = !T.is_cuda() || (Current && Current->TracingKernels &&
-                                       kernelTracingSeesWrites());
+    bool WritesSeen = !T.is_cuda() || (Current && deviceWritesSeen(*Current));
     if (It->second.OpsBefore == OpsBegun && WritesSeen)
       P.Stats = It->second.Stats;
   }
@@ -633,7 +638,8 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   // A native program has no module entries, where settled statistics'
   // tensors are let go: every few thousand ops instead. Not where Python
   // runs (a release may take the GIL, which this op's caller may not hold).
-  if (S->Options.Native && OpStarts % 4096 == 0 && !pythonRunning()) {
+  if (S->Options.Native && OpStarts % 4096 == 0 &&
+      (S->Deferred.holding() || S->DeviceDeferred.holding()) && !pythonRunning()) {
     S->Deferred.releaseSettled();
     S->DeviceDeferred.releaseSettled();
   }

@@ -152,12 +152,16 @@ TEST(KernelLaunch, ARuntimeLaunchIsRecordedOnceNotAgainAsItsDriverLaunch) {
   LaunchDeduplicator D;
   // cudaLaunchKernel enter -> cuLaunchKernel enter/exit -> cudaLaunchKernel exit
   // The recorded launch ends at the runtime's exit, not the driver's.
+  EXPECT_FALSE(D.insideLaunch());
   EXPECT_TRUE(D.enter(LaunchDomain::RuntimeApi));
+  EXPECT_TRUE(D.insideLaunch()); // the driver launch underneath is the same kernel
   EXPECT_FALSE(D.enter(LaunchDomain::DriverApi));
   EXPECT_FALSE(D.exit(LaunchDomain::DriverApi));
   EXPECT_TRUE(D.exit(LaunchDomain::RuntimeApi));
+  EXPECT_FALSE(D.insideLaunch());
   // Triton launches through the driver alone: recorded.
   EXPECT_TRUE(D.enter(LaunchDomain::DriverApi));
+  EXPECT_FALSE(D.insideLaunch());
   EXPECT_TRUE(D.exit(LaunchDomain::DriverApi));
   // An unmatched exit ends nothing.
   EXPECT_FALSE(D.exit(LaunchDomain::RuntimeApi));

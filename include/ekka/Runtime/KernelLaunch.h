@@ -105,6 +105,9 @@ public:
   /// At a launch callback's API exit: whether it ends a recorded launch
   /// (its kernel is then enqueued).
   bool exit(LaunchDomain Domain);
+  /// Whether a recorded runtime launch is under way on this thread (a
+  /// launch callback now is its own driver launch, or one nested in it).
+  bool insideLaunch() const { return RuntimeDepth != 0; }
 
 private:
   unsigned RuntimeDepth = 0;
