@@ -3,6 +3,7 @@
 #include "ekka/Support/Error.h"
 
 #include "llvm/ADT/SmallString.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
@@ -236,6 +237,72 @@ Expected<std::vector<TensorRecord>> TraceReader::tensors() {
     return E;
   if (!Problem.empty())
     return makeError("'" + Dir + "/trace.db' is corrupt: " + Problem);
+  return Out;
+}
+
+Expected<TraceCounts> TraceReader::counts() {
+  TraceCounts Out;
+  auto Count = [&](const char *Table, uint64_t &N) -> Error {
+    auto S = Db->prepare(std::string("SELECT count(*) FROM ") + Table);
+    if (!S)
+      return S.takeError();
+    return S->forEachRow([&](const SQLiteStatement &Row) { N = uint64_t(Row.columnInt(0)); });
+  };
+  if (Error E = Count("module_calls", Out.ModuleCalls))
+    return E;
+  if (Error E = Count("ops", Out.Ops))
+    return E;
+  if (Error E = Count("kernels", Out.Kernels))
+    return E;
+  if (Error E = Count("tensors", Out.Tensors))
+    return E;
+  auto S = Db->prepare("SELECT id, dtype, shape, shard FROM tensors WHERE shard IS NOT NULL "
+                       "AND shard != ''");
+  if (!S)
+    return S.takeError();
+  std::string Problem;
+  StringSet<> Shards;
+  if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
+        auto Type = parseDType(Row.columnText(1));
+        if (!Type) {
+          if (Problem.empty())
+            Problem = "tensor " + std::to_string(Row.columnInt(0)) + " has dtype '" +
+                      Row.columnText(1).str() + "'";
+          return;
+        }
+        uint64_t N = 1;
+        for (int64_t D : parseInts(Row.columnText(2)))
+          N *= uint64_t(D);
+        ++Out.CapturedTensors;
+        Out.CapturedBytes += dtypeBytes(*Type, N).value_or(0);
+        Shards.insert(Row.columnText(3));
+      }))
+    return E;
+  if (!Problem.empty())
+    return makeError("'" + Dir + "/trace.db' is corrupt: " + Problem);
+  Out.Shards = Shards.size();
+  return Out;
+}
+
+Expected<std::map<int64_t, CallTally>> TraceReader::tallyPerModuleCall() {
+  std::map<int64_t, CallTally> Out;
+  auto Ops = Db->prepare("SELECT module_call_id, count(*) FROM ops WHERE module_call_id IS NOT "
+                         "NULL GROUP BY module_call_id");
+  if (!Ops)
+    return Ops.takeError();
+  if (Error E = Ops->forEachRow([&](const SQLiteStatement &Row) {
+        Out[Row.columnInt(0)].Ops = uint64_t(Row.columnInt(1));
+      }))
+    return E;
+  auto Captured = Db->prepare("SELECT owner_id, count(*) FROM tensors WHERE owner = "
+                              "'module_call' AND shard IS NOT NULL AND shard != '' GROUP BY "
+                              "owner_id");
+  if (!Captured)
+    return Captured.takeError();
+  if (Error E = Captured->forEachRow([&](const SQLiteStatement &Row) {
+        Out[Row.columnInt(0)].Captured = uint64_t(Row.columnInt(1));
+      }))
+    return E;
   return Out;
 }
 

@@ -261,29 +261,17 @@ struct Totals {
     auto Lost = R.meta().find("lost_records");
     if (Lost == R.meta().end() || StringRef(Lost->second).starts_with("pending"))
       ++Unclosed;
-    auto C = R.moduleCalls();
-    auto O = R.ops();
-    auto K = R.kernels();
-    auto T = R.tensors();
-    if (!C || !O || !K || !T) {
-      consumeError(C.takeError());
-      consumeError(O.takeError());
-      consumeError(K.takeError());
-      consumeError(T.takeError());
+    auto N = R.counts();
+    if (!N) {
+      consumeError(N.takeError());
       errs() << Tool << ": warning: could not read back '" << R.directory() << "'\n";
       return;
     }
-    Calls += C->size();
-    Ops += O->size();
-    Kernels += K->size();
-    Tensors += T->size();
-    for (const TensorRecord &X : *T)
-      if (!X.Shard.empty()) {
-        uint64_t N = 1;
-        for (int64_t D : X.Shape)
-          N *= uint64_t(D);
-        Captured += dtypeBytes(X.Type, N).value_or(0);
-      }
+    Calls += N->ModuleCalls;
+    Ops += N->Ops;
+    Kernels += N->Kernels;
+    Tensors += N->Tensors;
+    Captured += N->CapturedBytes;
   }
 
   std::string counts() const {
@@ -440,18 +428,11 @@ int runShow() {
     for (const auto &[K, V] : R->meta())
       outs() << "  " << K << ": " << V << "\n";
     auto Calls = unwrapOrExit(Tool, R->moduleCalls());
-    auto Ops = unwrapOrExit(Tool, R->ops());
-    auto Tensors = unwrapOrExit(Tool, R->tensors());
-    std::map<int64_t, unsigned> OpsPerCall, CapturedPerCall;
-    for (const OpRecord &O : Ops)
-      if (O.ModuleCallId)
-        ++OpsPerCall[*O.ModuleCallId];
-    for (const TensorRecord &T : Tensors)
-      if (T.Owner == TensorOwner::ModuleCall && !T.Shard.empty())
-        ++CapturedPerCall[T.OwnerId];
+    auto Counts = unwrapOrExit(Tool, R->counts());
+    auto Tally = unwrapOrExit(Tool, R->tallyPerModuleCall());
     std::map<int64_t, unsigned> Depth;
-    outs() << "  " << Calls.size() << " module calls, " << Ops.size() << " ops, "
-           << Tensors.size() << " tensors\n";
+    outs() << "  " << Calls.size() << " module calls, " << Counts.Ops << " ops, "
+           << Counts.Tensors << " tensors\n";
     unsigned Printed = 0;
     for (const ModuleCallRecord &C : Calls) {
       unsigned D = C.ParentId ? Depth[*C.ParentId] + 1 : 0;
@@ -462,8 +443,8 @@ int runShow() {
       }
       outs() << format("  %5lld step %lld  ", (long long)C.Seq, (long long)C.Step);
       outs().indent(2 * D) << (C.Path.empty() ? "(root)" : C.Path) << "  " << C.ClassName
-                           << "  " << OpsPerCall[C.Id] << " ops";
-      if (unsigned N = CapturedPerCall[C.Id])
+                           << "  " << Tally[C.Id].Ops << " ops";
+      if (uint64_t N = Tally[C.Id].Captured)
         outs() << ", " << N << " captured";
       if (!C.SourceFile.empty())
         outs() << "  " << C.SourceFile << ":" << C.SourceLine;

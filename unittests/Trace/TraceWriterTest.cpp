@@ -106,6 +106,55 @@ TEST_F(TraceTest, WriteThenRead) {
   EXPECT_NE(toString(None.takeError()).find("was not captured"), std::string::npos);
 }
 
+// The summary's counts come from SQL (count(*), GROUP BY), not from the
+// rows read back: they agree with what the writer counted and with the
+// rows, for two module calls of which one has a captured output.
+TEST_F(TraceTest, CountsAndTalliesAgreeWithTheRows) {
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W)) << toString(W.takeError());
+  writeSmallTrace(**W, 1);
+  ModuleCallRecord Bare;
+  Bare.Id = (*W)->nextModuleCallId();
+  Bare.Seq = 1;
+  Bare.Path = "model.norm";
+  (*W)->addModuleCall(Bare);
+  for (int I = 0; I < 3; ++I) {
+    OpRecord Op;
+    Op.Id = (*W)->nextOpId();
+    Op.ModuleCallId = Bare.Id;
+    Op.Name = "aten::add";
+    (*W)->addOp(Op);
+  }
+  OpRecord Outside; // an op of no module call
+  Outside.Id = (*W)->nextOpId();
+  Outside.Name = "aten::empty";
+  (*W)->addOp(Outside);
+  ASSERT_FALSE(bool((*W)->close()));
+  TraceCounts Written = (*W)->counts();
+
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  auto C = (*R)->counts();
+  ASSERT_TRUE(bool(C)) << toString(C.takeError());
+  EXPECT_EQ(C->ModuleCalls, 2u);
+  EXPECT_EQ(C->Ops, 5u);
+  EXPECT_EQ(C->Kernels, 0u);
+  EXPECT_EQ(C->Tensors, (*R)->tensors()->size());
+  EXPECT_EQ(C->Tensors, Written.Tensors);
+  EXPECT_EQ(C->CapturedTensors, Written.CapturedTensors);
+  EXPECT_EQ(C->CapturedBytes, 16u);
+  EXPECT_EQ(C->Shards, 1u);
+
+  auto Tally = (*R)->tallyPerModuleCall();
+  ASSERT_TRUE(bool(Tally)) << toString(Tally.takeError());
+  ASSERT_EQ(Tally->size(), 2u);
+  auto &First = (*Tally)[(*(*R)->moduleCalls())[0].Id];
+  EXPECT_EQ(First.Ops, 1u);
+  EXPECT_EQ(First.Captured, 1u);
+  EXPECT_EQ((*Tally)[Bare.Id].Ops, 3u);
+  EXPECT_EQ((*Tally)[Bare.Id].Captured, 0u);
+}
+
 // The program's hot path hands over ops by an interned text (internOp),
 // from any thread, and shapes inline up to six dimensions: a trace reads
 // the same as one written from whole records, past six dimensions too.

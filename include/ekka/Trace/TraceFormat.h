@@ -54,6 +54,14 @@ unsigned dtypeBits(DType T);
 /// The bytes that \p Elements elements take (F4: half as many, rounded
 /// up); nullopt where that does not fit in 64 bits.
 std::optional<uint64_t> dtypeBytes(DType T, uint64_t Elements);
+
+/// How much a trace holds: what a writer has recorded so far, or what a
+/// reader counts in a trace.
+struct TraceCounts {
+  uint64_t ModuleCalls = 0, Ops = 0, Kernels = 0, Tensors = 0;
+  uint64_t CapturedTensors = 0, CapturedBytes = 0, Shards = 0;
+  uint64_t DroppedCaptures = 0; ///< Lost after a write error (full disk); writer only.
+};
 /// Whether a safetensors file can hold it (all but C32 and C128): only such
 /// tensors are captured.
 bool storableDType(DType T);

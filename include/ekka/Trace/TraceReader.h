@@ -17,6 +17,11 @@
 
 namespace ekka {
 
+/// A module call's own ops and captured tensors.
+struct CallTally {
+  uint64_t Ops = 0, Captured = 0;
+};
+
 /// One rank's trace: its database and its shards, mapped on demand so that
 /// memory holds only the tensors being compared, not the trace.
 class TraceReader {
@@ -38,6 +43,15 @@ public:
   llvm::Expected<std::vector<OpRecord>> ops();
   llvm::Expected<std::vector<KernelRecord>> kernels();
   llvm::Expected<std::vector<TensorRecord>> tensors();
+
+  /// The rows of each table and the captured bytes, read with SQL's count()
+  /// and from the captured tensors' rows only: a long run's trace (millions
+  /// of ops) is summarised without holding it in memory.
+  llvm::Expected<TraceCounts> counts();
+
+  /// For each module call with ops or captured tensors of its own: how
+  /// many (GROUP BY in the database, not the rows read back).
+  llvm::Expected<std::map<int64_t, CallTally>> tallyPerModuleCall();
 
   /// The captured bytes of \p T; an error if it was not captured or its
   /// shard is missing or corrupt.

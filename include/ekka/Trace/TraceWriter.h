@@ -38,13 +38,6 @@ struct TraceWriterOptions {
 /// rank-N/ and process-PID/ — and nothing else the user keeps there.
 void removeTrace(llvm::StringRef Dir);
 
-/// What a writer has recorded so far.
-struct TraceCounts {
-  uint64_t ModuleCalls = 0, Ops = 0, Kernels = 0, Tensors = 0;
-  uint64_t CapturedTensors = 0, CapturedBytes = 0, Shards = 0;
-  uint64_t DroppedCaptures = 0; ///< Lost after a write error (full disk).
-};
-
 /// Writes one rank's trace directory. The add* calls only enqueue; a
 /// background thread writes rows in batched transactions and captured bytes
 /// in shards. Rows of captured tensors are written only after their shard is
