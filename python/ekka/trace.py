@@ -80,23 +80,34 @@ def _tensors(value, outputs=False):
     None, a dict of them, nested: HF's `position_embeddings=(cos, sin)`,
     beside objects that hold none: HF's `past_key_values` cache) directly,
     in pytree's order; anything else through pytree: a hook runs at every
-    module call, and pytree's flattening is most of its cost."""
-    if isinstance(value, torch.Tensor):
+    module call, and pytree's flattening is most of its cost. Exact types
+    are tested first: isinstance() against torch.Tensor costs a metaclass
+    call for anything that is no tensor."""
+    kind = type(value)
+    if kind is _Tensor or kind is _Parameter:
         return [value]
-    if type(value) in (tuple, list):
+    if kind is tuple or kind is list:
         out = []
         for leaf in value:
-            if isinstance(leaf, torch.Tensor):
+            kind = type(leaf)
+            if kind in _scalars:
+                continue
+            if kind is _Tensor or kind is _Parameter or isinstance(leaf, _Tensor):
                 out.append(leaf)
-            elif type(leaf) in (tuple, list, dict):
+            elif kind is tuple or kind is list or kind is dict:
                 out.extend(_tensors(leaf, outputs))
-            elif leaf is not None and not isinstance(leaf, (int, float, bool, str)) and \
-                    not _opaque(leaf, outputs):
+            elif not isinstance(leaf, (int, float, bool, str)) and not _opaque(leaf, outputs):
                 return _tensors_of_any(value, outputs)
         return out
-    if type(value) is dict:
+    if kind is dict:
         return _tensors(list(value.values()), outputs)
+    if isinstance(value, _Tensor):
+        return [value]
     return _tensors_of_any(value, outputs)
+
+
+_Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+_scalars = frozenset((type(None), bool, int, float, str))
 
 
 def _opaque(leaf, outputs):
