@@ -180,6 +180,21 @@ bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor *Values, in
   }
 }
 
+at::Tensor jaggedValues(const at::Tensor &T) {
+  if (!T.defined() || T.layout() != at::kJagged)
+    return {};
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  try {
+    at::Tensor V = at::_nested_get_values(T);
+    if (!V.defined() || V.layout() != at::kStrided || V.key_set().has(c10::DispatchKey::Python))
+      return {};
+    return V;
+  } catch (const std::exception &) {
+    return {};
+  }
+}
+
 TensorStats withZeros(TensorStats S, int64_t Zeros) {
   if (Zeros <= 0)
     return S;

@@ -42,8 +42,16 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R);
 /// one's parts' flattened one after another, a quantized one's
 /// dequantized), and \p Zeros, the elements a sparse tensor does not
 /// store. False for others, and for a tensor subclass that Python
-/// dispatches (reading it would run Python: torch.nested's jagged layout).
+/// dispatches (reading it would run Python: torch.nested's jagged layout,
+/// which jaggedValues reads).
 bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor *Values, int64_t &Zeros);
+/// A jagged nested tensor's packed values (torch.nested's layout=torch.jagged:
+/// its parts one after another along the ragged dimension), a strided
+/// tensor that shares its memory; undefined for any other tensor, or where
+/// asking fails. The tensor is a subclass that Python dispatches: the
+/// question runs its Python (taking the GIL), so it is asked of module
+/// calls' tensors only, outside ops.
+at::Tensor jaggedValues(const at::Tensor &T);
 /// \p S, the statistics of some values, with \p Zeros zeros more.
 TensorStats withZeros(TensorStats S, int64_t Zeros);
 /// The statistics from six doubles in their order in the trace: sum, sum

@@ -256,13 +256,25 @@ std::shared_ptr<DeferredStats> deviceStatsLater(Session &S, const at::Tensor &T)
 /// Records \p T; returns its tensor id, or 0 if it cannot be recorded.
 /// \p Known: statistics already computed or deferred for the same tensor,
 /// unchanged since; \p Computed receives those computed or deferred here.
-int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t OwnerId,
+int64_t recordTensor(Session &S, const at::Tensor &Given, TensorOwner Owner, int64_t OwnerId,
                      const char *Role, int64_t Index, bool Stats, bool Capture,
                      std::optional<int64_t> SourceId = std::nullopt,
                      std::shared_ptr<DeferredStats> Known = nullptr,
                      std::shared_ptr<DeferredStats> *Computed = nullptr) {
-  if (!T.defined())
+  if (!Given.defined())
     return 0;
+  // A module call's jagged nested tensor is recorded as its packed values,
+  // a strided tensor: statistics, strides and, if captured, bytes. An op's
+  // has no row: asking for its values runs Python inside the op.
+  at::Tensor Packed;
+  if (Given.layout() == at::kJagged) {
+    if (Owner != TensorOwner::ModuleCall)
+      return 0;
+    Packed = jaggedValues(Given);
+    if (!Packed.defined())
+      return 0;
+  }
+  const at::Tensor &T = Packed.defined() ? Packed : Given;
   TensorRecord R;
   // A sparse, nested or quantized tensor: described as the dense tensor it
   // stands for, with statistics of its values (and a sparse one's zeros);
@@ -273,6 +285,8 @@ int64_t recordTensor(Session &S, const at::Tensor &T, TensorOwner Owner, int64_t
     if (!describeValues(T, R, Stats ? &Values : nullptr, Zeros))
       return 0;
     Capture = false;
+  } else if (Packed.defined()) {
+    R.Layout = "jagged";
   }
   const at::Tensor &Stored = Values.defined() ? Values : T; // what has the bytes
   R.SourceId = SourceId;

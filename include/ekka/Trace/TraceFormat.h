@@ -25,8 +25,9 @@ namespace ekka {
 /// Readers refuse a trace of a newer major version; minor versions only add.
 constexpr int TraceFormatMajor = 1;
 /// 1.1: tensors.source_id; 1.2: complex dtypes; 1.3: fnuz, e8m0 and fp4
-/// dtypes; 1.4: tensors.layout (sparse, nested and quantized tensors)
-constexpr int TraceFormatMinor = 4;
+/// dtypes; 1.4: tensors.layout (sparse, nested and quantized tensors); 1.5:
+/// layout `jagged` (a jagged nested tensor's packed values)
+constexpr int TraceFormatMinor = 5;
 
 constexpr llvm::StringLiteral TraceDatabaseName = "trace.db";
 

@@ -136,11 +136,28 @@ elif kind == "layouts":
                                                  torch.tensor([3.0, 4.0, 5.0])])
             quantized = torch.quantize_per_tensor(torch.tensor([0.5, -1.0, 2.0]), 0.5, 0,
                                                   torch.qint8)
-            jagged = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)],
-                                                layout=torch.jagged)
+            jagged = Ragged()(torch.arange(-4.0, 6.0).reshape(5, 2))
             return coo, csr, positive, nested, quantized, jagged
 
+    class Ragged(torch.nn.Module):
+        # Returns a jagged nested tensor of two sequences, 2 and 3 long;
+        # its caller's output is the same tensor, written in place after
+        # this one returned (what was captured for each differs).
+        def forward(self, rows):
+            return torch.nested.nested_tensor_from_jagged(rows, torch.tensor([0, 2, 5]))
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ragged = Ragged()
+
+        def forward(self, rows):
+            out = self.ragged(rows)
+            out.values()[-1, -1] = 9.0
+            return out
+
     Layouts()(x)
+    Outer()(torch.arange(-4.0, 6.0).reshape(5, 2))
 elif kind == "smallfloats":
     # Every byte, as each small float type (and transposed, as fp4, whose
     # bytes' two values then are not side by side in a row).
