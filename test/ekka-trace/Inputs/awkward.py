@@ -157,7 +157,8 @@ elif kind == "layouts":
             return out
 
     Layouts()(x)
-    Outer()(torch.arange(-4.0, 6.0).reshape(5, 2))
+    with torch.inference_mode():  # whose tensors' writes are counted otherwise
+        Outer()(torch.arange(-4.0, 6.0).reshape(5, 2))
 elif kind == "smallfloats":
     # Every byte, as each small float type (and transposed, as fp4, whose
     # bytes' two values then are not side by side in a row).
