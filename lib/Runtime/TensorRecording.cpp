@@ -76,6 +76,19 @@ at::Tensor realValues(const at::Tensor &T) {
   return at::view_as_real(V.detach());
 }
 
+/// \p V's values, contiguous and on the CPU where \p ToHost: \p V itself
+/// where it is so already. The copy, our own op, is neither recorded nor
+/// enters autograd. RecordFunction is turned off only for it: turning it
+/// off and on again rebuilds the thread's callbacks (0.5 us, which a
+/// module's every output would pay).
+at::Tensor contiguousValues(const at::Tensor &V, bool ToHost = false) {
+  if (V.is_contiguous() && (!ToHost || V.device().is_cpu()))
+    return V;
+  at::RecordFunctionGuard NoRecord(false);
+  c10::NoGradGuard NoGrad;
+  return ToHost ? V.detach().to(at::kCPU).contiguous() : V.detach().contiguous();
+}
+
 int64_t valueCount(const at::Tensor &T) {
   return T.numel() * (T.is_complex() || T.scalar_type() == at::kFloat4_e2m1fn_x2 ? 2 : 1);
 }
@@ -289,9 +302,9 @@ TensorStats statsOfSix(const at::Tensor &Host, int64_t N) {
 } // namespace
 
 TensorStats tensorStats(const at::Tensor &T) {
-  // Our own ops must neither be recorded nor enter autograd.
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
+  // Our own ops (only where a copy is needed) are neither recorded nor
+  // enter autograd: logicalValues, contiguousValues and statsByReductions
+  // see to it.
   TensorStats S;
   if (T.numel() == 0)
     return S;
@@ -300,8 +313,7 @@ TensorStats tensorStats(const at::Tensor &T) {
     // on the program's thread, where the tensor was just written and sits
     // in the cache (reading it costs less than a copy for the writer's
     // thread would, whose fresh pages the kernel must first clear).
-    at::Tensor V = logicalValues(T);
-    at::Tensor C = V.is_contiguous() ? V : V.detach().contiguous();
+    at::Tensor C = contiguousValues(logicalValues(T));
     if (auto Type = traceDType(C)) {
       llvm::StringRef Bytes(static_cast<const char *>(C.const_data_ptr()),
                             size_t(C.numel()) * C.element_size());
@@ -437,11 +449,7 @@ void DeferredStatsQueue::releaseSettled() {
 }
 
 void tensorBytes(const at::Tensor &T, std::string &Out) {
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
-  at::Tensor V = logicalValues(T);
-  at::Tensor C =
-      V.device().is_cpu() && V.is_contiguous() ? V : V.detach().to(at::kCPU).contiguous();
+  at::Tensor C = contiguousValues(logicalValues(T), /*ToHost=*/true);
   Out.assign(static_cast<const char *>(C.const_data_ptr()), size_t(C.numel()) * C.element_size());
 }
 
@@ -576,11 +584,8 @@ at::Tensor kernelStatsValues(const at::Tensor &T, c10::Stream &Stream, bool &Out
   Stream = c10::impl::getDeviceGuardImpl(T.device().type())->getStream(T.device());
   if (!prepareDeviceStats(T.device().index(), Stream.native_handle()))
     return at::Tensor();
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
   try {
-    at::Tensor V = realValues(T);
-    return V.is_contiguous() ? V : V.detach().contiguous();
+    return contiguousValues(realValues(T));
   } catch (const c10::OutOfMemoryError &) {
     OutOfMemory = true;
   } catch (const std::exception &) {
