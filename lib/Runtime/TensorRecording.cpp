@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
@@ -193,12 +194,24 @@ bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor *Values, in
   }
 }
 
+bool isJagged(const at::Tensor &T) {
+  // Nested, and a subclass that Python dispatches: the only such tensor is
+  // torch.nested's jagged one (asking its layout() would run Python).
+  return T.defined() && T.is_nested() && T.key_set().has(c10::DispatchKey::Python);
+}
+
 at::Tensor jaggedValues(const at::Tensor &T) {
-  if (!T.defined() || T.layout() != at::kJagged)
+  // Under the program's own TorchDispatchMode (a logging mode, FakeTensor)
+  // the mode would see the question as a call of the program's.
+  if (!isJagged(T) || c10::impl::TorchDispatchModeTLS::stack_len() > 0)
     return {};
   at::RecordFunctionGuard NoRecord(false);
   c10::NoGradGuard NoGrad;
   try {
+    // With holes (made with `lengths`, or narrowed), the packed values hold
+    // what no sequence has: not the tensor's values.
+    if (at::_nested_get_lengths(T).defined())
+      return {};
     at::Tensor V = at::_nested_get_values(T);
     if (!V.defined() || V.layout() != at::kStrided || V.key_set().has(c10::DispatchKey::Python))
       return {};

@@ -45,12 +45,17 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R);
 /// dispatches (reading it would run Python: torch.nested's jagged layout,
 /// which jaggedValues reads).
 bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor *Values, int64_t &Zeros);
-/// A jagged nested tensor's packed values (torch.nested's layout=torch.jagged:
-/// its parts one after another along the ragged dimension), a strided
-/// tensor that shares its memory; undefined for any other tensor, or where
-/// asking fails. The tensor is a subclass that Python dispatches: the
-/// question runs its Python (taking the GIL), so it is asked of module
-/// calls' tensors only, outside ops.
+/// Whether \p T is a jagged nested tensor (torch.nested's layout=torch.jagged),
+/// asked without running Python.
+bool isJagged(const at::Tensor &T);
+/// A jagged nested tensor's packed values (its sequences one after another
+/// along the ragged dimension), a strided tensor that shares its memory.
+/// Undefined for any other tensor; for one with holes (its packed values
+/// hold more than its sequences); under a TorchDispatchMode of the
+/// program's (which would see the question); or where asking fails. The
+/// tensor is a subclass that Python dispatches: the question runs its
+/// Python (taking the GIL), so it is asked of module calls' tensors only,
+/// outside ops.
 at::Tensor jaggedValues(const at::Tensor &T);
 /// \p S, the statistics of some values, with \p Zeros zeros more.
 TensorStats withZeros(TensorStats S, int64_t Zeros);

@@ -265,9 +265,9 @@ int64_t recordTensor(Session &S, const at::Tensor &Given, TensorOwner Owner, int
     return 0;
   // A module call's jagged nested tensor is recorded as its packed values,
   // a strided tensor: statistics, strides and, if captured, bytes. An op's
-  // has no row: asking for its values runs Python inside the op.
+  // has no row: asking for its values would run Python inside the op.
   at::Tensor Packed;
-  if (Given.layout() == at::kJagged) {
+  if (isJagged(Given)) {
     if (Owner != TensorOwner::ModuleCall)
       return 0;
     Packed = jaggedValues(Given);
@@ -1142,7 +1142,9 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     int64_t TensorId = recordTensor(*S, T, TensorOwner::ModuleCall, Id, "output", int64_t(I),
                                     /*Stats=*/true, Capture, std::nullopt,
                                     provenanceOf(T).Stats, &Computed);
-    if (TensorId && T.defined()) {
+    // An inference tensor's writes are counted by storage; a jagged one's
+    // go to its values' storage, not its own: it feeds no dataflow.
+    if (TensorId && T.defined() && !(T.is_inference() && isJagged(T))) {
       bool Inference = T.is_inference();
       ProducedInference |= Inference;
       Producers.insert_or_assign(

@@ -240,13 +240,24 @@ Expected<std::vector<TensorRecord>> TraceReader::tensors() {
   return Out;
 }
 
+Expected<uint64_t> TraceReader::rowCount(StringRef Table) {
+  auto S = Db->prepare(("SELECT count(*) FROM " + Table).str());
+  if (!S)
+    return S.takeError();
+  uint64_t N = 0;
+  if (Error E = S->forEachRow([&](const SQLiteStatement &Row) { N = uint64_t(Row.columnInt(0)); }))
+    return E;
+  return N;
+}
+
 Expected<TraceCounts> TraceReader::counts() {
   TraceCounts Out;
   auto Count = [&](const char *Table, uint64_t &N) -> Error {
-    auto S = Db->prepare(std::string("SELECT count(*) FROM ") + Table);
-    if (!S)
-      return S.takeError();
-    return S->forEachRow([&](const SQLiteStatement &Row) { N = uint64_t(Row.columnInt(0)); });
+    auto Rows = rowCount(Table);
+    if (!Rows)
+      return Rows.takeError();
+    N = *Rows;
+    return Error::success();
   };
   if (Error E = Count("module_calls", Out.ModuleCalls))
     return E;

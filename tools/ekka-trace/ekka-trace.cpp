@@ -263,8 +263,8 @@ struct Totals {
       ++Unclosed;
     auto N = R.counts();
     if (!N) {
-      consumeError(N.takeError());
-      errs() << Tool << ": warning: could not read back '" << R.directory() << "'\n";
+      errs() << Tool << ": warning: could not read back '" << R.directory()
+             << "': " << toString(N.takeError()) << "\n";
       return;
     }
     Calls += N->ModuleCalls;
@@ -428,11 +428,12 @@ int runShow() {
     for (const auto &[K, V] : R->meta())
       outs() << "  " << K << ": " << V << "\n";
     auto Calls = unwrapOrExit(Tool, R->moduleCalls());
-    auto Counts = unwrapOrExit(Tool, R->counts());
+    uint64_t Ops = unwrapOrExit(Tool, R->rowCount("ops"));
+    uint64_t Tensors = unwrapOrExit(Tool, R->rowCount("tensors"));
     auto Tally = unwrapOrExit(Tool, R->tallyPerModuleCall());
     std::map<int64_t, unsigned> Depth;
-    outs() << "  " << Calls.size() << " module calls, " << Counts.Ops << " ops, "
-           << Counts.Tensors << " tensors\n";
+    outs() << "  " << Calls.size() << " module calls, " << Ops << " ops, " << Tensors
+           << " tensors\n";
     unsigned Printed = 0;
     for (const ModuleCallRecord &C : Calls) {
       unsigned D = C.ParentId ? Depth[*C.ParentId] + 1 : 0;

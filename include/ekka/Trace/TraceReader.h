@@ -48,6 +48,8 @@ public:
   /// and from the captured tensors' rows only: a long run's trace (millions
   /// of ops) is summarised without holding it in memory.
   llvm::Expected<TraceCounts> counts();
+  /// The rows of one table (module_calls, ops, kernels, tensors), by count().
+  llvm::Expected<uint64_t> rowCount(llvm::StringRef Table);
 
   /// For each module call with ops or captured tensors of its own: how
   /// many (GROUP BY in the database, not the rows read back).

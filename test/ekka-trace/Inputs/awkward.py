@@ -146,15 +146,20 @@ elif kind == "layouts":
         def forward(self, rows):
             return torch.nested.nested_tensor_from_jagged(rows, torch.tensor([0, 2, 5]))
 
+    class Keep(torch.nn.Module):
+        def forward(self, ragged):
+            return ragged
+
     class Outer(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.ragged = Ragged()
+            self.keep = Keep()
 
         def forward(self, rows):
             out = self.ragged(rows)
             out.values()[-1, -1] = 9.0
-            return out
+            return self.keep(out)
 
     Layouts()(x)
     with torch.inference_mode():  # whose tensors' writes are counted otherwise
