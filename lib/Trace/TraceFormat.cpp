@@ -61,6 +61,11 @@ CREATE TABLE IF NOT EXISTS tensors(
   key TEXT,
   source_id INTEGER,
   layout TEXT);
+)sql";
+}
+
+StringRef traceIndexes() {
+  return R"sql(
 CREATE INDEX IF NOT EXISTS tensors_owner ON tensors(owner, owner_id);
 CREATE INDEX IF NOT EXISTS ops_module_call ON ops(module_call_id);
 CREATE INDEX IF NOT EXISTS kernels_op ON kernels(op_id);

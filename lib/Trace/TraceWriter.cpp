@@ -784,8 +784,10 @@ void TraceWriter::run() {
           FailureMessage = toString(std::move(E));
           Storage->abandon(Counts);
         } else {
-          // Into trace.db: whole without its -wal file, if the process
+          // Indexed, as at the end (the trace may end here, at an exec),
+          // and into trace.db: whole without its -wal file, if the process
           // leaves it there.
+          consumeError(Storage->Db->exec(traceIndexes()));
           consumeError(Storage->Db->exec("PRAGMA wal_checkpoint(TRUNCATE)"));
         }
       }
@@ -858,6 +860,8 @@ Error TraceWriter::close() {
   // opens read-only anywhere (a WAL database on a read-only file system or
   // copied without its -shm file does not) and can be copied alone.
   if (Storage && Storage->Db) {
+    // Indexed now, in one pass over each table (see traceIndexes).
+    consumeError(Storage->Db->exec(traceIndexes()));
     consumeError(Storage->Db->exec("PRAGMA wal_checkpoint(TRUNCATE)"));
     consumeError(Storage->Db->exec("PRAGMA journal_mode=DELETE"));
   }

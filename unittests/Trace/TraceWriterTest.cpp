@@ -770,7 +770,22 @@ TEST_F(TraceTest, AKilledWriterLeavesOnlyCompleteShards) {
   }
   EXPECT_EQ(Calls, 1);
   EXPECT_EQ(Captured, 0) << "no captured row before its shard is on disk";
+  // Indexes come when the writer closes (one pass each, not kept up to
+  // date at every row): a killed writer's trace has none, and reads.
+  auto Indexes = [&] {
+    auto Db = SQLiteDatabase::open(Dir + "/trace.db", SQLiteDatabase::Mode::ReadOnly);
+    EXPECT_TRUE(bool(Db));
+    auto S = (*Db)->prepare("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND "
+                            "name IN ('tensors_owner', 'ops_module_call', 'kernels_op')");
+    EXPECT_TRUE(S && S->step());
+    return S->columnInt(0);
+  };
+  EXPECT_EQ(Indexes(), 0);
   ASSERT_FALSE(bool((*W)->close()));
+  EXPECT_EQ(Indexes(), 3);
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R));
+  EXPECT_EQ((*R)->moduleCalls()->size(), 1u);
 }
 
 // flush(): what was handed over, the shard under way included, is in the
