@@ -862,7 +862,13 @@ std::string tracerTime(Session &S) {
                   (unsigned long long)S.PartCalls[P].load());
     Out += Item;
   }
-  return Out + "}";
+  // Not the tracer's work, but time it cost the program: its threads
+  // waited for room in the writer's queue.
+  TraceCounts C = S.Writer->counts();
+  char Item[128];
+  std::snprintf(Item, sizeof(Item), ", \"writer_waits_ms\": %.3f, \"writer_waits\": %llu",
+                double(C.RoomWaitNanos) / 1e6, (unsigned long long)C.RoomWaits);
+  return Out + Item + "}";
 }
 
 } // namespace

@@ -443,7 +443,13 @@ void TraceWriter::push(ChunkPtr Open, uint64_t Bytes, size_t Records, EmplaceFn 
   };
   if (!Room()) {
     Wake.notify_one();
+    auto Start = std::chrono::steady_clock::now();
     Drained.wait(Lock, Room);
+    RoomWaits.fetch_add(1, std::memory_order_relaxed);
+    RoomWaitNanos.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - Start)
+                                         .count()),
+                            std::memory_order_relaxed);
     if (Closing)
       return; // closed while it waited: dropped like any late record
   }
@@ -876,7 +882,10 @@ Error TraceWriter::close() {
 
 TraceCounts TraceWriter::counts() const {
   std::lock_guard<std::mutex> Lock(CountsMutex);
-  return Counts;
+  TraceCounts C = Counts;
+  C.RoomWaits = RoomWaits.load(std::memory_order_relaxed);
+  C.RoomWaitNanos = RoomWaitNanos.load(std::memory_order_relaxed);
+  return C;
 }
 
 } // namespace ekka

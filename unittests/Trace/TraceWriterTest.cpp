@@ -607,6 +607,26 @@ TEST_F(TraceTest, SmallShardsRollOver) {
   EXPECT_EQ(Checked, 3u);
 }
 
+// A program that captures faster than the writer writes waits for room in
+// its queue (twice a shard's bytes): the waits are counted, and timed, for
+// meta tracer_time. Each capture here is a shard's size: every one after
+// the first waits unless the writer took the queue in between, which 50
+// shard writes in a row give it no time to do every time.
+TEST_F(TraceTest, WaitsForRoomAreCounted) {
+  TraceWriterOptions O;
+  O.ShardBytes = 16;
+  auto W = TraceWriter::create(Dir, O);
+  ASSERT_TRUE(bool(W));
+  EXPECT_EQ((*W)->counts().RoomWaits, 0u);
+  for (int I = 0; I < 50; ++I)
+    writeSmallTrace(**W, float(I));
+  ASSERT_FALSE(bool((*W)->close()));
+  TraceCounts C = (*W)->counts();
+  EXPECT_GE(C.RoomWaits, 1u);
+  EXPECT_GT(C.RoomWaitNanos, 0u);
+  EXPECT_EQ(C.CapturedTensors, 50u);
+}
+
 // A captured tensor's buffer, once its shard is written, is handed out
 // again for the next capture that it holds (its pages are the process's
 // already), and what was written from it stays as it was.

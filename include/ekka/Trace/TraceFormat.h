@@ -68,6 +68,10 @@ struct TraceCounts {
   uint64_t ModuleCalls = 0, Ops = 0, Kernels = 0, Tensors = 0;
   uint64_t CapturedTensors = 0, CapturedBytes = 0, Shards = 0;
   uint64_t DroppedCaptures = 0; ///< Lost after a write error (full disk); writer only.
+  /// How often, and for how long in all, the program's threads waited for
+  /// room in the writer's queue (it writes slower than they record);
+  /// writer only.
+  uint64_t RoomWaits = 0, RoomWaitNanos = 0;
 };
 /// Whether a safetensors file can hold it (all but C32 and C128): only such
 /// tensors are captured.

@@ -242,6 +242,7 @@ private:
   std::string FailureMessage;
 
   std::atomic<int64_t> LastModuleCallId{0}, LastOpId{0}, LastKernelId{0}, LastTensorId{0};
+  std::atomic<uint64_t> RoomWaits{0}, RoomWaitNanos{0};
 };
 
 } // namespace ekka
