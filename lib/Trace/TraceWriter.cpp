@@ -11,6 +11,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <pthread.h>
@@ -21,9 +22,20 @@ namespace ekka {
 
 namespace {
 
+/// `[1,4,32]`, as llvm::json writes an array of integers, without building
+/// one: twice for every tensor row the writer inserts.
 std::string jsonInts(ArrayRef<int64_t> V) {
-  std::string Out;
-  raw_string_ostream(Out) << json::Value(json::Array(V));
+  std::string Out(1, '[');
+  Out.reserve(2 + V.size() * 8);
+  char Digits[24];
+  for (size_t I = 0; I < V.size(); ++I) {
+    if (I)
+      Out += ',';
+    auto [End, Ec] = std::to_chars(Digits, Digits + sizeof(Digits), V[I]);
+    (void)Ec; // 24 characters hold any int64
+    Out.append(Digits, End);
+  }
+  Out += ']';
   return Out;
 }
 
