@@ -437,6 +437,8 @@ void DeferredStatsQueue::settleAll() {
 }
 
 void DeferredStatsQueue::releaseSettled() {
+  if (!holding()) // every module call asks: most hold nothing
+    return;
   std::vector<std::shared_ptr<DeferredStats>> Done;
   {
     std::lock_guard<std::mutex> Lock(Mutex);
