@@ -118,7 +118,10 @@ Expected<std::unique_ptr<SQLiteDatabase>> SQLiteDatabase::open(StringRef Path,
   // No memory statistics: keeping them takes a process-wide mutex at every
   // allocation, a tenth of a trace writer's time. Only before SQLite's
   // initialisation; where the program initialised it first (Python's
-  // sqlite3 module), this is refused, and nothing changes.
+  // sqlite3 module), this is refused, and nothing changes. Otherwise it
+  // holds for the program's own use of the same libsqlite3 too:
+  // sqlite3_memory_used() then reads 0, and a soft heap limit is not
+  // enforced (nothing Python's sqlite3 module uses).
   static const int NoMemoryStatistics = sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
   (void)NoMemoryStatistics;
   int Flags = M == Mode::ReadOnly ? SQLITE_OPEN_READONLY

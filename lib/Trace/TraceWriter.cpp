@@ -196,6 +196,18 @@ public:
     return Db->exec("COMMIT");
   }
 
+  /// Creates the indexes (traceIndexes). Where that fails (a full disk, or
+  /// a temporary directory too small for the sort) the trace is whole
+  /// without them: meta `indexes` says why, as far as it can be written.
+  void createIndexes() {
+    Error E = Db->exec(traceIndexes());
+    if (!E)
+      return;
+    std::string Why = "not created: " + toString(std::move(E));
+    consumeError(Db->exec("ROLLBACK")); // what a failed statement may leave open
+    consumeError(Meta.bind(1, "indexes").bind(2, Why).run());
+  }
+
   /// Drops what a failed writer still holds, counting the lost captures.
   void abandon(TraceCounts &Counts) {
     Counts.DroppedCaptures += Pending.size();
@@ -805,7 +817,7 @@ void TraceWriter::run() {
           // Indexed, as at the end (the trace may end here, at an exec),
           // and into trace.db: whole without its -wal file, if the process
           // leaves it there.
-          consumeError(Storage->Db->exec(traceIndexes()));
+          Storage->createIndexes();
           consumeError(Storage->Db->exec("PRAGMA wal_checkpoint(TRUNCATE)"));
         }
       }
@@ -878,8 +890,10 @@ Error TraceWriter::close() {
   // opens read-only anywhere (a WAL database on a read-only file system or
   // copied without its -shm file does not) and can be copied alone.
   if (Storage && Storage->Db) {
-    // Indexed now, in one pass over each table (see traceIndexes).
-    consumeError(Storage->Db->exec(traceIndexes()));
+    // Indexed now, in one pass over each table (see traceIndexes); not
+    // after a failure (a full disk, a transaction it left open).
+    if (FailureMessage.empty())
+      Storage->createIndexes();
     consumeError(Storage->Db->exec("PRAGMA wal_checkpoint(TRUNCATE)"));
     consumeError(Storage->Db->exec("PRAGMA journal_mode=DELETE"));
   }
