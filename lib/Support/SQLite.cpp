@@ -37,6 +37,11 @@ SQLiteStatement &SQLiteStatement::bind(int Index, StringRef Text) {
   return *this;
 }
 
+SQLiteStatement &SQLiteStatement::bindKept(int Index, StringRef Text) {
+  sqlite3_bind_text(Stmt, Index, Text.data(), int(Text.size()), SQLITE_STATIC);
+  return *this;
+}
+
 SQLiteStatement &SQLiteStatement::bindDouble(int Index, double Value) {
   sqlite3_bind_double(Stmt, Index, Value);
   return *this;

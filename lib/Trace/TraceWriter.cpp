@@ -329,9 +329,12 @@ private:
   }
 
   Error insertTensor(const TensorRecord &R) {
-    Tensor.bind(1, R.Id).bind(2, ownerName(R.Owner)).bind(3, R.OwnerId).bind(4, R.Role);
-    Tensor.bind(5, R.Index).bind(6, dtypeName(R.Type)).bind(7, jsonInts(R.Shape));
-    Tensor.bind(8, jsonInts(R.Strides)).bind(9, R.Device);
+    // Its texts are bound without copies: R, the names and these outlive
+    // the insert.
+    std::string Shape = jsonInts(R.Shape), Strides = jsonInts(R.Strides);
+    Tensor.bind(1, R.Id).bindKept(2, ownerName(R.Owner)).bind(3, R.OwnerId).bindKept(4, R.Role);
+    Tensor.bind(5, R.Index).bindKept(6, dtypeName(R.Type)).bindKept(7, Shape);
+    Tensor.bindKept(8, Strides).bindKept(9, R.Device);
     if (R.Stats) {
       const TensorStats &S = *R.Stats;
       auto Real = [&](int I, double V) {
@@ -353,13 +356,13 @@ private:
     if (R.Shard.empty()) {
       Tensor.bindNull(16).bindNull(17);
     } else {
-      Tensor.bind(16, R.Shard).bind(17, R.Key);
+      Tensor.bindKept(16, R.Shard).bindKept(17, R.Key);
     }
     Tensor.bind(18, R.SourceId);
     if (R.Layout.empty())
       Tensor.bindNull(19);
     else
-      Tensor.bind(19, R.Layout);
+      Tensor.bindKept(19, R.Layout);
     return Tensor.run();
   }
 

@@ -35,6 +35,9 @@ public:
 
   SQLiteStatement &bind(int Index, int64_t Value);
   SQLiteStatement &bind(int Index, llvm::StringRef Text);
+  /// Text that the caller keeps valid until run() or forEachRow() has
+  /// returned: not copied (a writer's hot path binds several a row).
+  SQLiteStatement &bindKept(int Index, llvm::StringRef Text);
   SQLiteStatement &bindDouble(int Index, double Value);
   SQLiteStatement &bindBlob(int Index, llvm::StringRef Bytes);
   SQLiteStatement &bindNull(int Index);
