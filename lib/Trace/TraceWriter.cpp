@@ -292,7 +292,7 @@ private:
     ++Counts.Ops;
     Op.bind(1, Id);
     Op.bind(2, ModuleCallId);
-    Op.bind(3, Seq).bind(4, Name).bind(5, Schema);
+    Op.bind(3, Seq).bindKept(4, Name).bindKept(5, Schema); // they outlive the insert
     return Op.run();
   }
 
@@ -301,7 +301,8 @@ private:
     Kernel.bind(1, R.Id);
     Kernel.bind(2, R.OpId);
     Kernel.bind(3, R.ModuleCallId);
-    Kernel.bind(4, R.Seq).bind(5, R.Name).bind(6, dim3(R.Grid)).bind(7, dim3(R.Block));
+    std::string Grid = dim3(R.Grid), Block = dim3(R.Block);
+    Kernel.bind(4, R.Seq).bindKept(5, R.Name).bindKept(6, Grid).bindKept(7, Block);
     Kernel.bind(8, int64_t(R.SharedMem)).bind(9, int64_t(R.Stream));
     Kernel.bind(10, int64_t(R.CorrelationId));
     return Kernel.run();
