@@ -63,8 +63,7 @@ TensorStats statsOfDoubles(const double *V) {
 at::Tensor logicalValues(const at::Tensor &T) {
   if (!T.is_neg() && !T.is_conj())
     return T;
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
+  OwnOps Own;
   return T.detach().resolve_conj().resolve_neg();
 }
 
@@ -72,8 +71,7 @@ at::Tensor realValues(const at::Tensor &T) {
   at::Tensor V = logicalValues(T);
   if (!V.is_complex())
     return V;
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
+  OwnOps Own;
   return at::view_as_real(V.detach());
 }
 
@@ -85,8 +83,7 @@ at::Tensor realValues(const at::Tensor &T) {
 at::Tensor contiguousValues(const at::Tensor &V, bool ToHost = false) {
   if (V.is_contiguous() && (!ToHost || V.device().is_cpu()))
     return V;
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
+  OwnOps Own;
   return ToHost ? V.detach().to(at::kCPU).contiguous() : V.detach().contiguous();
 }
 
@@ -130,8 +127,7 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R) {
 bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor *Values, int64_t &Zeros) {
   if (T.key_set().has(c10::DispatchKey::Python))
     return false;
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
+  OwnOps Own;
   try {
     at::Tensor V;
     switch (T.layout()) {
@@ -205,7 +201,7 @@ at::Tensor jaggedValues(const at::Tensor &T) {
   // the mode would see the question as a call of the program's.
   if (!isJagged(T) || c10::impl::TorchDispatchModeTLS::stack_len() > 0)
     return {};
-  at::RecordFunctionGuard NoRecord(false);
+  at::RecordFunctionGuard NoRecord(false); // the program's own dispatch runs: see above
   c10::NoGradGuard NoGrad;
   try {
     // With holes (made with `lengths`, or narrowed), the packed values hold
@@ -340,8 +336,7 @@ TensorStats tensorStats(const at::Tensor &T) {
 }
 
 TensorStats statsByReductions(const at::Tensor &T) {
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
+  OwnOps Own;
   if (T.numel() == 0)
     return TensorStats();
   return statsOfSix(statsOnDevice(T).cpu(), valueCount(T));
@@ -614,8 +609,7 @@ std::shared_ptr<DeviceStatsBatcher::Launch> launchDeviceStats(const std::vector<
                                                               const c10::Stream &Stream,
                                                               DeviceStatsCounts &Counts) {
 #if EKKA_HAVE_DEVICE_STATS
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
+  OwnOps Own;
   TracerTimer Submit(TracerPart::DeviceSubmit);
   // On any thread (the writer's too, or one inside the caching allocator,
   // whose event record called back: nothing here allocates through it),
@@ -826,8 +820,7 @@ c10::Stream currentStream(const at::Tensor &T) {
 
 std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
                                                         DeviceStatsCounts &Counts) {
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
+  OwnOps Own;
   int64_t N = valueCount(T);
   if (N == 0)
     return [] { return std::optional<TensorStats>(TensorStats()); };
@@ -849,8 +842,7 @@ std::function<std::optional<TensorStats>()> deviceStats(const at::Tensor &T,
 }
 
 TraceWriter::Completion deviceBytes(const at::Tensor &T, std::atomic<int64_t> &Lost) {
-  at::RecordFunctionGuard NoRecord(false);
-  c10::NoGradGuard NoGrad;
+  OwnOps Own;
   c10::DeviceGuard OnDevice(T.device());
   c10::Stream Stream = currentStream(T);
   TracerTimer Submit(TracerPart::DeviceSubmit);

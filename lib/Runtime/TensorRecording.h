@@ -6,6 +6,9 @@
 #include "ekka/Trace/TraceWriter.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/GradMode.h>
 
 #include <atomic>
 #include <chrono>
@@ -32,6 +35,18 @@ at::Tensor realValues(const at::Tensor &T);
 /// How many values statistics are over: a complex tensor's parts, a
 /// float4_e2m1fn_x2 tensor's 4-bit elements (two to its element).
 int64_t valueCount(const at::Tensor &T);
+/// While it lives, the ATen ops this library runs on the program's tensors
+/// (copies, reductions) are its own: not recorded (RecordFunction: the op
+/// observer, a profiler), not in autograd, and not seen by the program's
+/// TorchDispatchMode (a logging mode would list them as the program's). A
+/// tensor subclass that Python dispatches is never read here.
+struct OwnOps {
+  at::RecordFunctionGuard NoRecord{false};
+  c10::NoGradGuard NoGrad;
+  c10::impl::ExcludeDispatchKeyGuard NoModes{
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot})};
+};
+
 /// Shape, strides, dtype and device of \p T into \p R.
 bool describeTensor(const at::Tensor &T, TensorRecord &R);
 /// For a sparse (COO, CSR, CSC, BSR, BSC), nested (strided) or quantized

@@ -969,6 +969,7 @@ void snapshotKernelBuffers() {
   if (!S || InsideEkka || PendingSnapshots.empty())
     return;
   InsideEkkaScope Inside;
+  OwnOps Own; // the copies' allocations are no op of the program's
   LastLaunch = {};
   try {
     for (const PendingSnapshot &P : PendingSnapshots) {

@@ -177,6 +177,15 @@ def _gpu_options():
     return f"cupti={found[0]};"
 
 
+def _unseen(op, *args):
+    """Calls one of the runtime's own ops (start, stop, flush) where the
+    program's TorchDispatchMode, if one is active (a logging mode,
+    FakeTensorMode), does not see it: it is no op of the program's. They take
+    no tensors, so Python's dispatch has nothing else to do with them."""
+    with torch._C._DisableTorchDispatch():
+        return op(*args)
+
+
 def _start(state):
     """Starts the trace at the first module call of any thread. The others
     wait for it: a call that entered before the trace existed would be
@@ -202,14 +211,14 @@ _start_lock = threading.RLock()
 def _start_now(state):
     binding = "torch.ops" if _enter is torch.ops.ekka.enter.default else "python"
     state.options = _gpu_options() + f"binding={binding};" + state.base_options
-    error = torch.ops.ekka.start(_trace_dir(state.trace_dir), state.options,
+    error = _unseen(torch.ops.ekka.start, _trace_dir(state.trace_dir), state.options,
                                  os.environ.get("EKKA_COMMAND_LINE", " ".join(sys.argv)))
     if error:
         # Another process of this program already writes here (a subprocess
         # that runs a model too): give it a directory of its own.
         if "already holds a trace" in error:
             alt = os.path.join(state.trace_dir, f"process-{os.getpid()}")
-            error = torch.ops.ekka.start(alt, state.options, " ".join(sys.argv))
+            error = _unseen(torch.ops.ekka.start, alt, state.options, " ".join(sys.argv))
         if error:
             print(f"ekka-trace: error: {error}", file=sys.stderr)
             return False
@@ -620,7 +629,7 @@ def _stop():
         entry = stack.pop()
         if entry[5] is not None:
             _exit(entry[1], [], [], entry[2])
-    summary = torch.ops.ekka.stop()
+    summary = _unseen(torch.ops.ekka.stop)
     if summary.startswith("error: "):
         print(f"ekka-trace: {summary}", file=sys.stderr)
     elif "; warning: " in summary:
@@ -744,7 +753,7 @@ def _writing_out_first(real):
         traced = state is not None and state.started and state.start_ok
         if traced:
             try:
-                error = torch.ops.ekka.flush()
+                error = _unseen(torch.ops.ekka.flush)
                 if error:
                     print(f"ekka-trace: {error}", file=sys.stderr)
             except Exception:  # the exec must happen as it would untraced
@@ -754,7 +763,7 @@ def _writing_out_first(real):
         except BaseException:
             if traced:  # it failed: the trace is open again
                 try:
-                    torch.ops.ekka.exec_failed()
+                    _unseen(torch.ops.ekka.exec_failed)
                 except Exception:
                     pass
             raise

@@ -10,8 +10,8 @@ directly (as SGLang's model runner does), two overloads of one op, and
 modules that return their submodule's output, as it is or changed in
 place, a module that returns a dataclass, arguments and outputs nested in
 tuples, lists and dicts, and module outputs the caller writes to in place
-right away, and threads whose first module calls start the trace
-together."""
+right away, threads whose first module calls start the trace together,
+and the program's own TorchDispatchMode."""
 import sys
 
 import torch
@@ -174,6 +174,25 @@ elif kind == "smallfloats":
             return tuple(codes(t) for t in TYPES) + (codes(torch.float4_e2m1fn_x2).t(),)
 
     SmallFloats()(x)
+elif kind == "mode":
+    # The program's own TorchDispatchMode, active when the first module call
+    # starts the trace (and when the program ends it): it sees the program's
+    # ops, none of the tracer's.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    log, linear = Log(), torch.nn.Linear(2, 2)
+    with log:
+        linear(x[:, :2])
+    print("mode saw", sorted(set(log.ops)))
 elif kind == "subclass":
     from torch.utils._pytree import tree_map
 
