@@ -76,10 +76,9 @@ at::Tensor realValues(const at::Tensor &T) {
 }
 
 /// \p V's values, contiguous and on the CPU where \p ToHost: \p V itself
-/// where it is so already. The copy, our own op, is neither recorded nor
-/// enters autograd. RecordFunction is turned off only for it: turning it
-/// off and on again rebuilds the thread's callbacks (0.5 us, which a
-/// module's every output would pay).
+/// where it is so already. Only the copy runs under OwnOps: turning
+/// RecordFunction off and on again rebuilds the thread's callbacks (0.5 us,
+/// which a module's every output would pay).
 at::Tensor contiguousValues(const at::Tensor &V, bool ToHost = false) {
   if (V.is_contiguous() && (!ToHost || V.device().is_cpu()))
     return V;
@@ -311,9 +310,8 @@ TensorStats statsOfSix(const at::Tensor &Host, int64_t N) {
 } // namespace
 
 TensorStats tensorStats(const at::Tensor &T) {
-  // Our own ops (only where a copy is needed) are neither recorded nor
-  // enter autograd: logicalValues, contiguousValues and statsByReductions
-  // see to it.
+  // Our own ops (only where a copy is needed) run under OwnOps, which
+  // logicalValues, contiguousValues and statsByReductions take.
   TensorStats S;
   if (T.numel() == 0)
     return S;

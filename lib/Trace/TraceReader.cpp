@@ -252,21 +252,13 @@ Expected<uint64_t> TraceReader::rowCount(StringRef Table) {
 
 Expected<TraceCounts> TraceReader::counts() {
   TraceCounts Out;
-  auto Count = [&](const char *Table, uint64_t &N) -> Error {
+  for (auto [Table, N] : {std::pair{"module_calls", &Out.ModuleCalls}, std::pair{"ops", &Out.Ops},
+                          std::pair{"kernels", &Out.Kernels}, std::pair{"tensors", &Out.Tensors}}) {
     auto Rows = rowCount(Table);
     if (!Rows)
       return Rows.takeError();
-    N = *Rows;
-    return Error::success();
-  };
-  if (Error E = Count("module_calls", Out.ModuleCalls))
-    return E;
-  if (Error E = Count("ops", Out.Ops))
-    return E;
-  if (Error E = Count("kernels", Out.Kernels))
-    return E;
-  if (Error E = Count("tensors", Out.Tensors))
-    return E;
+    *N = *Rows;
+  }
   auto S = Db->prepare("SELECT id, dtype, shape, shard FROM tensors WHERE shard IS NOT NULL "
                        "AND shard != ''");
   if (!S)
@@ -297,23 +289,23 @@ Expected<TraceCounts> TraceReader::counts() {
 
 Expected<std::map<int64_t, CallTally>> TraceReader::tallyPerModuleCall() {
   std::map<int64_t, CallTally> Out;
-  auto Ops = Db->prepare("SELECT module_call_id, count(*) FROM ops WHERE module_call_id IS NOT "
-                         "NULL GROUP BY module_call_id");
-  if (!Ops)
-    return Ops.takeError();
-  if (Error E = Ops->forEachRow([&](const SQLiteStatement &Row) {
-        Out[Row.columnInt(0)].Ops = uint64_t(Row.columnInt(1));
-      }))
-    return E;
-  auto Captured = Db->prepare("SELECT owner_id, count(*) FROM tensors WHERE owner = "
-                              "'module_call' AND shard IS NOT NULL AND shard != '' GROUP BY "
-                              "owner_id");
-  if (!Captured)
-    return Captured.takeError();
-  if (Error E = Captured->forEachRow([&](const SQLiteStatement &Row) {
-        Out[Row.columnInt(0)].Captured = uint64_t(Row.columnInt(1));
-      }))
-    return E;
+  // (module call, count) rows, each into its field of the call's tally.
+  const std::pair<const char *, uint64_t CallTally::*> Counts[] = {
+      {"SELECT module_call_id, count(*) FROM ops WHERE module_call_id IS NOT NULL GROUP BY "
+       "module_call_id",
+       &CallTally::Ops},
+      {"SELECT owner_id, count(*) FROM tensors WHERE owner = 'module_call' AND shard IS NOT "
+       "NULL AND shard != '' GROUP BY owner_id",
+       &CallTally::Captured}};
+  for (const auto &[Sql, Field] : Counts) {
+    auto S = Db->prepare(Sql);
+    if (!S)
+      return S.takeError();
+    if (Error E = S->forEachRow([&, Field = Field](const SQLiteStatement &Row) {
+          Out[Row.columnInt(0)].*Field = uint64_t(Row.columnInt(1));
+        }))
+      return E;
+  }
   return Out;
 }
 

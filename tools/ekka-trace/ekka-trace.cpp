@@ -442,10 +442,11 @@ int runShow() {
         outs() << "  ... (" << Calls.size() - ShowLimit << " more; --limit to see them)\n";
         break;
       }
+      const CallTally &Own = Tally[C.Id];
       outs() << format("  %5lld step %lld  ", (long long)C.Seq, (long long)C.Step);
       outs().indent(2 * D) << (C.Path.empty() ? "(root)" : C.Path) << "  " << C.ClassName
-                           << "  " << Tally[C.Id].Ops << " ops";
-      if (uint64_t N = Tally[C.Id].Captured)
+                           << "  " << Own.Ops << " ops";
+      if (uint64_t N = Own.Captured)
         outs() << ", " << N << " captured";
       if (!C.SourceFile.empty())
         outs() << "  " << C.SourceFile << ":" << C.SourceLine;
