@@ -90,6 +90,15 @@ int64_t valueCount(const at::Tensor &T) {
   return T.numel() * (T.is_complex() || T.scalar_type() == at::kFloat4_e2m1fn_x2 ? 2 : 1);
 }
 
+const std::string &deviceName(c10::Device D) {
+  thread_local std::vector<std::pair<c10::Device, std::string>> Names;
+  for (const auto &[Known, Name] : Names)
+    if (Known == D)
+      return Name;
+  Names.emplace_back(D, D.str());
+  return Names.back().second;
+}
+
 bool describeTensor(const at::Tensor &T, TensorRecord &R) {
   auto Type = traceDType(T);
   at::Layout L = T.layout();
@@ -119,7 +128,7 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R) {
       }
     }
   }
-  R.Device = T.device().str();
+  R.Device = deviceName(T.device());
   return true;
 }
 
@@ -179,7 +188,7 @@ bool describeValues(const at::Tensor &T, TensorRecord &R, at::Tensor *Values, in
     else
       R.Shape.assign(T.sizes().begin(), T.sizes().end());
     R.Strides.clear();
-    R.Device = T.device().str();
+    R.Device = deviceName(T.device());
     if (Values)
       *Values = std::move(V);
     return true;

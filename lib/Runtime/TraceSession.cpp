@@ -171,45 +171,211 @@ struct Session {
 std::mutex SessionMutex;
 Session *Current = nullptr;
 
-thread_local std::vector<OpenCall> CallStack;
-thread_local std::unordered_map<const c10::TensorImpl *, ProducedTensor> Producers;
-/// Whether Producers holds an inference tensor, whose writes the op
-/// observer must count.
-thread_local bool ProducedInference = false;
-/// While it does: how many ops have begun writing to each storage, the
-/// version counter that inference tensors lack. Cleared with Producers.
-thread_local std::unordered_map<const c10::StorageImpl *, int64_t> StorageWrites;
+/// What the observer needs to know of an operator (a name and overload),
+/// worked out once per thread: its schema as text, which of its arguments
+/// it writes (`Tensor(a!)`), and whether the session's op filter takes it.
+/// Copying or printing a FunctionSchema, or running the filter, at every
+/// call would dominate the observer's cost.
+struct OpKind {
+  std::string Name, Overload; ///< What the key's pointers pointed to.
+  std::string Schema;
+  std::vector<bool> Written;  ///< By argument position.
+  /// Writes to tensors that its schema does not mark written: c10d's
+  /// collectives (`allreduce_` reduces its tensors in place, and
+  /// `broadcast_`, `recv_`, `_allgather_base_` write theirs).
+  bool WritesUnmarked = false;
+  uint64_t FilteredIn = 0;    ///< The session Captured was decided for.
+  bool Captured = false;
+  uint64_t InternedIn = 0;    ///< The session whose writer holds Text.
+  const TraceWriter::OpText *Text = nullptr;
+};
 
-int64_t storageWrites(const at::Tensor &T) {
+/// An operator's name and overload as RecordFunction gives them: pointers
+/// into its registered schema, stable while it is registered. A hit is
+/// checked against the text, as an operator may be deregistered and its
+/// memory reused.
+struct OpKey {
+  const char *Name, *Overload;
+  bool operator==(const OpKey &O) const { return Name == O.Name && Overload == O.Overload; }
+};
+struct OpKeyHash {
+  size_t operator()(const OpKey &K) const {
+    return std::hash<const void *>()(K.Name) * 31 + std::hash<const void *>()(K.Overload);
+  }
+};
+
+/// A copy of a buffer a kernel was given, taken right after the kernel on
+/// its stream.
+struct KernelSnapshot {
+  int64_t KernelId;
+  uint32_t Param;    ///< The kernel parameter that points into the tensor.
+  bool Mutable;      ///< The op's schema marks the tensor as written.
+  at::Tensor Copy;
+  uint64_t Stream;
+};
+
+struct OpContext : at::ObserverContext {
+  int64_t OpId = 0;
+  bool Operator = false; ///< A dispatcher op with a schema, not a named scope.
+  bool Capture = false; ///< Whether this op's tensors are captured.
+  /// Arguments the schema marks as written (`Tensor(a!)`), taken at the
+  /// op's start: RecordFunction's inputs are only valid then.
+  std::vector<at::Tensor> Mutated;
+  /// For a captured op: its tensor arguments, the buffers its kernels'
+  /// pointer parameters are matched against, and whether each is written.
+  std::vector<at::Tensor> Arguments;
+  std::vector<bool> ArgumentMutable;
+  std::vector<KernelSnapshot> Snapshots;
+
+  // One per op: kept for reuse by the thread (ThreadState::Spare), as a
+  // malloc and a free per op are a tenth of the observer's work on a CPU
+  // tensor.
+  static void *operator new(size_t Size);
+  static void operator delete(void *Memory, size_t Size);
+};
+
+/// A snapshot decided at a launch's API entry, taken at its exit, when the
+/// kernel is on its stream.
+struct PendingSnapshot {
+  OpContext *Op;
+  int64_t KernelId;
+  uint32_t Param;
+  size_t Argument;
+  uint64_t Stream;
+};
+/// The launch recorded last on a thread, whose kernel may still get its
+/// pointer parameters (from the driver launch underneath a runtime launch).
+struct RecentLaunch {
+  OpContext *Op = nullptr;
+  int64_t KernelId = 0;
+  uint64_t Stream = 0;
+};
+
+/// What the runtime keeps per thread, in one place. A library loaded with
+/// dlopen reaches a thread_local through __tls_get_addr, a call per
+/// variable and often per use: about 25 calls at every op when these were
+/// a dozen variables. The observer's callbacks look this up once
+/// (thisThread) and hand it on.
+struct ThreadState {
+  /// The module calls open on this thread.
+  std::vector<OpenCall> CallStack;
+  /// The module outputs recorded in this root forward (see ProducedTensor).
+  std::unordered_map<const c10::TensorImpl *, ProducedTensor> Producers;
+  /// Whether Producers holds an inference tensor, whose writes the op
+  /// observer must count.
+  bool ProducedInference = false;
+  /// While it does: how many ops have begun writing to each storage, the
+  /// version counter that inference tensors lack. Cleared with Producers.
+  std::unordered_map<const c10::StorageImpl *, int64_t> StorageWrites;
+  std::vector<OpContext *> OpStack; ///< Ops running on this thread.
+  /// Ops of the program this thread began, and the writes to device memory
+  /// it made that no op announced (CUPTI's callbacks count those).
+  uint64_t OpsBegun = 0;
+  uint64_t OpStarts = 0; ///< The ops alone.
+  std::vector<PendingSnapshot> PendingSnapshots;
+  RecentLaunch LastLaunch;
+  std::unordered_map<OpKey, OpKind, OpKeyHash> Kinds;
+  OpKind Unnamed; ///< A named scope's, made anew at each (opKind).
+  /// Freed OpContexts' memory, for the next ops (at most SpareKept).
+  std::vector<void *> Spare;
+  static constexpr size_t SpareKept = 64;
+
+  ThreadState() { Spare.reserve(SpareKept); } // a push never allocates
+  ~ThreadState() {
+    ThreadGone = true;
+    for (void *Memory : Spare)
+      ::operator delete(Memory);
+  }
+  /// Set once this thread's state is destroyed (at the thread's exit): an
+  /// op context freed later goes to the heap.
+  static thread_local bool ThreadGone;
+};
+thread_local bool ThreadState::ThreadGone = false;
+thread_local ThreadState Thread;
+
+/// This thread's state, looked up once by each caller.
+[[gnu::noinline]] ThreadState &thisThread() { return Thread; }
+
+void *OpContext::operator new(size_t Size) {
+  if (Size == sizeof(OpContext) && !ThreadState::ThreadGone) {
+    std::vector<void *> &Spare = thisThread().Spare;
+    if (!Spare.empty()) {
+      void *Memory = Spare.back();
+      Spare.pop_back();
+      return Memory;
+    }
+  }
+  return ::operator new(Size);
+}
+
+void OpContext::operator delete(void *Memory, size_t Size) {
+  if (Size == sizeof(OpContext) && !ThreadState::ThreadGone) {
+    std::vector<void *> &Spare = thisThread().Spare;
+    if (Spare.size() < ThreadState::SpareKept) {
+      Spare.push_back(Memory);
+      return;
+    }
+  }
+  ::operator delete(Memory);
+}
+
+int64_t storageWrites(ThreadState &TS, const at::Tensor &T) {
   if (!T.has_storage())
     return 0;
-  auto It = StorageWrites.find(T.storage().unsafeGetStorageImpl());
-  return It == StorageWrites.end() ? 0 : It->second;
+  auto It = TS.StorageWrites.find(T.storage().unsafeGetStorageImpl());
+  return It == TS.StorageWrites.end() ? 0 : It->second;
 }
 
 /// An op is about to write to \p T.
-void noteWrite(const at::Tensor &T) {
+void noteWrite(ThreadState &TS, const at::Tensor &T) {
   if (T.defined() && T.has_storage())
-    ++StorageWrites[T.storage().unsafeGetStorageImpl()];
+    ++TS.StorageWrites[T.storage().unsafeGetStorageImpl()];
 }
 
 /// The end of a root's forward: its outputs feed nothing later.
-void forgetProducers() {
-  Producers.clear();
-  StorageWrites.clear();
-  ProducedInference = false;
+void forgetProducers(ThreadState &TS) {
+  TS.Producers.clear();
+  TS.StorageWrites.clear();
+  TS.ProducedInference = false;
 }
-struct OpContext;
-thread_local std::vector<OpContext *> OpStack; ///< Ops running on this thread.
-/// Ops of the program this thread began, and the writes to device memory it
-/// made that no op announced (CUPTI's callbacks count those).
-thread_local uint64_t OpsBegun = 0;
-thread_local uint64_t OpStarts = 0; ///< The ops alone.
-
-int64_t openCall() {
-  if (!CallStack.empty())
-    return CallStack.back().Id;
+int64_t openCall(const ThreadState &TS) {
+  if (!TS.CallStack.empty())
+    return TS.CallStack.back().Id;
   return Current ? Current->LastOpenCall.load() : 0;
+}
+
+OpKind &opKind(ThreadState &TS, const at::RecordFunction &Fn) {
+  auto &Kinds = TS.Kinds;
+  OpKey Key{Fn.name(), Fn.overload_name()};
+  auto It = Kinds.find(Key);
+  if (It != Kinds.end()) {
+    // No strlen: a compare that stops at either text's end.
+    auto Same = [](const std::string &Known, const char *Text) {
+      return std::strncmp(Known.c_str(), Text, Known.size() + 1) == 0;
+    };
+    if (Same(It->second.Name, Key.Name) && Same(It->second.Overload, Key.Overload))
+      return It->second;
+    Kinds.erase(It);
+  }
+  auto Schema = Fn.operator_schema();
+  if (!Schema) {
+    // A scope named by a string (record_function): no operator, and a
+    // name that may be new at every call, so nothing is kept of it.
+    OpKind &Unnamed = TS.Unnamed;
+    Unnamed = OpKind();
+    Unnamed.Name = Key.Name;
+    return Unnamed;
+  }
+  OpKind K;
+  K.Name = Key.Name;
+  K.Overload = Key.Overload;
+  std::ostringstream OS;
+  OS << *Schema;
+  K.Schema = OS.str();
+  for (const c10::Argument &A : Schema->arguments())
+    K.Written.push_back(A.alias_info() && A.alias_info()->isWrite());
+  K.WritesUnmarked = K.Name.rfind("c10d::", 0) == 0;
+  return Kinds.emplace(Key, std::move(K)).first->second;
 }
 
 uint64_t nowNanos() {
@@ -275,6 +441,21 @@ int64_t recordTensor(Session &S, const at::Tensor &Given, TensorOwner Owner, int
       return 0;
   }
   const at::Tensor &T = Packed.defined() ? Packed : Given;
+  // The common record, an op's output: a strided tensor's metadata alone,
+  // packed from the tensor's own arrays.
+  if (!Stats && !Capture && !Packed.defined() && T.layout() == at::kStrided &&
+      !T.is_quantized() && !T.is_nested()) {
+    std::optional<DType> Type = traceDType(T);
+    if (Type && *Type != DType::F4) { // F4's shape is counted in halves of a byte
+      int64_t Id = S.Writer->nextTensorId();
+      c10::IntArrayRef Sizes = T.sizes(), Strides = T.strides();
+      S.Writer->addTensorMetadata({Id, Owner, OwnerId, Role, Index, *Type,
+                                   llvm::ArrayRef<int64_t>(Sizes.data(), Sizes.size()),
+                                   llvm::ArrayRef<int64_t>(Strides.data(), Strides.size()),
+                                   deviceName(T.device()), SourceId});
+      return Id;
+    }
+  }
   TensorRecord R;
   // A sparse, nested or quantized tensor: described as the dense tensor it
   // stands for, with statistics of its values (and a sparse one's zeros);
@@ -431,131 +612,27 @@ struct Provenance {
   std::shared_ptr<DeferredStats> Stats;
 };
 
-Provenance provenanceOf(const at::Tensor &T) {
+Provenance provenanceOf(ThreadState &TS, const at::Tensor &T) {
   Provenance P;
   if (!T.defined())
     return P;
-  auto It = Producers.find(T.unsafeGetTensorImpl());
-  if (It == Producers.end())
+  auto It = TS.Producers.find(T.unsafeGetTensorImpl());
+  if (It == TS.Producers.end())
     return P;
   auto Alive = It->second.Impl.lock();
   if (Alive.get() != T.unsafeGetTensorImpl())
     return P;
-  if ((It->second.Inference ? storageWrites(T) : T._version()) != It->second.Version) {
+  if ((It->second.Inference ? storageWrites(TS, T) : T._version()) != It->second.Version) {
     P.ChangedInPlace = true;
   } else {
     P.Source = It->second.TensorId;
     bool WritesSeen = !T.is_cuda() || (Current && deviceWritesSeen(*Current));
-    if (It->second.OpsBefore == OpsBegun && WritesSeen)
+    if (It->second.OpsBefore == TS.OpsBegun && WritesSeen)
       P.Stats = It->second.Stats;
   }
   return P;
 }
 
-/// What the observer needs to know of an operator (a name and overload),
-/// worked out once per thread: its schema as text, which of its arguments
-/// it writes (`Tensor(a!)`), and whether the session's op filter takes it.
-/// Copying or printing a FunctionSchema, or running the filter, at every
-/// call would dominate the observer's cost.
-struct OpKind {
-  std::string Name, Overload; ///< What the key's pointers pointed to.
-  std::string Schema;
-  std::vector<bool> Written;  ///< By argument position.
-  /// Writes to tensors that its schema does not mark written: c10d's
-  /// collectives (`allreduce_` reduces its tensors in place, and
-  /// `broadcast_`, `recv_`, `_allgather_base_` write theirs).
-  bool WritesUnmarked = false;
-  uint64_t FilteredIn = 0;    ///< The session Captured was decided for.
-  bool Captured = false;
-  uint64_t InternedIn = 0;    ///< The session whose writer holds Text.
-  const TraceWriter::OpText *Text = nullptr;
-};
-
-/// An operator's name and overload as RecordFunction gives them: pointers
-/// into its registered schema, stable while it is registered. A hit is
-/// checked against the text, as an operator may be deregistered and its
-/// memory reused.
-struct OpKey {
-  const char *Name, *Overload;
-  bool operator==(const OpKey &O) const { return Name == O.Name && Overload == O.Overload; }
-};
-struct OpKeyHash {
-  size_t operator()(const OpKey &K) const {
-    return std::hash<const void *>()(K.Name) * 31 + std::hash<const void *>()(K.Overload);
-  }
-};
-
-OpKind &opKind(const at::RecordFunction &Fn) {
-  thread_local std::unordered_map<OpKey, OpKind, OpKeyHash> Kinds;
-  OpKey Key{Fn.name(), Fn.overload_name()};
-  auto It = Kinds.find(Key);
-  if (It != Kinds.end()) {
-    if (It->second.Name == Key.Name && It->second.Overload == Key.Overload)
-      return It->second;
-    Kinds.erase(It);
-  }
-  auto Schema = Fn.operator_schema();
-  if (!Schema) {
-    // A scope named by a string (record_function): no operator, and a
-    // name that may be new at every call, so nothing is kept of it.
-    thread_local OpKind Unnamed;
-    Unnamed = OpKind();
-    Unnamed.Name = Key.Name;
-    return Unnamed;
-  }
-  OpKind K;
-  K.Name = Key.Name;
-  K.Overload = Key.Overload;
-  std::ostringstream OS;
-  OS << *Schema;
-  K.Schema = OS.str();
-  for (const c10::Argument &A : Schema->arguments())
-    K.Written.push_back(A.alias_info() && A.alias_info()->isWrite());
-  K.WritesUnmarked = K.Name.rfind("c10d::", 0) == 0;
-  return Kinds.emplace(Key, std::move(K)).first->second;
-}
-
-/// A copy of a buffer a kernel was given, taken right after the kernel on
-/// its stream.
-struct KernelSnapshot {
-  int64_t KernelId;
-  uint32_t Param;    ///< The kernel parameter that points into the tensor.
-  bool Mutable;      ///< The op's schema marks the tensor as written.
-  at::Tensor Copy;
-  uint64_t Stream;
-};
-
-struct OpContext : at::ObserverContext {
-  int64_t OpId = 0;
-  bool Operator = false; ///< A dispatcher op with a schema, not a named scope.
-  bool Capture = false; ///< Whether this op's tensors are captured.
-  /// Arguments the schema marks as written (`Tensor(a!)`), taken at the
-  /// op's start: RecordFunction's inputs are only valid then.
-  std::vector<at::Tensor> Mutated;
-  /// For a captured op: its tensor arguments, the buffers its kernels'
-  /// pointer parameters are matched against, and whether each is written.
-  std::vector<at::Tensor> Arguments;
-  std::vector<bool> ArgumentMutable;
-  std::vector<KernelSnapshot> Snapshots;
-};
-
-/// A snapshot decided at a launch's API entry, taken at its exit, when the
-/// kernel is on its stream.
-struct PendingSnapshot {
-  OpContext *Op;
-  int64_t KernelId;
-  uint32_t Param;
-  size_t Argument;
-  uint64_t Stream;
-};
-thread_local std::vector<PendingSnapshot> PendingSnapshots;
-/// The launch recorded last on this thread, whose kernel may still get its
-/// pointer parameters (from the driver launch underneath a runtime launch).
-struct {
-  OpContext *Op = nullptr;
-  int64_t KernelId = 0;
-  uint64_t Stream = 0;
-} thread_local LastLaunch;
 DeviceMemoryOps DeviceMemory;
 
 /// The buffers the op's kernels were given, as they were after each kernel:
@@ -636,6 +713,7 @@ bool pythonRunning() {
 }
 
 std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn) {
+  ThreadState &TS = thisThread();
   Session *S = Current;
   if (!S) {
     if (StaleObserverPending.load(std::memory_order_relaxed))
@@ -647,12 +725,12 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   std::string_view Name = Fn.name();
   if (Name.substr(0, 6) == "ekka::")
     return nullptr;
-  ++OpsBegun;
-  ++OpStarts;
+  ++TS.OpsBegun;
+  ++TS.OpStarts;
   // A native program has no module entries, where settled statistics'
   // tensors are let go: every few thousand ops instead. Not where Python
   // runs (a release may take the GIL, which this op's caller may not hold).
-  if (S->Options.Native && OpStarts % 4096 == 0 &&
+  if (S->Options.Native && TS.OpStarts % 4096 == 0 &&
       (S->Deferred.holding() || S->DeviceDeferred.holding()) && !pythonRunning()) {
     S->Deferred.releaseSettled();
     S->DeviceDeferred.releaseSettled();
@@ -660,10 +738,10 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   auto Ctx = std::make_unique<OpContext>();
   int64_t Id = Ctx->OpId = S->Writer->nextOpId();
   std::optional<int64_t> Call;
-  if (int64_t Open = openCall())
+  if (int64_t Open = openCall(TS))
     Call = Open;
   int64_t Seq = S->OpSeq++;
-  OpKind &Kind = opKind(Fn);
+  OpKind &Kind = opKind(TS, Fn);
   if (S->Options.OpFilter && Kind.FilteredIn != S->Serial) {
     Kind.Captured = std::regex_search(Kind.Name, *S->Options.OpFilter);
     Kind.FilteredIn = S->Serial;
@@ -698,12 +776,12 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   // Before anything that may fail: statistics the writer's thread has not
   // computed yet, of what the op is about to write, are computed now,
   // before it runs; and the writes to recorded inference tensors counted.
-  if (S->Deferred.holding() || S->DeviceDeferred.waiting() || ProducedInference) {
+  if (S->Deferred.holding() || S->DeviceDeferred.waiting() || TS.ProducedInference) {
     auto WillWrite = [&](const at::Tensor &T) {
       S->Deferred.beforeWrite(T);
       S->DeviceDeferred.beforeWrite(T);
-      if (ProducedInference)
-        noteWrite(T);
+      if (TS.ProducedInference)
+        noteWrite(TS, T);
     };
     for (const at::Tensor &T : Ctx->Mutated)
       WillWrite(T);
@@ -737,14 +815,15 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
       recordTensor(*S, Read[I], TensorOwner::Op, Ctx->OpId, "input", int64_t(I), /*Stats=*/true,
                    /*Capture=*/true);
   }
-  OpStack.push_back(Ctx.get());
+  TS.OpStack.push_back(Ctx.get());
   return Ctx;
 }
 
 void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
+  ThreadState &TS = thisThread();
   Session *S = Current;
-  if (Raw && !OpStack.empty())
-    OpStack.pop_back();
+  if (Raw && !TS.OpStack.empty())
+    TS.OpStack.pop_back();
   if (!S || !Raw || InsideEkka)
     return;
   InsideEkkaScope Inside;
@@ -822,10 +901,11 @@ void forgetSessionInChild() {
   }
   ForkingSession = nullptr;
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
-  CallStack.clear();
-  forgetProducers();
-  PendingSnapshots.clear();
-  LastLaunch = {};
+  ThreadState &TS = thisThread();
+  TS.CallStack.clear();
+  forgetProducers(TS);
+  TS.PendingSnapshots.clear();
+  TS.LastLaunch = {};
   new (&SessionMutex) std::mutex();
 }
 
@@ -837,7 +917,8 @@ void forgetSessionInChild() {
 /// value at the call's entry is gone.
 void recordInput(Session &S, int64_t CallId, const at::Tensor &T, int64_t Index, bool Capture,
                  bool AtExit = false, int64_t FirstTensor = 0) {
-  Provenance P = provenanceOf(T);
+  ThreadState &TS = thisThread();
+  Provenance P = provenanceOf(TS, T);
   if (P.Source && AtExit && *P.Source >= FirstTensor)
     P.Source.reset();
   if (P.Source)
@@ -891,15 +972,16 @@ TracerTimer::~TracerTimer() {
 void setDeviceMemoryOps(DeviceMemoryOps Ops) { DeviceMemory = Ops; }
 
 int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgument> &Pointers) {
+  ThreadState &TS = thisThread();
   Session *S = Current;
   if (!S || InsideEkka)
     return 0;
   KernelRecord R;
   R.Id = S->Writer->nextKernelId();
-  OpContext *Op = OpStack.empty() ? nullptr : OpStack.back();
+  OpContext *Op = TS.OpStack.empty() ? nullptr : TS.OpStack.back();
   if (Op)
     R.OpId = Op->OpId;
-  if (int64_t Call = openCall())
+  if (int64_t Call = openCall(TS))
     R.ModuleCallId = Call;
   R.Seq = S->KernelSeq++;
   R.Name = L.Name;
@@ -912,8 +994,8 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
   R.CorrelationId = L.CorrelationId;
   int64_t Id = R.Id;
   S->Writer->addKernel(std::move(R));
-  PendingSnapshots.clear();
-  LastLaunch = {Op, Id, L.Stream};
+  TS.PendingSnapshots.clear();
+  TS.LastLaunch = {Op, Id, L.Stream};
   if (Op && Op->Capture) {
     ++S->CapturedOpLaunches;
     ++S->UnmatchedLaunches; // until a pointer matches
@@ -926,20 +1008,22 @@ void beforeDeviceWrite(bool Ordering) {
   Session *S = Current;
   if (!S || InsideEkka)
     return;
+  ThreadState &TS = thisThread();
   // Inside an op, its own launches and copies write what its schema says
   // (seen at its start); inside a named scope (record_function, an
   // autograd Function's forward) nothing says what they write.
-  bool InOperator = !OpStack.empty() && OpStack.back()->Operator;
+  bool InOperator = !TS.OpStack.empty() && TS.OpStack.back()->Operator;
   if (!Ordering && !InOperator)
-    ++OpsBegun; // a write no op announced: what was produced before may have changed
+    ++TS.OpsBegun; // a write no op announced: what was produced before may have changed
   if (S->DeviceDeferred.waiting() && (Ordering || !InOperator))
     S->DeviceDeferred.launchAll();
 }
 
 void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
+  ThreadState &TS = thisThread();
   Session *S = Current;
-  OpContext *Op = LastLaunch.Op;
-  if (!S || !Op || !Op->Capture || Pointers.empty() || !PendingSnapshots.empty())
+  OpContext *Op = TS.LastLaunch.Op;
+  if (!S || !Op || !Op->Capture || Pointers.empty() || !TS.PendingSnapshots.empty())
     return;
   // Which of the kernel's pointer parameters point into a tensor the op was
   // given: those buffers are copied once the kernel is enqueued.
@@ -951,28 +1035,32 @@ void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
     uint64_t End = Begin + uint64_t(T.numel()) * T.element_size();
     for (const PointerArgument &P : Pointers)
       if (P.Value >= Begin && P.Value < End) {
-        PendingSnapshots.push_back({Op, LastLaunch.KernelId, P.Index, A, LastLaunch.Stream});
+        TS.PendingSnapshots.push_back({Op, TS.LastLaunch.KernelId, P.Index, A, TS.LastLaunch.Stream});
         break; // one copy of each tensor per kernel
       }
   }
-  if (!PendingSnapshots.empty())
+  if (!TS.PendingSnapshots.empty())
     --S->UnmatchedLaunches;
 }
 
 bool kernelSnapshotsWanted() {
-  return Current && !InsideEkka && !OpStack.empty() && OpStack.back()->Capture &&
-         !OpStack.back()->Arguments.empty();
+  if (!Current || InsideEkka)
+    return false;
+  ThreadState &TS = thisThread();
+  return !TS.OpStack.empty() && TS.OpStack.back()->Capture &&
+         !TS.OpStack.back()->Arguments.empty();
 }
 
 void snapshotKernelBuffers() {
+  ThreadState &TS = thisThread();
   Session *S = Current;
-  if (!S || InsideEkka || PendingSnapshots.empty())
+  if (!S || InsideEkka || TS.PendingSnapshots.empty())
     return;
   InsideEkkaScope Inside;
   OwnOps Own; // the copies' allocations are no op of the program's
-  LastLaunch = {};
+  TS.LastLaunch = {};
   try {
-    for (const PendingSnapshot &P : PendingSnapshots) {
+    for (const PendingSnapshot &P : TS.PendingSnapshots) {
       const at::Tensor &T = P.Op->Arguments[P.Argument];
       size_t Bytes = size_t(T.numel()) * T.element_size();
       if (!withinCaptureBudget(*S, Bytes))
@@ -997,7 +1085,7 @@ void snapshotKernelBuffers() {
     ++S->FailedCopies;
     lostRecord("kernel snapshot", E);
   }
-  PendingSnapshots.clear();
+  TS.PendingSnapshots.clear();
 }
 
 std::string startTrace(const std::string &Dir, const std::string &OptionsText,
@@ -1075,13 +1163,14 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   InsideEkkaScope Inside;
   TracerTimer Timer(TracerPart::Modules);
   S->Deferred.releaseSettled();
+  ThreadState &TS = thisThread();
   S->DeviceDeferred.releaseSettled();
   if (IsRoot)
     ++S->Step;
   ModuleCallRecord R;
   int64_t Id = R.Id = S->Writer->nextModuleCallId();
-  if (!CallStack.empty())
-    R.ParentId = CallStack.back().Id;
+  if (!TS.CallStack.empty())
+    R.ParentId = TS.CallStack.back().Id;
   R.Seq = S->CallSeq++;
   R.Step = S->Step.load();
   R.Path = Path;
@@ -1098,7 +1187,7 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   // (the root's always, for the inputs check, unless nothing is captured).
   for (size_t I = 0; I < Inputs.size(); ++I)
     recordInput(*S, Id, Inputs[I], int64_t(I), Capture || (IsRoot && S->Options.CaptureModules));
-  CallStack.push_back({Id, Capture, S->Writer->nextTensorId()});
+  TS.CallStack.push_back({Id, Capture, S->Writer->nextTensorId()});
   S->LastOpenCall = Id;
   return Id;
 }
@@ -1110,21 +1199,22 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     return;
   InsideEkkaScope Inside;
   TracerTimer Timer(TracerPart::Modules, /*NewCall=*/false);
+  ThreadState &TS = thisThread();
   // Calls that raised never reached their exit; close them with this one
   // (if this thread has it open at all).
-  if (llvm::none_of(CallStack, [&](const OpenCall &C) { return C.Id == Id; })) {
+  if (llvm::none_of(TS.CallStack, [&](const OpenCall &C) { return C.Id == Id; })) {
     return;
   }
-  while (!CallStack.empty() && CallStack.back().Id != Id)
-    CallStack.pop_back();
+  while (!TS.CallStack.empty() && TS.CallStack.back().Id != Id)
+    TS.CallStack.pop_back();
   bool Capture = S->Options.CaptureModules && stepCaptured(*S);
   int64_t FirstTensor = 0;
-  if (!CallStack.empty()) {
-    Capture = CallStack.back().Capture;
-    FirstTensor = CallStack.back().FirstTensor;
-    CallStack.pop_back();
+  if (!TS.CallStack.empty()) {
+    Capture = TS.CallStack.back().Capture;
+    FirstTensor = TS.CallStack.back().FirstTensor;
+    TS.CallStack.pop_back();
   }
-  S->LastOpenCall = CallStack.empty() ? 0 : CallStack.back().Id;
+  S->LastOpenCall = TS.CallStack.empty() ? 0 : TS.CallStack.back().Id;
   for (size_t I = 0; I < KeywordInputs.size(); ++I)
     recordInput(*S, Id, KeywordInputs[I], FirstKeywordIndex + int64_t(I), Capture,
                 /*AtExit=*/true, FirstTensor);
@@ -1133,13 +1223,14 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
   // tensors are launched, before the program does anything else with them.
   struct AtRootEnd {
     Session &S;
+    ThreadState &TS;
     ~AtRootEnd() {
-      if (!CallStack.empty())
+      if (!TS.CallStack.empty())
         return;
-      forgetProducers();
+      forgetProducers(TS);
       S.DeviceDeferred.launchAll();
     }
-  } ForgetAtRootEnd{*S};
+  } ForgetAtRootEnd{*S, TS};
   for (size_t I = 0; I < Outputs.size(); ++I) {
     const at::Tensor &T = Outputs[I];
     // A module often returns what its last submodule returned (a model its
@@ -1148,18 +1239,18 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     std::shared_ptr<DeferredStats> Computed;
     int64_t TensorId = recordTensor(*S, T, TensorOwner::ModuleCall, Id, "output", int64_t(I),
                                     /*Stats=*/true, Capture, std::nullopt,
-                                    provenanceOf(T).Stats, &Computed);
+                                    provenanceOf(TS, T).Stats, &Computed);
     // An inference tensor's writes are counted by storage; a jagged one's
     // go to its values' storage, not its own: it feeds no dataflow.
     if (TensorId && T.defined() && !(T.is_inference() && isJagged(T))) {
       bool Inference = T.is_inference();
-      ProducedInference |= Inference;
-      Producers.insert_or_assign(
+      TS.ProducedInference |= Inference;
+      TS.Producers.insert_or_assign(
           T.unsafeGetTensorImpl(),
           ProducedTensor{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
                              T.getIntrusivePtr()),
-                         Inference ? storageWrites(T) : T._version(), Inference, TensorId,
-                         Computed, OpsBegun});
+                         Inference ? storageWrites(TS, T) : T._version(), Inference, TensorId,
+                         Computed, TS.OpsBegun});
     }
   }
 }

@@ -715,44 +715,67 @@ void TraceWriter::addOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t
     addOp(OpRecord{Id, ModuleCallId, Seq, Text->Name, Text->Schema});
 }
 void TraceWriter::addKernel(KernelRecord R) { enqueue<KernelRecord>(0, std::move(R)); }
-void TraceWriter::addTensor(TensorRecord R, std::optional<std::string> Data, BytesUse Use) {
-  std::optional<uint8_t> Role = smallRole(R.Role);
-  if (Data || !Role || !R.Shard.empty() || !R.Key.empty() || !R.Layout.empty() ||
-      R.Shape.size() > 255 || R.Strides.size() > 255) {
-    uint64_t Bytes = Data ? Data->size() : 0;
-    return enqueue<TensorItem>(Bytes, std::move(R), std::move(Data), Use, nullptr);
-  }
+bool TraceWriter::packTensor(const TensorMetadata &M, const TensorStats *Stats) {
+  std::optional<uint8_t> Role = smallRole(M.Role);
+  if (!Role || M.Shape.size() > 255 || M.Strides.size() > 255)
+    return false;
   SmallTensor H;
-  H.Owner = uint8_t(R.Owner);
+  H.Owner = uint8_t(M.Owner);
   H.Role = *Role;
-  H.Type = uint8_t(R.Type);
-  H.Rank = uint8_t(R.Shape.size());
-  H.StrideRank = uint8_t(R.Strides.size());
-  H.HasStats = R.Stats.has_value();
-  H.HasSource = R.SourceId.has_value();
-  H.Id = R.Id;
-  H.OwnerId = R.OwnerId;
-  H.Index = R.Index;
-  H.SourceId = R.SourceId.value_or(0);
-  size_t Bytes = sizeof H + (H.HasStats ? sizeof(TensorStats) : 0) +
-                 (R.Shape.size() + R.Strides.size()) * sizeof(int64_t);
-  bool Packed = appendSmall(Bytes, [&](ThreadBuffer &B, char *To) {
-    if (!B.Device || *B.Device != R.Device)
-      B.Device = internText(R.Device);
+  H.Type = uint8_t(M.Type);
+  H.Rank = uint8_t(M.Shape.size());
+  H.StrideRank = uint8_t(M.Strides.size());
+  H.HasStats = Stats != nullptr;
+  H.HasSource = M.SourceId.has_value();
+  H.Id = M.Id;
+  H.OwnerId = M.OwnerId;
+  H.Index = M.Index;
+  H.SourceId = M.SourceId.value_or(0);
+  size_t Bytes = sizeof H + (Stats ? sizeof(TensorStats) : 0) +
+                 (M.Shape.size() + M.Strides.size()) * sizeof(int64_t);
+  return appendSmall(Bytes, [&](ThreadBuffer &B, char *To) {
+    if (!B.Device || *B.Device != M.Device)
+      B.Device = internText(M.Device);
     H.Device = B.Device;
     std::memcpy(To, &H, sizeof H);
     To += sizeof H;
-    if (H.HasStats) {
-      std::memcpy(To, &*R.Stats, sizeof(TensorStats));
+    if (Stats) {
+      std::memcpy(To, Stats, sizeof(TensorStats));
       To += sizeof(TensorStats);
     }
-    std::memcpy(To, R.Shape.data(), R.Shape.size() * sizeof(int64_t));
-    To += R.Shape.size() * sizeof(int64_t);
-    std::memcpy(To, R.Strides.data(), R.Strides.size() * sizeof(int64_t));
+    std::memcpy(To, M.Shape.data(), M.Shape.size() * sizeof(int64_t));
+    To += M.Shape.size() * sizeof(int64_t);
+    std::memcpy(To, M.Strides.data(), M.Strides.size() * sizeof(int64_t));
   });
-  if (!Packed)
-    enqueue<TensorItem>(0, std::move(R), std::nullopt, Use, nullptr);
 }
+
+void TraceWriter::addTensor(TensorRecord &&R, std::optional<std::string> Data, BytesUse Use) {
+  if (!Data && R.Shard.empty() && R.Key.empty() && R.Layout.empty() &&
+      packTensor({R.Id, R.Owner, R.OwnerId, R.Role, R.Index, R.Type, R.Shape, R.Strides,
+                  R.Device, R.SourceId},
+                 R.Stats ? &*R.Stats : nullptr))
+    return;
+  uint64_t Bytes = Data ? Data->size() : 0;
+  enqueue<TensorItem>(Bytes, std::move(R), std::move(Data), Use, nullptr);
+}
+
+void TraceWriter::addTensorMetadata(const TensorMetadata &M) {
+  if (packTensor(M, nullptr))
+    return;
+  TensorRecord R;
+  R.Id = M.Id;
+  R.Owner = M.Owner;
+  R.OwnerId = M.OwnerId;
+  R.Role = M.Role.str();
+  R.Index = M.Index;
+  R.Type = M.Type;
+  R.Shape.assign(M.Shape.begin(), M.Shape.end());
+  R.Strides.assign(M.Strides.begin(), M.Strides.end());
+  R.Device = M.Device.str();
+  R.SourceId = M.SourceId;
+  enqueue<TensorItem>(0, std::move(R), std::nullopt, BytesUse::Capture, nullptr);
+}
+
 void TraceWriter::addTensor(TensorRecord R, Completion Complete, uint64_t Bytes, BytesUse Use) {
   enqueue<TensorItem>(Bytes, std::move(R), std::nullopt, Use, std::move(Complete));
 }

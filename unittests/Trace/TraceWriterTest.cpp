@@ -395,6 +395,67 @@ TEST_F(TraceTest, SmallRecordsFromEveryThreadAreWritten) {
   EXPECT_GT(Seen["cuda:1"], 0);
 }
 
+// A tensor's metadata given from the caller's arrays (addTensorMetadata, as
+// the op observer gives an op's outputs) reads back as the same record
+// given whole: packed into the thread's chunk, and where it cannot be (a
+// role without a number, more than 255 dimensions) through the queue.
+TEST_F(TraceTest, MetadataReadsBackAsTheRecord) {
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W)) << toString(W.takeError());
+  std::vector<TensorRecord> Given;
+  auto Add = [&](const char *Role, TensorDims Shape, TensorDims Strides, const char *Device,
+                 std::optional<int64_t> Source) {
+    for (bool Whole : {true, false}) {
+      TensorRecord R;
+      R.Id = (*W)->nextTensorId();
+      R.Owner = Whole ? TensorOwner::Op : TensorOwner::ModuleCall;
+      R.OwnerId = 7;
+      R.Role = Role;
+      R.Index = 2;
+      R.Type = DType::F16;
+      R.Shape = Shape;
+      R.Strides = Strides;
+      R.Device = Device;
+      R.SourceId = Source;
+      Given.push_back(R);
+      if (Whole)
+        (*W)->addTensor(std::move(R));
+      else
+        (*W)->addTensorMetadata({R.Id, R.Owner, R.OwnerId, R.Role, R.Index, R.Type, R.Shape,
+                                 R.Strides, R.Device, R.SourceId});
+    }
+  };
+  Add("output", {4, 3}, {3, 1}, "cpu", std::nullopt);
+  Add("input", {}, {}, "cuda:1", 5);
+  Add("weight", {2}, {1}, "cpu", std::nullopt);
+  Add("mutated", TensorDims(300, 1), TensorDims(300, 1), "cpu", 1);
+  ASSERT_FALSE(bool((*W)->close()));
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  auto Read = (*R)->tensors();
+  ASSERT_TRUE(bool(Read)) << toString(Read.takeError());
+  ASSERT_EQ(Read->size(), Given.size());
+  std::map<int64_t, const TensorRecord *> ById;
+  for (const TensorRecord &T : *Read)
+    ById[T.Id] = &T;
+  for (const TensorRecord &G : Given) {
+    SCOPED_TRACE("tensor " + std::to_string(G.Id));
+    ASSERT_TRUE(ById.count(G.Id));
+    const TensorRecord &T = *ById[G.Id];
+    EXPECT_EQ(T.Owner, G.Owner);
+    EXPECT_EQ(T.OwnerId, G.OwnerId);
+    EXPECT_EQ(T.Role, G.Role);
+    EXPECT_EQ(T.Index, G.Index);
+    EXPECT_EQ(T.Type, G.Type);
+    EXPECT_EQ(T.Shape, G.Shape);
+    EXPECT_EQ(T.Strides, G.Strides);
+    EXPECT_EQ(T.Device, G.Device);
+    EXPECT_EQ(T.SourceId, G.SourceId);
+    EXPECT_FALSE(T.Stats.has_value());
+    EXPECT_TRUE(T.Shard.empty());
+  }
+}
+
 // What a thread hands over by itself (the writer's thread taking no
 // chunks): a full chunk, a few records before a record that takes the queue
 // (copied out: the thread keeps its chunk), and its last records at its end.

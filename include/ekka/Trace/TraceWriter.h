@@ -4,6 +4,8 @@
 
 #include "ekka/Trace/TraceFormat.h"
 
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
 #include <atomic>
@@ -101,8 +103,29 @@ public:
   /// contiguous, of R.Type and R.Shape) its contents are captured, or used
   /// for the statistics only. Statistics are computed on the writer's
   /// thread, off the program's.
-  void addTensor(TensorRecord R, std::optional<std::string> Data = std::nullopt,
+  /// A record packed into the thread's chunk is read, not moved: a move of
+  /// its strings and dimensions costs about as much as packing it.
+  void addTensor(TensorRecord &&R, std::optional<std::string> Data = std::nullopt,
                  BytesUse Use = BytesUse::Capture);
+  void addTensor(const TensorRecord &R, std::optional<std::string> Data = std::nullopt,
+                 BytesUse Use = BytesUse::Capture) {
+    addTensor(TensorRecord(R), std::move(Data), Use);
+  }
+  /// A tensor's metadata alone, no statistics or bytes: the most common
+  /// record (an op's outputs), read from the caller's arrays with no
+  /// TensorRecord made. The row is addTensor's for the same record.
+  struct TensorMetadata {
+    int64_t Id;
+    TensorOwner Owner;
+    int64_t OwnerId;
+    llvm::StringRef Role;
+    int64_t Index;
+    DType Type;
+    llvm::ArrayRef<int64_t> Shape, Strides;
+    llvm::StringRef Device;
+    std::optional<int64_t> SourceId;
+  };
+  void addTensorMetadata(const TensorMetadata &M);
   /// Completes a record on the writer's thread, just before it is written:
   /// fills in its statistics or its bytes (a device's copy, waited for
   /// there rather than on the program's thread). It must not throw.
@@ -174,6 +197,9 @@ private:
   /// chunk. False if the thread has no buffer (its thread_locals are gone):
   /// the record is then to be queued whole.
   template <typename FillFn> bool appendSmall(size_t Bytes, FillFn Fill);
+  /// Packs a tensor's record into the thread's chunk; false if it is no
+  /// small one (a role without a number, more than 255 dimensions).
+  bool packTensor(const TensorMetadata &M, const TensorStats *Stats);
   /// What \p B's open chunk holds, to queue (null if nothing): the chunk
   /// itself if it is at least half full, else a copy of its records.
   ChunkPtr takeRecords(ThreadBuffer &B);
