@@ -17,16 +17,19 @@
 
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
 
-bool stringOf(PyObject *Object, std::string &Out) {
+/// A str's UTF-8 text, which the str keeps (no copy): valid while the
+/// caller holds its argument.
+bool stringOf(PyObject *Object, std::string_view &Out) {
   Py_ssize_t Size = 0;
   const char *Text = PyUnicode_AsUTF8AndSize(Object, &Size);
   if (!Text)
     return false;
-  Out.assign(Text, size_t(Size));
+  Out = std::string_view(Text, size_t(Size));
   return true;
 }
 
@@ -76,7 +79,7 @@ bool arity(const char *Name, Py_ssize_t Got, Py_ssize_t Want) {
 /// enter(path, class_name, class_qualname, source_file, source_line,
 /// is_root, inputs) -> call id (0: not recorded)
 PyObject *enter(PyObject *, PyObject *const *Args, Py_ssize_t N) {
-  std::string Path, ClassName, Qualname, File;
+  std::string_view Path, ClassName, Qualname, File;
   int64_t Line = 0;
   std::vector<at::Tensor> Inputs;
   if (!arity("enter", N, 7) || !stringOf(Args[0], Path) || !stringOf(Args[1], ClassName) ||

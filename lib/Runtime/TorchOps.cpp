@@ -112,8 +112,8 @@ const bool ModuleCallsUnobserved = [] {
 
 } // namespace
 
-int64_t ekka::enterModuleNoThrow(const std::string &Path, const std::string &ClassName,
-                                 const std::string &ClassQualname, const std::string &SourceFile,
+int64_t ekka::enterModuleNoThrow(std::string_view Path, std::string_view ClassName,
+                                 std::string_view ClassQualname, std::string_view SourceFile,
                                  int64_t SourceLine, bool IsRoot,
                                  const std::vector<at::Tensor> &Inputs) noexcept {
   return guarded("module entry", /*Record=*/true, [&] {

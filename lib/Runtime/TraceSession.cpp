@@ -1154,8 +1154,8 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
   return "";
 }
 
-int64_t enterModule(const std::string &Path, const std::string &ClassName,
-                    const std::string &ClassQualname, const std::string &SourceFile,
+int64_t enterModule(std::string_view Path, std::string_view ClassName,
+                    std::string_view ClassQualname, std::string_view SourceFile,
                     int64_t SourceLine, bool IsRoot, const std::vector<at::Tensor> &Inputs) {
   Session *S = Current;
   if (!S)
@@ -1180,7 +1180,8 @@ int64_t enterModule(const std::string &Path, const std::string &ClassName,
   R.SourceLine = SourceLine;
   S->Writer->addModuleCall(std::move(R)); // its texts are not copied twice
   bool Capture = S->Options.CaptureModules && stepCaptured(*S) &&
-                 (!S->Options.ModuleFilter || std::regex_search(Path, *S->Options.ModuleFilter));
+                 (!S->Options.ModuleFilter ||
+                  std::regex_search(Path.begin(), Path.end(), *S->Options.ModuleFilter));
   // Inputs: one that is an earlier module call's output, unchanged, is
   // recorded as that (the dataflow); any other — the root's inputs, what a
   // parent computed with plain ops — with statistics and, if captured, bytes

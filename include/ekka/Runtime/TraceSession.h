@@ -16,6 +16,7 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ekka {
@@ -44,8 +45,8 @@ struct CaptureOptions {
 std::string startTrace(const std::string &Dir, const std::string &Options,
                        const std::string &CommandLine);
 /// Opens a module call; returns its id (0 when not tracing).
-int64_t enterModule(const std::string &Path, const std::string &ClassName,
-                    const std::string &ClassQualname, const std::string &SourceFile,
+int64_t enterModule(std::string_view Path, std::string_view ClassName,
+                    std::string_view ClassQualname, std::string_view SourceFile,
                     int64_t SourceLine, bool IsRoot, const std::vector<at::Tensor> &Inputs);
 /// Closes module call \p Id with its outputs. \p KeywordInputs are the
 /// inputs it was given by keyword (global pre-hooks do not see them), the
@@ -56,8 +57,8 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
 /// enterModule and exitModule for callers that must not see an exception
 /// (the shim's hooks, through either binding): an error costs that record,
 /// which meta `lost_records` counts.
-int64_t enterModuleNoThrow(const std::string &Path, const std::string &ClassName,
-                           const std::string &ClassQualname, const std::string &SourceFile,
+int64_t enterModuleNoThrow(std::string_view Path, std::string_view ClassName,
+                           std::string_view ClassQualname, std::string_view SourceFile,
                            int64_t SourceLine, bool IsRoot,
                            const std::vector<at::Tensor> &Inputs) noexcept;
 void exitModuleNoThrow(int64_t Id, const std::vector<at::Tensor> &Outputs,
