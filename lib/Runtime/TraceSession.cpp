@@ -713,15 +713,16 @@ bool pythonRunning() {
 }
 
 std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn) {
-  ThreadState &TS = thisThread();
   Session *S = Current;
   if (!S) {
     if (StaleObserverPending.load(std::memory_order_relaxed))
       removeStaleObserver();
     return nullptr;
   }
-  if (InsideEkka)
+  // An op of the thread's last destructors, after its state's: not seen.
+  if (InsideEkka || ThreadState::ThreadGone)
     return nullptr;
+  ThreadState &TS = thisThread();
   std::string_view Name = Fn.name();
   if (Name.substr(0, 6) == "ekka::")
     return nullptr;
@@ -820,6 +821,8 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
 }
 
 void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
+  if (ThreadState::ThreadGone)
+    return;
   ThreadState &TS = thisThread();
   Session *S = Current;
   if (Raw && !TS.OpStack.empty())
