@@ -108,12 +108,154 @@ PyObject *exit(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   Py_RETURN_NONE;
 }
 
+/// What tensors() needs of the shim: torch.Tensor and torch.nn.Parameter
+/// (tested first, by exact type), and its `_opaque(leaf, outputs)` and
+/// `_tensors_of_any(value, outputs)`, for what is not a tensor, a scalar, a
+/// tuple, list or dict. Set once by set_tensor_helpers.
+PyObject *TensorType, *ParameterType, *OpaqueFn, *OfAnyFn;
+
+PyObject *callHelper(PyObject *Fn, PyObject *Value, bool Outputs) {
+  PyObject *Args[] = {Value, Outputs ? Py_True : Py_False};
+  return PyObject_Vectorcall(Fn, Args, 2, nullptr);
+}
+
+PyObject *listOf(PyObject *Item) {
+  PyObject *List = PyList_New(1);
+  if (List) {
+    Py_INCREF(Item);
+    PyList_SET_ITEM(List, 0, Item);
+  }
+  return List;
+}
+
+bool isScalar(PyTypeObject *Kind) {
+  return Kind == Py_TYPE(Py_None) || Kind == &PyBool_Type || Kind == &PyLong_Type ||
+         Kind == &PyFloat_Type || Kind == &PyUnicode_Type;
+}
+
+PyObject *tensorsOf(PyObject *Value, bool Outputs);
+
+/// tensorsOf one level down, with Python's recursion limit: a list that
+/// holds itself raises RecursionError, as in Python, not a stack overflow.
+PyObject *tensorsWithin(PyObject *Value, bool Outputs) {
+  if (Py_EnterRecursiveCall(" while finding a module call's tensors"))
+    return nullptr;
+  PyObject *Out = tensorsOf(Value, Outputs);
+  Py_LeaveRecursiveCall();
+  return Out;
+}
+
+/// The shim's `_tensors_py` (trace.py), which says what this does, in C: a
+/// new list, or null with an exception set.
+PyObject *tensorsOf(PyObject *Value, bool Outputs) {
+  PyTypeObject *Kind = Py_TYPE(Value);
+  if ((PyObject *)Kind == TensorType || (PyObject *)Kind == ParameterType)
+    return listOf(Value);
+  if (Kind == &PyTuple_Type || Kind == &PyList_Type) {
+    PyObject *Out = PyList_New(0);
+    if (!Out)
+      return nullptr;
+    // By index, as Python's loop: a helper's code may change a list.
+    for (Py_ssize_t I = 0; I < PySequence_Fast_GET_SIZE(Value); ++I) {
+      PyObject *Leaf = PySequence_Fast_GET_ITEM(Value, I);
+      Py_INCREF(Leaf);
+      PyTypeObject *LeafKind = Py_TYPE(Leaf);
+      int Done = 0; // 1: appended or skipped; -1: error; 2: the whole value through pytree
+      if (isScalar(LeafKind)) {
+        Done = 1;
+      } else {
+        // -1: an error (isinstance's own code raised).
+        int IsTensor = (PyObject *)LeafKind == TensorType ||
+                               (PyObject *)LeafKind == ParameterType
+                           ? 1
+                           : PyObject_IsInstance(Leaf, TensorType);
+        if (IsTensor < 0) {
+          Done = -1;
+        } else if (IsTensor) {
+          Done = PyList_Append(Out, Leaf) < 0 ? -1 : 1;
+        } else if (LeafKind == &PyTuple_Type || LeafKind == &PyList_Type ||
+                   LeafKind == &PyDict_Type) {
+          PyObject *Inner = tensorsWithin(Leaf, Outputs);
+          Done = !Inner ? -1 : 1;
+          if (Inner) {
+            Py_ssize_t End = PyList_GET_SIZE(Out);
+            if (PyList_SetSlice(Out, End, End, Inner) < 0)
+              Done = -1;
+            Py_DECREF(Inner);
+          }
+        } else if (PyLong_Check(Leaf) || PyFloat_Check(Leaf) || PyUnicode_Check(Leaf)) {
+          Done = 1; // a subclass of a scalar type (an IntEnum)
+        } else {
+          PyObject *Opaque = callHelper(OpaqueFn, Leaf, Outputs);
+          int Truth = Opaque ? PyObject_IsTrue(Opaque) : -1;
+          Py_XDECREF(Opaque);
+          Done = Truth < 0 ? -1 : Truth ? 1 : 2;
+        }
+      }
+      Py_DECREF(Leaf);
+      if (Done != 1) {
+        Py_DECREF(Out);
+        return Done < 0 ? nullptr : callHelper(OfAnyFn, Value, Outputs);
+      }
+    }
+    return Out;
+  }
+  if (Kind == &PyDict_Type) {
+    PyObject *Values = PyDict_Values(Value);
+    if (!Values)
+      return nullptr;
+    PyObject *Out = tensorsWithin(Values, Outputs);
+    Py_DECREF(Values);
+    return Out;
+  }
+  int IsTensor = PyObject_IsInstance(Value, TensorType);
+  if (IsTensor < 0)
+    return nullptr;
+  return IsTensor ? listOf(Value) : callHelper(OfAnyFn, Value, Outputs);
+}
+
+/// tensors(value, outputs=False) -> list
+PyObject *tensors(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+  if (N != 1 && N != 2) {
+    PyErr_Format(PyExc_TypeError, "tensors() takes 1 or 2 arguments (%zd given)", N);
+    return nullptr;
+  }
+  if (!TensorType) {
+    PyErr_SetString(PyExc_RuntimeError, "tensors(): set_tensor_helpers was not called");
+    return nullptr;
+  }
+  int Outputs = N == 2 ? PyObject_IsTrue(Args[1]) : 0;
+  if (Outputs < 0)
+    return nullptr;
+  return tensorsOf(Args[0], Outputs != 0);
+}
+
+/// set_tensor_helpers(tensor_type, parameter_type, opaque, tensors_of_any)
+PyObject *setTensorHelpers(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+  if (!arity("set_tensor_helpers", N, 4))
+    return nullptr;
+  PyObject **Slots[] = {&TensorType, &ParameterType, &OpaqueFn, &OfAnyFn};
+  for (int I = 0; I < 4; ++I) {
+    Py_INCREF(Args[I]);
+    Py_XSETREF(*Slots[I], Args[I]);
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef Methods[] = {
     {"enter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(enter)), METH_FASTCALL,
      "enter(path, class_name, class_qualname, source_file, source_line, is_root, inputs) -> "
      "int: opens a module call (torch.ops.ekka.enter)"},
     {"exit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(exit)), METH_FASTCALL,
      "exit(id, outputs, keyword_inputs, first_keyword_index): closes it (torch.ops.ekka.exit)"},
+    {"tensors", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(tensors)),
+     METH_FASTCALL,
+     "tensors(value, outputs=False) -> list: the tensors in a module's arguments or result "
+     "(the shim's _tensors_py, in C)"},
+    {"set_tensor_helpers",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setTensorHelpers)), METH_FASTCALL,
+     "set_tensor_helpers(tensor_type, parameter_type, opaque, tensors_of_any): what tensors() "
+     "asks the shim"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef Module = {PyModuleDef_HEAD_INIT, "ekka_runtime_python",

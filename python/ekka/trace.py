@@ -74,7 +74,7 @@ def _not_traceable():
             or _functorch_level() is not None)
 
 
-def _tensors(value, outputs=False):
+def _tensors_py(value, outputs=False):
     """The tensors in a module's arguments or, with `outputs`, its result,
     in order. The common shapes (a tensor, a tuple or list of tensors and
     None, a dict of them, nested: HF's `position_embeddings=(cos, sin)`,
@@ -82,7 +82,9 @@ def _tensors(value, outputs=False):
     in pytree's order; anything else through pytree: a hook runs at every
     module call, and pytree's flattening is most of its cost. Exact types
     are tested first: isinstance() against torch.Tensor costs a metaclass
-    call for anything that is no tensor."""
+    call for anything that is no tensor. The Python binding's `tensors`
+    does the same in C (install() makes it `_tensors`); this is what it
+    does where there is none, and what it is tested against."""
     kind = type(value)
     if kind is _Tensor or kind is _Parameter:
         return [value]
@@ -95,17 +97,18 @@ def _tensors(value, outputs=False):
             if kind is _Tensor or kind is _Parameter or isinstance(leaf, _Tensor):
                 out.append(leaf)
             elif kind is tuple or kind is list or kind is dict:
-                out.extend(_tensors(leaf, outputs))
+                out.extend(_tensors_py(leaf, outputs))
             elif not isinstance(leaf, (int, float, bool, str)) and not _opaque(leaf, outputs):
                 return _tensors_of_any(value, outputs)
         return out
     if kind is dict:
-        return _tensors(list(value.values()), outputs)
+        return _tensors_py(list(value.values()), outputs)
     if isinstance(value, _Tensor):
         return [value]
     return _tensors_of_any(value, outputs)
 
 
+_tensors = _tensors_py
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 _scalars = frozenset((type(None), bool, int, float, str))
 
@@ -430,7 +433,7 @@ def _watch_return(frame, marker):
         if not stack or stack[0][5] is not marker or not state.active or _not_traceable():
             return
         try:
-            outputs = _tensors(arg, outputs=True)
+            outputs = _tensors(arg, True)
         except Exception:  # an output pytree cannot flatten: not worth the program's return
             outputs = []
         del stack[1:]
@@ -591,7 +594,7 @@ def _after(module, args, *rest):
     _, call_id, positional, kwargs_seen, _, _ = stack.pop()
     # Keyword arguments the pre-hook did not see (a module outside a named
     # tree) are recorded here, as the inputs after the positional ones.
-    _exit(call_id, _tensors(output, outputs=True),
+    _exit(call_id, _tensors(output, True),
           _tensors(kwargs) if kwargs and not kwargs_seen else [], positional)
 
 
@@ -790,11 +793,14 @@ def install(trace_dir, options="", runtime_library=None):
         return
     library = runtime_library or os.environ["EKKA_RUNTIME_LIB"]
     torch.ops.load_library(library)
-    global _enter, _exit
+    global _enter, _exit, _tensors
     _enter, _exit = torch.ops.ekka.enter.default, torch.ops.ekka.exit.default
     binding = _python_binding(library)
     if binding is not None:
         _enter, _exit = binding.enter, binding.exit
+        if hasattr(binding, "tensors"):
+            binding.set_tensor_helpers(_Tensor, _Parameter, _opaque, _tensors_of_any)
+            _tensors = binding.tensors
     _state = _State(trace_dir, options)
     # torch.compile must not trace into the hooks: they run eagerly, outside
     # its graphs, where they see real tensors.
