@@ -249,7 +249,14 @@ def _hook_failed(where, error):
 _hook_error_said = False
 
 
+# Under torch.compile, Dynamo traces the hooks as part of the module call:
+# their first question, whether it compiles, it answers True at compile
+# time, so they put nothing into the graph and break none (a program that
+# compiles with fullgraph=True still does). The modules it compiled are not
+# recorded; the ops of the compiled code are, as any op.
 def _pre_hook(module, args, kwargs=None):
+    if _is_compiling():
+        return
     try:
         _before(module, args, kwargs)
     except Exception as error:
@@ -257,6 +264,8 @@ def _pre_hook(module, args, kwargs=None):
 
 
 def _post_hook(module, args, *rest):
+    if _is_compiling():
+        return
     try:
         _after(module, args, *rest)
     except Exception as error:
@@ -802,12 +811,9 @@ def install(trace_dir, options="", runtime_library=None):
             binding.set_tensor_helpers(_Tensor, _Parameter, _opaque, _tensors_of_any)
             _tensors = binding.tensors
     _state = _State(trace_dir, options)
-    # torch.compile must not trace into the hooks: they run eagerly, outside
-    # its graphs, where they see real tensors.
-    disable = getattr(getattr(torch, "compiler", None), "disable", lambda f: f)
     global _pre_hook_id
-    _pre_hook_id = register_module_forward_pre_hook(disable(_pre_hook)).id
-    register_module_forward_hook(disable(_post_hook), with_kwargs=True, always_call=True)
+    _pre_hook_id = register_module_forward_pre_hook(_pre_hook).id
+    register_module_forward_hook(_post_hook, with_kwargs=True, always_call=True)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _wrap_exec()
 

@@ -56,6 +56,20 @@ elif kind == "jit":
 elif kind == "compile":
     compiled = torch.compile(torch.nn.Linear(4, 4), backend="eager")
     compiled(x)
+elif kind == "fullgraph":
+    # The hooks add no graph break: a program that compiles its model whole
+    # still does, and computes what it computes untraced.
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    net = Net()
+    compiled = torch.compile(net, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x), net(x))
 elif kind == "meta":
     torch.nn.Linear(4, 4, device="meta")(torch.empty(2, 4, device="meta"))
 elif kind == "inference":
