@@ -109,10 +109,21 @@ PyObject *exit(PyObject *, PyObject *const *Args, Py_ssize_t N) {
 }
 
 /// What tensors() needs of the shim: torch.Tensor and torch.nn.Parameter
-/// (tested first, by exact type), and its `_opaque(leaf, outputs)` and
+/// (tested first, by exact type), its `_opaque(leaf, outputs)` and
 /// `_tensors_of_any(value, outputs)`, for what is not a tensor, a scalar, a
-/// tuple, list or dict. Set once by set_tensor_helpers.
-PyObject *TensorType, *ParameterType, *OpaqueFn, *OfAnyFn;
+/// tuple, list or dict, `_tensors_py` itself (for what is nested deeper
+/// than MaxDepth), and the scalar types `(int, float, str)` (isinstance of
+/// them also takes an object whose `__class__` says so). Set once by
+/// set_tensor_helpers.
+PyObject *TensorType, *ParameterType, *OpaqueFn, *OfAnyFn, *PythonFn, *ScalarTypes;
+constexpr int HelperCount = 6;
+
+/// Deeper than this the walk is Python's own (_tensors_py): its recursion
+/// limit, whatever the program set it to, decides where a list that holds
+/// itself raises RecursionError, and the C stack stays shallow. Under the
+/// GIL.
+constexpr int MaxDepth = 100;
+int Depth = 0;
 
 PyObject *callHelper(PyObject *Fn, PyObject *Value, bool Outputs) {
   PyObject *Args[] = {Value, Outputs ? Py_True : Py_False};
@@ -135,13 +146,13 @@ bool isScalar(PyTypeObject *Kind) {
 
 PyObject *tensorsOf(PyObject *Value, bool Outputs);
 
-/// tensorsOf one level down, with Python's recursion limit: a list that
-/// holds itself raises RecursionError, as in Python, not a stack overflow.
+/// tensorsOf one level down; past MaxDepth, _tensors_py's.
 PyObject *tensorsWithin(PyObject *Value, bool Outputs) {
-  if (Py_EnterRecursiveCall(" while finding a module call's tensors"))
-    return nullptr;
+  if (Depth >= MaxDepth)
+    return callHelper(PythonFn, Value, Outputs);
+  ++Depth;
   PyObject *Out = tensorsOf(Value, Outputs);
-  Py_LeaveRecursiveCall();
+  --Depth;
   return Out;
 }
 
@@ -183,13 +194,19 @@ PyObject *tensorsOf(PyObject *Value, bool Outputs) {
               Done = -1;
             Py_DECREF(Inner);
           }
-        } else if (PyLong_Check(Leaf) || PyFloat_Check(Leaf) || PyUnicode_Check(Leaf)) {
-          Done = 1; // a subclass of a scalar type (an IntEnum)
         } else {
-          PyObject *Opaque = callHelper(OpaqueFn, Leaf, Outputs);
-          int Truth = Opaque ? PyObject_IsTrue(Opaque) : -1;
-          Py_XDECREF(Opaque);
-          Done = Truth < 0 ? -1 : Truth ? 1 : 2;
+          // A subclass of a scalar type (an IntEnum), or what says it is one.
+          int Scalar = PyObject_IsInstance(Leaf, ScalarTypes);
+          if (Scalar < 0) {
+            Done = -1;
+          } else if (Scalar) {
+            Done = 1;
+          } else {
+            PyObject *Opaque = callHelper(OpaqueFn, Leaf, Outputs);
+            int Truth = Opaque ? PyObject_IsTrue(Opaque) : -1;
+            Py_XDECREF(Opaque);
+            Done = Truth < 0 ? -1 : Truth ? 1 : 2;
+          }
         }
       }
       Py_DECREF(Leaf);
@@ -230,12 +247,13 @@ PyObject *tensors(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   return tensorsOf(Args[0], Outputs != 0);
 }
 
-/// set_tensor_helpers(tensor_type, parameter_type, opaque, tensors_of_any)
+/// set_tensor_helpers(tensor_type, parameter_type, opaque, tensors_of_any,
+/// tensors_py, scalar_types)
 PyObject *setTensorHelpers(PyObject *, PyObject *const *Args, Py_ssize_t N) {
-  if (!arity("set_tensor_helpers", N, 4))
+  if (!arity("set_tensor_helpers", N, HelperCount))
     return nullptr;
-  PyObject **Slots[] = {&TensorType, &ParameterType, &OpaqueFn, &OfAnyFn};
-  for (int I = 0; I < 4; ++I) {
+  PyObject **Slots[] = {&TensorType, &ParameterType, &OpaqueFn, &OfAnyFn, &PythonFn, &ScalarTypes};
+  for (int I = 0; I < HelperCount; ++I) {
     Py_INCREF(Args[I]);
     Py_XSETREF(*Slots[I], Args[I]);
   }
@@ -254,8 +272,8 @@ PyMethodDef Methods[] = {
      "(the shim's _tensors_py, in C)"},
     {"set_tensor_helpers",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setTensorHelpers)), METH_FASTCALL,
-     "set_tensor_helpers(tensor_type, parameter_type, opaque, tensors_of_any): what tensors() "
-     "asks the shim"},
+     "set_tensor_helpers(tensor_type, parameter_type, opaque, tensors_of_any, tensors_py, "
+     "scalar_types): what tensors() asks the shim"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef Module = {PyModuleDef_HEAD_INIT, "ekka_runtime_python",

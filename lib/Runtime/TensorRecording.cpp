@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <dlfcn.h>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -90,13 +91,29 @@ int64_t valueCount(const at::Tensor &T) {
   return T.numel() * (T.is_complex() || T.scalar_type() == at::kFloat4_e2m1fn_x2 ? 2 : 1);
 }
 
-const std::string &deviceName(c10::Device D) {
-  thread_local std::vector<std::pair<c10::Device, std::string>> Names;
-  for (const auto &[Known, Name] : Names)
-    if (Known == D)
-      return Name;
-  Names.emplace_back(D, D.str());
-  return Names.back().second;
+std::string_view deviceName(c10::Device D) {
+  // Plain bytes, never destroyed: still there for an op of the thread's
+  // last destructors. A name that does not fit is made each time.
+  struct Entry {
+    int8_t Type, Index;
+    uint8_t Size; // 0: empty
+    char Text[45];
+  };
+  thread_local Entry Names[8];
+  thread_local unsigned Next;
+  for (const Entry &E : Names)
+    if (E.Size && E.Type == int8_t(D.type()) && E.Index == int8_t(D.index()))
+      return std::string_view(E.Text, E.Size);
+  thread_local std::string Long;
+  Long = D.str();
+  if (Long.empty() || Long.size() > sizeof(Entry::Text))
+    return Long;
+  Entry &E = Names[Next++ % std::size(Names)];
+  E.Type = int8_t(D.type());
+  E.Index = int8_t(D.index());
+  E.Size = uint8_t(Long.size());
+  std::memcpy(E.Text, Long.data(), Long.size());
+  return std::string_view(E.Text, E.Size);
 }
 
 bool describeTensor(const at::Tensor &T, TensorRecord &R) {

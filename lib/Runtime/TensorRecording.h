@@ -52,7 +52,7 @@ bool describeTensor(const at::Tensor &T, TensorRecord &R);
 /// `cpu`, `cuda:0`: a device's name, made once per device and thread
 /// (c10::Device::str() builds it anew, at every op's every tensor). Valid
 /// until the thread's next call.
-const std::string &deviceName(c10::Device D);
+std::string_view deviceName(c10::Device D);
 /// For a sparse (COO, CSR, CSC, BSR, BSC), nested (strided) or quantized
 /// tensor, which describeTensor does not take: its layout, dtype, shape
 /// and device into \p R (no strides; a nested tensor's shape is its

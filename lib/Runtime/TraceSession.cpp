@@ -280,7 +280,10 @@ struct ThreadState {
   std::vector<void *> Spare;
   static constexpr size_t SpareKept = 64;
 
-  ThreadState() { Spare.reserve(SpareKept); } // a push never allocates
+  ThreadState() {
+    Spare.reserve(SpareKept); // a push never allocates
+    ThreadBuilt = true;
+  }
   ~ThreadState() {
     ThreadGone = true;
     for (void *Memory : Spare)
@@ -289,8 +292,12 @@ struct ThreadState {
   /// Set once this thread's state is destroyed (at the thread's exit): an
   /// op context freed later goes to the heap.
   static thread_local bool ThreadGone;
+  /// Set once it is built: an op context freed on a thread that never
+  /// traced (end callbacks run elsewhere) does not build one.
+  static thread_local bool ThreadBuilt;
 };
 thread_local bool ThreadState::ThreadGone = false;
+thread_local bool ThreadState::ThreadBuilt = false;
 thread_local ThreadState Thread;
 
 /// This thread's state, looked up once by each caller.
@@ -309,7 +316,7 @@ void *OpContext::operator new(size_t Size) {
 }
 
 void OpContext::operator delete(void *Memory, size_t Size) {
-  if (Size == sizeof(OpContext) && !ThreadState::ThreadGone) {
+  if (Size == sizeof(OpContext) && ThreadState::ThreadBuilt && !ThreadState::ThreadGone) {
     std::vector<void *> &Spare = thisThread().Spare;
     if (Spare.size() < ThreadState::SpareKept) {
       Spare.push_back(Memory);
@@ -447,8 +454,8 @@ int64_t recordTensor(Session &S, const at::Tensor &Given, TensorOwner Owner, int
       !T.is_quantized() && !T.is_nested()) {
     std::optional<DType> Type = traceDType(T);
     if (Type && *Type != DType::F4) { // F4's shape is counted in halves of a byte
+      c10::IntArrayRef Sizes = T.sizes(), Strides = T.strides(); // may throw (symbolic)
       int64_t Id = S.Writer->nextTensorId();
-      c10::IntArrayRef Sizes = T.sizes(), Strides = T.strides();
       S.Writer->addTensorMetadata({Id, Owner, OwnerId, Role, Index, *Type,
                                    llvm::ArrayRef<int64_t>(Sizes.data(), Sizes.size()),
                                    llvm::ArrayRef<int64_t>(Strides.data(), Strides.size()),
@@ -975,10 +982,10 @@ TracerTimer::~TracerTimer() {
 void setDeviceMemoryOps(DeviceMemoryOps Ops) { DeviceMemory = Ops; }
 
 int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgument> &Pointers) {
-  ThreadState &TS = thisThread();
   Session *S = Current;
-  if (!S || InsideEkka)
+  if (!S || InsideEkka || ThreadState::ThreadGone)
     return 0;
+  ThreadState &TS = thisThread();
   KernelRecord R;
   R.Id = S->Writer->nextKernelId();
   OpContext *Op = TS.OpStack.empty() ? nullptr : TS.OpStack.back();
@@ -1009,7 +1016,7 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
 
 void beforeDeviceWrite(bool Ordering) {
   Session *S = Current;
-  if (!S || InsideEkka)
+  if (!S || InsideEkka || ThreadState::ThreadGone)
     return;
   ThreadState &TS = thisThread();
   // Inside an op, its own launches and copies write what its schema says
@@ -1023,10 +1030,12 @@ void beforeDeviceWrite(bool Ordering) {
 }
 
 void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
-  ThreadState &TS = thisThread();
   Session *S = Current;
+  if (!S || ThreadState::ThreadGone)
+    return;
+  ThreadState &TS = thisThread();
   OpContext *Op = TS.LastLaunch.Op;
-  if (!S || !Op || !Op->Capture || Pointers.empty() || !TS.PendingSnapshots.empty())
+  if (!Op || !Op->Capture || Pointers.empty() || !TS.PendingSnapshots.empty())
     return;
   // Which of the kernel's pointer parameters point into a tensor the op was
   // given: those buffers are copied once the kernel is enqueued.
@@ -1047,7 +1056,7 @@ void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
 }
 
 bool kernelSnapshotsWanted() {
-  if (!Current || InsideEkka)
+  if (!Current || InsideEkka || ThreadState::ThreadGone)
     return false;
   ThreadState &TS = thisThread();
   return !TS.OpStack.empty() && TS.OpStack.back()->Capture &&
@@ -1055,9 +1064,11 @@ bool kernelSnapshotsWanted() {
 }
 
 void snapshotKernelBuffers() {
-  ThreadState &TS = thisThread();
   Session *S = Current;
-  if (!S || InsideEkka || TS.PendingSnapshots.empty())
+  if (!S || InsideEkka || ThreadState::ThreadGone)
+    return;
+  ThreadState &TS = thisThread();
+  if (TS.PendingSnapshots.empty())
     return;
   InsideEkkaScope Inside;
   OwnOps Own; // the copies' allocations are no op of the program's

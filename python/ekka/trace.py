@@ -808,7 +808,8 @@ def install(trace_dir, options="", runtime_library=None):
     if binding is not None:
         _enter, _exit = binding.enter, binding.exit
         if hasattr(binding, "tensors"):
-            binding.set_tensor_helpers(_Tensor, _Parameter, _opaque, _tensors_of_any)
+            binding.set_tensor_helpers(_Tensor, _Parameter, _opaque, _tensors_of_any,
+                                      _tensors_py, (int, float, bool, str))
             _tensors = binding.tensors
     _state = _State(trace_dir, options)
     global _pre_hook_id

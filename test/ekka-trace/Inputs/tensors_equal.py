@@ -4,7 +4,8 @@ result: the Python binding's `tensors`, in C, which the hooks use, and
 tensors in the same order, or raise the same error, for any argument:
 random nested tuples, lists and dicts of tensors (plain, parameters,
 subclasses), scalars (an IntEnum among them), namedtuples, dataclasses,
-ModelOutput-like objects, opaque objects, a list that holds itself. Run under ekka-trace, whose
+ModelOutput-like objects, opaque objects, an object that says it is an
+int, a list that holds itself (also with the recursion limit raised). Run under ekka-trace, whose
 shim is installed. Prints how many it compared."""
 import collections
 import dataclasses
@@ -49,6 +50,15 @@ class Opaque:
     pass
 
 
+class SaysInt:
+    """A proxy whose __class__ says int: isinstance takes it as one."""
+    @property
+    def __class__(self):
+        return int
+
+    t = torch.zeros(1)
+
+
 class Raises:
     """An object whose attributes raise: pytree's and the shim's questions
     of it go wrong alike."""
@@ -66,7 +76,7 @@ def leaf(rng):
         lambda: Pair(rng.choice(tensors), None),
         lambda: Out(rng.choice(tensors), [rng.choice(tensors)]),
         lambda: ModelOutputLike(rng.choice(tensors), 1),
-        lambda: Opaque(), lambda: torch.Size([2, 3]), lambda: Raises(), lambda: cyclic(rng),
+        lambda: Opaque(), lambda: torch.Size([2, 3]), lambda: Raises(), lambda: cyclic(rng), lambda: SaysInt(),
     ])()
 
 
@@ -105,4 +115,13 @@ for n in range(5000):
         if c != py:
             sys.exit(f"differ on {x!r} (outputs={outputs}): C {c}, Python {py}")
         compared += 1
+# A program may raise Python's recursion limit: a list that holds itself
+# still raises RecursionError (the C walk hands deep nesting to Python's).
+sys.setrecursionlimit(5000)
+for outputs in (False, True):
+    x = (tensors[0], cyclic(rng))
+    c, py = result(et._tensors, x, outputs), result(et._tensors_py, x, outputs)
+    if c != py or c != "RecursionError":
+        sys.exit(f"a list that holds itself: C {c}, Python {py}")
+    compared += 1
 print(f"compared {compared}")
