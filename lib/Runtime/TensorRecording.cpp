@@ -104,15 +104,17 @@ std::string_view deviceName(c10::Device D) {
   for (const Entry &E : Names)
     if (E.Size && E.Type == int8_t(D.type()) && E.Index == int8_t(D.index()))
       return std::string_view(E.Text, E.Size);
-  thread_local std::string Long;
-  Long = D.str();
-  if (Long.empty() || Long.size() > sizeof(Entry::Text))
+  std::string Name = D.str();
+  if (Name.empty() || Name.size() > sizeof(Entry::Text)) {
+    thread_local std::string Long;
+    Long = std::move(Name);
     return Long;
+  }
   Entry &E = Names[Next++ % std::size(Names)];
   E.Type = int8_t(D.type());
   E.Index = int8_t(D.index());
-  E.Size = uint8_t(Long.size());
-  std::memcpy(E.Text, Long.data(), Long.size());
+  E.Size = uint8_t(Name.size());
+  std::memcpy(E.Text, Name.data(), Name.size());
   return std::string_view(E.Text, E.Size);
 }
 

@@ -214,6 +214,8 @@ struct KernelSnapshot {
   uint64_t Stream;
 };
 
+struct ThreadState;
+
 struct OpContext : at::ObserverContext {
   int64_t OpId = 0;
   bool Operator = false; ///< A dispatcher op with a schema, not a named scope.
@@ -229,8 +231,9 @@ struct OpContext : at::ObserverContext {
 
   // One per op: kept for reuse by the thread (ThreadState::Spare), as a
   // malloc and a free per op are a tenth of the observer's work on a CPU
-  // tensor.
-  static void *operator new(size_t Size);
+  // tensor. Made with the state the op's start looked up: `new (TS)`.
+  static void *operator new(size_t Size, ThreadState &TS);
+  static void operator delete(void *Memory, ThreadState &TS); // the constructor threw
   static void operator delete(void *Memory, size_t Size);
 };
 
@@ -303,17 +306,16 @@ thread_local ThreadState Thread;
 /// This thread's state, looked up once by each caller.
 [[gnu::noinline]] ThreadState &thisThread() { return Thread; }
 
-void *OpContext::operator new(size_t Size) {
-  if (Size == sizeof(OpContext) && !ThreadState::ThreadGone) {
-    std::vector<void *> &Spare = thisThread().Spare;
-    if (!Spare.empty()) {
-      void *Memory = Spare.back();
-      Spare.pop_back();
-      return Memory;
-    }
+void *OpContext::operator new(size_t Size, ThreadState &TS) {
+  if (Size == sizeof(OpContext) && !TS.Spare.empty()) {
+    void *Memory = TS.Spare.back();
+    TS.Spare.pop_back();
+    return Memory;
   }
   return ::operator new(Size);
 }
+
+void OpContext::operator delete(void *Memory, ThreadState &) { ::operator delete(Memory); }
 
 void OpContext::operator delete(void *Memory, size_t Size) {
   if (Size == sizeof(OpContext) && ThreadState::ThreadBuilt && !ThreadState::ThreadGone) {
@@ -743,7 +745,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     S->Deferred.releaseSettled();
     S->DeviceDeferred.releaseSettled();
   }
-  auto Ctx = std::make_unique<OpContext>();
+  std::unique_ptr<OpContext> Ctx(new (TS) OpContext);
   int64_t Id = Ctx->OpId = S->Writer->nextOpId();
   std::optional<int64_t> Call;
   if (int64_t Open = openCall(TS))

@@ -70,8 +70,13 @@ def _not_traceable():
     Inside a torch.func transform (vmap, grad) the tensors are the
     transform's wrappers, which the ekka ops take no batching rule for: the
     modules called there are not recorded (their calls, as the whole, are)."""
-    return (_is_compiling() or _tracing_state() is not None or _is_scripting()
-            or _functorch_level() is not None)
+    return _is_compiling() or _traced_otherwise()
+
+
+def _traced_otherwise():
+    """_not_traceable's questions but torch.compile's, which the hooks ask
+    first of all (see _pre_hook)."""
+    return _tracing_state() is not None or _is_scripting() or _functorch_level() is not None
 
 
 def _tensors_py(value, outputs=False):
@@ -277,7 +282,7 @@ def _before(module, args, kwargs=None):
     for the modules of a named root's tree (see _names_of); otherwise only
     the positional ones, and the keyword ones are recorded at the exit."""
     state = _state
-    if not state.active or _not_traceable():
+    if not state.active or _traced_otherwise():  # _pre_hook asked of torch.compile
         return
     if not state.started and not _start(state):
         return
@@ -593,7 +598,7 @@ def _after(module, args, *rest):
     # calls an always_call hook for a forward that raised.
     kwargs, output = (rest[0], rest[1]) if len(rest) == 2 else ({}, None)
     stack = getattr(_state.local, "stack", None)
-    if not stack or _not_traceable():
+    if not stack or _traced_otherwise():  # _post_hook asked of torch.compile
         return
     # Unwind to this module: a call that raised left without its exit.
     while stack and stack[-1][0] is not module:
