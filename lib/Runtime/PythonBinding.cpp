@@ -12,8 +12,10 @@
 //===----------------------------------------------------------------------===//
 #include "ekka/Runtime/TraceSession.h"
 
+#include <ATen/FuncTorchTLS.h>
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 
 #include <exception>
 #include <string>
@@ -76,35 +78,55 @@ bool arity(const char *Name, Py_ssize_t Got, Py_ssize_t Want) {
   return false;
 }
 
-/// enter(path, class_name, class_qualname, source_file, source_line,
-/// is_root, inputs) -> call id (0: not recorded)
-PyObject *enter(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+/// Opens a module call: the runtime's entry with the binding's arguments,
+/// `Tensors` a list or tuple of tensors. Null with an exception set, or the
+/// call id (0: not recorded).
+PyObject *enterWith(PyObject *PathObject, PyObject *ClassNameObject, PyObject *QualnameObject,
+                    PyObject *FileObject, PyObject *LineObject, bool IsRoot, PyObject *Tensors) {
   std::string_view Path, ClassName, Qualname, File;
   int64_t Line = 0;
   std::vector<at::Tensor> Inputs;
-  if (!arity("enter", N, 7) || !stringOf(Args[0], Path) || !stringOf(Args[1], ClassName) ||
-      !stringOf(Args[2], Qualname) || !stringOf(Args[3], File) || !integerOf(Args[4], Line))
-    return nullptr;
-  int IsRoot = PyObject_IsTrue(Args[5]);
-  if (IsRoot < 0 || !tensorsOf(Args[6], Inputs))
+  if (!stringOf(PathObject, Path) || !stringOf(ClassNameObject, ClassName) ||
+      !stringOf(QualnameObject, Qualname) || !stringOf(FileObject, File) ||
+      !integerOf(LineObject, Line) || !tensorsOf(Tensors, Inputs))
     return nullptr;
   int64_t Id;
   Py_BEGIN_ALLOW_THREADS
-  Id = ekka::enterModuleNoThrow(Path, ClassName, Qualname, File, Line, IsRoot != 0, Inputs);
+  Id = ekka::enterModuleNoThrow(Path, ClassName, Qualname, File, Line, IsRoot, Inputs);
   Py_END_ALLOW_THREADS
   return PyLong_FromLongLong(Id);
 }
 
-/// exit(call id, outputs, keyword_inputs, first_keyword_index) -> None
-PyObject *exit(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+/// Closes one: the runtime's exit with the binding's arguments. False with
+/// an exception set.
+bool exitWith(PyObject *IdObject, PyObject *OutputsObject, PyObject *KeywordObject,
+              PyObject *FirstKeywordObject) {
   int64_t Id = 0, FirstKeyword = 0;
   std::vector<at::Tensor> Outputs, KeywordInputs;
-  if (!arity("exit", N, 4) || !integerOf(Args[0], Id) || !tensorsOf(Args[1], Outputs) ||
-      !tensorsOf(Args[2], KeywordInputs) || !integerOf(Args[3], FirstKeyword))
-    return nullptr;
+  if (!integerOf(IdObject, Id) || !tensorsOf(OutputsObject, Outputs) ||
+      !tensorsOf(KeywordObject, KeywordInputs) || !integerOf(FirstKeywordObject, FirstKeyword))
+    return false;
   Py_BEGIN_ALLOW_THREADS
   ekka::exitModuleNoThrow(Id, Outputs, KeywordInputs, FirstKeyword);
   Py_END_ALLOW_THREADS
+  return true;
+}
+
+/// enter(path, class_name, class_qualname, source_file, source_line,
+/// is_root, inputs) -> call id (0: not recorded)
+PyObject *enter(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+  if (!arity("enter", N, 7))
+    return nullptr;
+  int IsRoot = PyObject_IsTrue(Args[5]);
+  if (IsRoot < 0)
+    return nullptr;
+  return enterWith(Args[0], Args[1], Args[2], Args[3], Args[4], IsRoot != 0, Args[6]);
+}
+
+/// exit(call id, outputs, keyword_inputs, first_keyword_index) -> None
+PyObject *exit(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+  if (!arity("exit", N, 4) || !exitWith(Args[0], Args[1], Args[2], Args[3]))
+    return nullptr;
   Py_RETURN_NONE;
 }
 
@@ -260,6 +282,244 @@ PyObject *setTensorHelpers(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   Py_RETURN_NONE;
 }
 
+/// An owned reference, released at the end of its scope.
+class Ref {
+public:
+  explicit Ref(PyObject *Object = nullptr) : Object(Object) {}
+  Ref(const Ref &) = delete;
+  Ref &operator=(const Ref &) = delete;
+  ~Ref() { Py_XDECREF(Object); }
+  void reset(PyObject *Other) { Py_XSETREF(Object, Other); }
+  PyObject *get() const { return Object; }
+  explicit operator bool() const { return Object != nullptr; }
+
+private:
+  PyObject *Object;
+};
+
+/// A borrowed reference made owned.
+PyObject *owned(PyObject *Object) {
+  Py_INCREF(Object);
+  return Object;
+}
+
+/// What the hooks' common case reads of the shim, set once by set_hooks:
+/// its `_State`'s attributes (its `__dict__`), its `sources` (a class's
+/// qualname, file, line and name) and `local` (the threads' call stacks),
+/// and torch._C._functorch.maybe_current_level. The names of the
+/// attributes read.
+PyObject *StateDict, *Sources, *Local, *FunctorchLevel;
+PyObject *ActiveName, *StartedName, *StackName, *NamesName;
+
+/// The shim's _traced_otherwise(): torch.jit's tracer, or a torch.func
+/// transform, at work: 1, 0, or -1 with an exception set. Its third
+/// question, torch.jit.is_scripting(), is False in any code that runs as
+/// Python. A thread without functorch's state has no transform on it;
+/// one with is asked through Python (the header of functorch's layer
+/// stack needs one that torch does not ship).
+int tracedOtherwise() {
+  if (torch::jit::tracer::isTracing())
+    return 1;
+  if (!at::functorch::functorchTLSAccessor())
+    return 0;
+  Ref Level(PyObject_CallNoArgs(FunctorchLevel));
+  return Level ? Level.get() != Py_None : -1;
+}
+
+/// traced_otherwise() -> bool: the shim's _traced_otherwise.
+PyObject *tracedOtherwisePy(PyObject *, PyObject *) {
+  if (!FunctorchLevel) {
+    PyErr_SetString(PyExc_RuntimeError, "traced_otherwise(): set_hooks was not called");
+    return nullptr;
+  }
+  int Traced = tracedOtherwise();
+  return Traced < 0 ? nullptr : owned(Traced ? Py_True : Py_False);
+}
+
+/// A `_State` attribute's truth: 1, 0, or -1 with an exception set.
+int stateFlag(PyObject *Name) {
+  PyObject *Value = PyDict_GetItemWithError(StateDict, Name);
+  if (!Value && !PyErr_Occurred())
+    PyErr_Format(PyExc_AttributeError, "ekka_runtime_python: the shim's state has no %U", Name);
+  return Value ? PyObject_IsTrue(Value) : -1;
+}
+
+/// This thread's call stack, the shim's `state.local.stack`: a new
+/// reference, or null, without an exception where the thread has none yet.
+PyObject *threadStack() {
+  PyObject *Stack = PyObject_GetAttr(Local, StackName);
+  if (!Stack && PyErr_ExceptionMatches(PyExc_AttributeError))
+    PyErr_Clear();
+  return Stack;
+}
+
+/// A stack entry as the shim makes them: (module, call id, positional
+/// inputs, keyword arguments seen, tree, direct-call marker).
+bool isEntry(PyObject *Entry) {
+  return PyTuple_CheckExact(Entry) && PyTuple_GET_SIZE(Entry) == 6;
+}
+
+/// before(module, args, kwargs=None) -> bool: the shim's `_before` for its
+/// common case, a module of the tree whose call is open on this thread
+/// (every call of a forward but its root's), without running Python. True
+/// where it did what `_before` would (recorded the call, or nothing to do);
+/// False where `_before` is to be asked: a root, a module outside the
+/// tree, a class not seen yet, a forward called directly, no trace yet.
+PyObject *before(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+  if (N != 2 && N != 3) {
+    PyErr_Format(PyExc_TypeError, "before() takes 2 or 3 arguments (%zd given)", N);
+    return nullptr;
+  }
+  if (!StateDict || !TensorType) {
+    PyErr_SetString(PyExc_RuntimeError, "before(): set_hooks or set_tensor_helpers not called");
+    return nullptr;
+  }
+  PyObject *Module = Args[0], *Keywords = N == 3 ? Args[2] : Py_None;
+  int Active = stateFlag(ActiveName);
+  int Traced = Active > 0 ? tracedOtherwise() : 0;
+  if (Active <= 0 || Traced)
+    return Active < 0 || Traced < 0 ? nullptr : owned(Py_True);
+  int Started = stateFlag(StartedName);
+  if (Started <= 0)
+    return Started < 0 ? nullptr : owned(Py_False);
+  Ref Stack(threadStack());
+  if (!Stack)
+    return PyErr_Occurred() ? nullptr : owned(Py_False);
+  if (!PyList_CheckExact(Stack.get()) || PyList_GET_SIZE(Stack.get()) == 0)
+    return owned(Py_False);
+  PyObject *Outer = PyList_GET_ITEM(Stack.get(), 0);
+  if (!isEntry(Outer) || PyTuple_GET_ITEM(Outer, 5) != Py_None ||
+      PyTuple_GET_ITEM(Outer, 4) == Py_None)
+    return owned(Py_False);
+  // Held: finding the tensors may run Python (pytree), which may change the
+  // stack or the tree.
+  Ref Tree(owned(PyTuple_GET_ITEM(Outer, 4)));
+  Ref Names(PyObject_GetAttr(Tree.get(), NamesName));
+  Ref Key(Names ? PyLong_FromVoidPtr(Module) : nullptr);
+  if (!Key)
+    return nullptr;
+  if (!PyDict_CheckExact(Names.get()))
+    return owned(Py_False);
+  PyObject *Path = PyDict_GetItemWithError(Names.get(), Key.get());
+  if (!Path)
+    return PyErr_Occurred() ? nullptr : owned(Py_False);
+  Ref PathRef(owned(Path));
+  // (qualname, file, line, name), as _class_source keeps them.
+  PyObject *Source = PyDict_GetItemWithError(Sources, (PyObject *)Py_TYPE(Module));
+  if (!Source)
+    return PyErr_Occurred() ? nullptr : owned(Py_False);
+  if (!PyTuple_CheckExact(Source) || PyTuple_GET_SIZE(Source) != 4)
+    return owned(Py_False);
+  Ref SourceRef(owned(Source));
+  Ref Inputs(tensorsOf(Args[1], false));
+  if (!Inputs)
+    return nullptr;
+  if (Keywords != Py_None) {
+    int Any = PyObject_IsTrue(Keywords);
+    if (Any < 0)
+      return nullptr;
+    if (Any) {
+      Ref More(tensorsOf(Keywords, false));
+      if (!More)
+        return nullptr;
+      Inputs.reset(PySequence_InPlaceConcat(Inputs.get(), More.get()));
+      if (!Inputs)
+        return nullptr;
+    }
+  }
+  Py_ssize_t Count = PyObject_Length(Inputs.get());
+  if (Count < 0)
+    return nullptr;
+  Ref Id(enterWith(Path, PyTuple_GET_ITEM(Source, 3), PyTuple_GET_ITEM(Source, 0),
+                   PyTuple_GET_ITEM(Source, 1), PyTuple_GET_ITEM(Source, 2), false,
+                   Inputs.get()));
+  if (!Id)
+    return nullptr;
+  Ref CountObject(PyLong_FromSsize_t(Count));
+  Ref Entry(CountObject ? PyTuple_Pack(6, Module, Id.get(), CountObject.get(),
+                                       Keywords != Py_None ? Py_True : Py_False, Tree.get(),
+                                       Py_None)
+                        : nullptr);
+  if (!Entry || PyList_Append(Stack.get(), Entry.get()) < 0)
+    return nullptr;
+  return owned(Py_True);
+}
+
+/// after(module, args, kwargs, output) or, for a forward that raised,
+/// after(module, args, output) -> bool: the shim's `_after` where the call
+/// that ends is the last one open on this thread. False where `_after` is
+/// to be asked (another is: calls that raised are to be unwound).
+PyObject *after(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+  if (N != 3 && N != 4) {
+    PyErr_Format(PyExc_TypeError, "after() takes 3 or 4 arguments (%zd given)", N);
+    return nullptr;
+  }
+  if (!StateDict || !TensorType) {
+    PyErr_SetString(PyExc_RuntimeError, "after(): set_hooks or set_tensor_helpers not called");
+    return nullptr;
+  }
+  // As _after: a forward that raised passes no keyword arguments and its
+  // output is None.
+  PyObject *Module = Args[0], *Keywords = N == 4 ? Args[2] : nullptr;
+  PyObject *Output = N == 4 ? Args[3] : Py_None;
+  Ref Stack(threadStack());
+  if (!Stack)
+    return PyErr_Occurred() ? nullptr : owned(Py_True);
+  if (!PyList_CheckExact(Stack.get()))
+    return owned(Py_False);
+  Py_ssize_t Size = PyList_GET_SIZE(Stack.get());
+  int Traced = Size ? tracedOtherwise() : 0;
+  if (Size == 0 || Traced)
+    return Traced < 0 ? nullptr : owned(Py_True);
+  PyObject *Top = PyList_GET_ITEM(Stack.get(), Size - 1);
+  if (!isEntry(Top) || PyTuple_GET_ITEM(Top, 0) != Module)
+    return owned(Py_False);
+  Ref Entry(owned(Top));
+  if (PyList_SetSlice(Stack.get(), Size - 1, Size, nullptr) < 0)
+    return nullptr;
+  Ref Outputs(tensorsOf(Output, true));
+  if (!Outputs)
+    return nullptr;
+  int Any = Keywords ? PyObject_IsTrue(Keywords) : 0;
+  int Seen = Any > 0 ? PyObject_IsTrue(PyTuple_GET_ITEM(Entry.get(), 3)) : 1;
+  if (Any < 0 || Seen < 0)
+    return nullptr;
+  Ref KeywordInputs(Any && !Seen ? tensorsOf(Keywords, false) : PyList_New(0));
+  if (!KeywordInputs || !exitWith(PyTuple_GET_ITEM(Entry.get(), 1), Outputs.get(),
+                                  KeywordInputs.get(), PyTuple_GET_ITEM(Entry.get(), 2)))
+    return nullptr;
+  return owned(Py_True);
+}
+
+/// set_hooks(state, functorch_level): the shim's `_State`, whose `active`
+/// and `started` before() reads and whose `sources` and `local`, made once,
+/// it keeps, and torch._C._functorch.maybe_current_level.
+PyObject *setHooks(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+  if (!arity("set_hooks", N, 2))
+    return nullptr;
+  PyObject **Names[] = {&ActiveName, &StartedName, &StackName, &NamesName};
+  const char *Texts[] = {"active", "started", "stack", "names"};
+  for (int I = 0; I < 4; ++I)
+    if (!*Names[I] && !(*Names[I] = PyUnicode_InternFromString(Texts[I])))
+      return nullptr;
+  Ref Dict(PyObject_GenericGetDict(Args[0], nullptr));
+  Ref SourcesObject(Dict ? PyObject_GetAttrString(Args[0], "sources") : nullptr);
+  Ref LocalObject(SourcesObject ? PyObject_GetAttrString(Args[0], "local") : nullptr);
+  if (!LocalObject)
+    return nullptr;
+  if (!PyDict_CheckExact(SourcesObject.get())) {
+    PyErr_SetString(PyExc_TypeError, "set_hooks(): the state's sources is no dict");
+    return nullptr;
+  }
+  PyObject **Slots[] = {&StateDict, &Sources, &Local, &FunctorchLevel};
+  PyObject *Values[] = {Dict.get(), SourcesObject.get(), LocalObject.get(), Args[1]};
+  for (int I = 0; I < 4; ++I) {
+    Py_INCREF(Values[I]);
+    Py_XSETREF(*Slots[I], Values[I]);
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef Methods[] = {
     {"enter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(enter)), METH_FASTCALL,
      "enter(path, class_name, class_qualname, source_file, source_line, is_root, inputs) -> "
@@ -274,6 +534,18 @@ PyMethodDef Methods[] = {
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setTensorHelpers)), METH_FASTCALL,
      "set_tensor_helpers(tensor_type, parameter_type, opaque, tensors_of_any, tensors_py, "
      "scalar_types): what tensors() asks the shim"},
+    {"before", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(before)), METH_FASTCALL,
+     "before(module, args, kwargs=None) -> bool: the shim's _before for a call inside an open "
+     "one; False: ask _before"},
+    {"after", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(after)), METH_FASTCALL,
+     "after(module, args, kwargs, output) -> bool: the shim's _after for the last call open; "
+     "False: ask _after"},
+    {"traced_otherwise", tracedOtherwisePy, METH_NOARGS,
+     "traced_otherwise() -> bool: the shim's _traced_otherwise (torch.jit's tracer or a "
+     "torch.func transform at work)"},
+    {"set_hooks", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setHooks)),
+     METH_FASTCALL, "set_hooks(state, functorch_level): the shim's _State, which before() and after() read, "
+     "and torch._C._functorch.maybe_current_level, which traced_otherwise() may ask"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef Module = {PyModuleDef_HEAD_INIT, "ekka_runtime_python",

@@ -214,6 +214,18 @@ struct KernelSnapshot {
   uint64_t Stream;
 };
 
+/// The texts of a module call a thread entered last under a path, interned
+/// by the session whose serial is InternedIn (see enterModule).
+struct ModuleTextEntry {
+  const TraceWriter::ModuleText *Text = nullptr;
+  uint64_t InternedIn = 0;
+};
+/// Looks a path up by its view, with no string made.
+struct TextHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view Text) const { return std::hash<std::string_view>()(Text); }
+};
+
 struct ThreadState;
 
 struct OpContext : at::ObserverContext {
@@ -279,6 +291,8 @@ struct ThreadState {
   RecentLaunch LastLaunch;
   std::unordered_map<OpKey, OpKind, OpKeyHash> Kinds;
   OpKind Unnamed; ///< A named scope's, made anew at each (opKind).
+  /// By module path: a module is entered again at every forward.
+  std::unordered_map<std::string, ModuleTextEntry, TextHash, std::equal_to<>> ModuleTexts;
   /// Freed OpContexts' memory, for the next ops (at most SpareKept).
   std::vector<void *> Spare;
   static constexpr size_t SpareKept = 64;
@@ -1183,18 +1197,23 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
   S->DeviceDeferred.releaseSettled();
   if (IsRoot)
     ++S->Step;
-  ModuleCallRecord R;
-  int64_t Id = R.Id = S->Writer->nextModuleCallId();
+  int64_t Id = S->Writer->nextModuleCallId();
+  std::optional<int64_t> ParentId;
   if (!TS.CallStack.empty())
-    R.ParentId = TS.CallStack.back().Id;
-  R.Seq = S->CallSeq++;
-  R.Step = S->Step.load();
-  R.Path = Path;
-  R.ClassName = ClassName;
-  R.ClassQualname = ClassQualname;
-  R.SourceFile = SourceFile;
-  R.SourceLine = SourceLine;
-  S->Writer->addModuleCall(std::move(R)); // its texts are not copied twice
+    ParentId = TS.CallStack.back().Id;
+  // The call's texts, interned once per path and session: checked, as a
+  // path may name another module later (another model, another trace).
+  auto Known = TS.ModuleTexts.find(Path);
+  if (Known == TS.ModuleTexts.end())
+    Known = TS.ModuleTexts.emplace(std::string(Path), ModuleTextEntry()).first;
+  ModuleTextEntry &Text = Known->second;
+  if (Text.InternedIn != S->Serial || Text.Text->ClassName != ClassName ||
+      Text.Text->ClassQualname != ClassQualname || Text.Text->SourceFile != SourceFile ||
+      Text.Text->SourceLine != SourceLine) {
+    Text.Text = S->Writer->internModule(Path, ClassName, ClassQualname, SourceFile, SourceLine);
+    Text.InternedIn = S->Serial;
+  }
+  S->Writer->addModuleCall(Id, ParentId, S->CallSeq++, S->Step.load(), Text.Text);
   bool Capture = S->Options.CaptureModules && stepCaptured(*S) &&
                  (!S->Options.ModuleFilter ||
                   std::regex_search(Path.begin(), Path.end(), *S->Options.ModuleFilter));

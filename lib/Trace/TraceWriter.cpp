@@ -51,12 +51,18 @@ constexpr size_t PooledChunks = 64;
 /// The small records a chunk holds, each a header (its first byte the
 /// kind) and, for a tensor, its statistics if it has them, then its shape
 /// and strides.
-enum class SmallKind : uint8_t { Op, Tensor };
+enum class SmallKind : uint8_t { Op, Tensor, ModuleCall };
 struct SmallOp {
   SmallKind Kind = SmallKind::Op;
   bool HasCall = false;
   int64_t Id, ModuleCallId, Seq;
   const TraceWriter::OpText *Text;
+};
+struct SmallModuleCall {
+  SmallKind Kind = SmallKind::ModuleCall;
+  bool HasParent = false;
+  int64_t Id, ParentId, Seq, Step;
+  const TraceWriter::ModuleText *Text;
 };
 struct SmallTensor {
   SmallKind Kind = SmallKind::Tensor;
@@ -66,6 +72,7 @@ struct SmallTensor {
   const std::string *Device;
 };
 static_assert(std::is_trivially_copyable_v<SmallOp> &&
+              std::is_trivially_copyable_v<SmallModuleCall> &&
               std::is_trivially_copyable_v<SmallTensor> &&
               std::is_trivially_copyable_v<TensorStats>);
 
@@ -232,6 +239,15 @@ private:
     Call.bind(7, R.ClassQualname).bind(8, R.SourceFile).bind(9, R.SourceLine);
     return Call.run();
   }
+  Error insertModuleCall(const SmallModuleCall &M, TraceCounts &Counts) {
+    ++Counts.ModuleCalls;
+    const TraceWriter::ModuleText &T = *M.Text;
+    Call.bind(1, M.Id);
+    Call.bind(2, M.HasParent ? std::optional<int64_t>(M.ParentId) : std::nullopt);
+    Call.bind(3, M.Seq).bind(4, M.Step).bindKept(5, T.Path).bindKept(6, T.ClassName);
+    Call.bindKept(7, T.ClassQualname).bindKept(8, T.SourceFile).bind(9, T.SourceLine);
+    return Call.run(); // the texts outlive the insert, as the writer
+  }
 
   Error add(OpRecord &R, TraceCounts &Counts) {
     return insertOp(R.Id, R.ModuleCallId, R.Seq, R.Name, R.Schema, Counts);
@@ -250,6 +266,14 @@ private:
         if (O.HasCall)
           Call = O.ModuleCallId;
         if (Error E = insertOp(O.Id, Call, O.Seq, O.Text->Name, O.Text->Schema, Counts))
+          return E;
+        continue;
+      }
+      if (Kind == SmallKind::ModuleCall) {
+        SmallModuleCall M;
+        std::memcpy(&M, P, sizeof M);
+        P += sizeof M;
+        if (Error E = insertModuleCall(M, Counts))
           return E;
         continue;
       }
@@ -698,6 +722,27 @@ void TraceWriter::setMeta(StringRef Key, std::function<std::string()> Value) {
   enqueue<MetaItem>(0, Key.str(), "", std::move(Value));
 }
 void TraceWriter::addModuleCall(ModuleCallRecord R) { enqueue<ModuleCallRecord>(0, std::move(R)); }
+const TraceWriter::ModuleText *TraceWriter::internModule(StringRef Path, StringRef ClassName,
+                                                         StringRef ClassQualname,
+                                                         StringRef SourceFile,
+                                                         int64_t SourceLine) {
+  ModuleText Text{Path.str(), ClassName.str(), ClassQualname.str(), SourceFile.str(), SourceLine};
+  std::lock_guard<std::mutex> Lock(TextMutex);
+  return &*ModuleTexts.insert(std::move(Text)).first;
+}
+void TraceWriter::addModuleCall(int64_t Id, std::optional<int64_t> ParentId, int64_t Seq,
+                                int64_t Step, const ModuleText *Text) {
+  SmallModuleCall M;
+  M.HasParent = ParentId.has_value();
+  M.Id = Id;
+  M.ParentId = ParentId.value_or(0);
+  M.Seq = Seq;
+  M.Step = Step;
+  M.Text = Text;
+  if (!appendSmall(sizeof M, [&](ThreadBuffer &, char *To) { std::memcpy(To, &M, sizeof M); }))
+    addModuleCall(ModuleCallRecord{Id, ParentId, Seq, Step, Text->Path, Text->ClassName,
+                                   Text->ClassQualname, Text->SourceFile, Text->SourceLine});
+}
 void TraceWriter::addOp(OpRecord R) { enqueue<OpRecord>(0, std::move(R)); }
 const TraceWriter::OpText *TraceWriter::internOp(std::string Name, std::string Schema) {
   std::lock_guard<std::mutex> Lock(TextMutex);

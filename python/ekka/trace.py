@@ -44,7 +44,7 @@ class _State:
         self.start_ok = False    # whether it started
         self.exit_handlers = False
         self.local = threading.local()  # per thread: stack and names of its root
-        self.sources = {}        # class -> (qualname, file, line)
+        self.sources = {}        # class -> (qualname, file, line, name)
 
     @property
     def stack(self):             # (module, call id, positional inputs, kwargs seen, tree)
@@ -157,7 +157,7 @@ def _class_source(state, cls):
             line = inspect.getsourcelines(cls)[1]
         except (OSError, TypeError):
             file, line = "", 0
-        cached = state.sources[cls] = (qualname, file, line)
+        cached = state.sources[cls] = (qualname, file, line, cls.__name__)
     return cached
 
 
@@ -277,6 +277,33 @@ def _post_hook(module, args, *rest):
         _hook_failed("hook after the call", error)
 
 
+# With the Python binding, the hooks' common case (a call inside an open
+# one, of a module of its tree, whose class was seen before; the end of the
+# last call open) runs in C: `_fast_before` and `_fast_after` do what
+# _before and _after would, or answer False for them to be asked.
+def _pre_hook_fast(module, args, kwargs=None):
+    if _is_compiling():
+        return
+    try:
+        if not _fast_before(module, args, kwargs):
+            _before(module, args, kwargs)
+    except Exception as error:
+        _hook_failed("hook before the call", error)
+
+
+def _post_hook_fast(module, args, *rest):
+    if _is_compiling():
+        return
+    try:
+        if not _fast_after(module, args, *rest):
+            _after(module, args, *rest)
+    except Exception as error:
+        _hook_failed("hook after the call", error)
+
+
+_fast_before = _fast_after = None
+
+
 def _before(module, args, kwargs=None):
     """Before a module's forward. PyTorch passes the keyword arguments too
     for the modules of a named root's tree (see _names_of); otherwise only
@@ -337,7 +364,7 @@ def _before(module, args, kwargs=None):
         parent = tree.path(stack[-1][0]) if stack and tree is not None else None
         parent = parent or ""
         path = f"{parent}.<{type(module).__name__}>" if parent else type(module).__name__
-    qualname, file, line = _class_source(state, type(module))
+    qualname, file, line, _ = _class_source(state, type(module))
     inputs = _tensors(args)
     if kwargs:
         inputs += _tensors(kwargs)
@@ -403,7 +430,7 @@ def _open_direct(state, local, trees, stack, frame, owner):
     inputs = _tensors([values.get(name) for name in named])
     mark = object()
     values[_ROOT_MARK] = mark
-    qualname, file, line = _class_source(state, type(owner))
+    qualname, file, line, _ = _class_source(state, type(owner))
     call_id = _enter(tree.path(owner) or "", type(owner).__name__, qualname, file, line, True,
                      inputs)
     marker = (code, mark)
@@ -807,19 +834,24 @@ def install(trace_dir, options="", runtime_library=None):
         return
     library = runtime_library or os.environ["EKKA_RUNTIME_LIB"]
     torch.ops.load_library(library)
-    global _enter, _exit, _tensors
+    global _enter, _exit, _tensors, _fast_before, _fast_after, _traced_otherwise
     _enter, _exit = torch.ops.ekka.enter.default, torch.ops.ekka.exit.default
+    _state = _State(trace_dir, options)
+    pre_hook, post_hook = _pre_hook, _post_hook
     binding = _python_binding(library)
     if binding is not None:
         _enter, _exit = binding.enter, binding.exit
-        if hasattr(binding, "tensors"):
-            binding.set_tensor_helpers(_Tensor, _Parameter, _opaque, _tensors_of_any,
-                                      _tensors_py, (int, float, bool, str))
-            _tensors = binding.tensors
-    _state = _State(trace_dir, options)
+        binding.set_tensor_helpers(_Tensor, _Parameter, _opaque, _tensors_of_any,
+                                   _tensors_py, (int, float, bool, str))
+        _tensors = binding.tensors
+        if os.environ.get("EKKA_FAST_HOOKS") != "0":
+            binding.set_hooks(_state, _functorch_level)
+            _fast_before, _fast_after = binding.before, binding.after
+            _traced_otherwise = binding.traced_otherwise
+            pre_hook, post_hook = _pre_hook_fast, _post_hook_fast
     global _pre_hook_id
-    _pre_hook_id = register_module_forward_pre_hook(_pre_hook).id
-    register_module_forward_hook(_post_hook, with_kwargs=True, always_call=True)
+    _pre_hook_id = register_module_forward_pre_hook(pre_hook).id
+    register_module_forward_hook(post_hook, with_kwargs=True, always_call=True)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _wrap_exec()
 

@@ -76,6 +76,26 @@ public:
   /// was written (what a trace lost on the way is known only then).
   void setMeta(llvm::StringRef Key, std::function<std::string()> Value);
   void addModuleCall(ModuleCallRecord R);
+  /// A module call's texts (its path, class and source), kept as long as
+  /// the writer, as OpText is an operator's: a module is called again at
+  /// every forward, and its four strings copied at each call cost as much
+  /// as the rest of its record.
+  struct ModuleText {
+    std::string Path, ClassName, ClassQualname, SourceFile;
+    int64_t SourceLine = 0;
+    bool operator<(const ModuleText &O) const {
+      return std::tie(Path, ClassName, ClassQualname, SourceFile, SourceLine) <
+             std::tie(O.Path, O.ClassName, O.ClassQualname, O.SourceFile, O.SourceLine);
+    }
+  };
+  /// The one ModuleText of these texts.
+  const ModuleText *internModule(llvm::StringRef Path, llvm::StringRef ClassName,
+                                 llvm::StringRef ClassQualname, llvm::StringRef SourceFile,
+                                 int64_t SourceLine);
+  /// A module call whose texts are \p Text's (from internModule): the row
+  /// addModuleCall writes for the same record.
+  void addModuleCall(int64_t Id, std::optional<int64_t> ParentId, int64_t Seq, int64_t Step,
+                     const ModuleText *Text);
   void addOp(OpRecord R);
   /// An operator's name and schema, kept as long as the writer. The traced
   /// program's thread interns them once per operator and then hands over
@@ -246,8 +266,9 @@ private:
   /// the same address.
   const uint64_t Serial;
 
-  std::mutex TextMutex; ///< Guards OpTexts and Texts.
+  std::mutex TextMutex; ///< Guards OpTexts, ModuleTexts and Texts.
   std::set<OpText> OpTexts; ///< Its nodes never move: internOp's pointers hold.
+  std::set<ModuleText> ModuleTexts; ///< As OpTexts, for internModule.
   std::set<std::string, std::less<>> Texts; ///< Device names, as small records name them.
   /// The one copy of \p Text in Texts.
   const std::string *internText(llvm::StringRef Text);
