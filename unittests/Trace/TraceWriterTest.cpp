@@ -456,6 +456,66 @@ TEST_F(TraceTest, MetadataReadsBackAsTheRecord) {
   }
 }
 
+// A module call handed over as a small record with interned texts reads
+// back as the same call given whole; two calls of one path share the texts.
+TEST_F(TraceTest, InternedModuleCallReadsBackAsTheRecord) {
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W)) << toString(W.takeError());
+  std::vector<ModuleCallRecord> Given;
+  auto Add = [&](bool Whole, std::optional<int64_t> Parent, int64_t Step, const char *Path,
+                 const char *Class, const char *File, int64_t Line) {
+    ModuleCallRecord C;
+    C.Id = (*W)->nextModuleCallId();
+    C.ParentId = Parent;
+    C.Seq = int64_t(Given.size());
+    C.Step = Step;
+    C.Path = Path;
+    C.ClassName = Class;
+    C.ClassQualname = std::string("pkg.") + Class;
+    C.SourceFile = File;
+    C.SourceLine = Line;
+    Given.push_back(C);
+    if (Whole) {
+      (*W)->addModuleCall(C);
+      return;
+    }
+    const TraceWriter::ModuleText *Text =
+        (*W)->internModule(C.Path, C.ClassName, C.ClassQualname, C.SourceFile, C.SourceLine);
+    (*W)->addModuleCall(C.Id, C.ParentId, C.Seq, C.Step, Text);
+  };
+  Add(true, std::nullopt, 1, "", "Model", "/m.py", 3);
+  Add(false, 1, 1, "layers.0", "Layer", "/m.py", 10);
+  Add(false, std::nullopt, 2, "", "Model", "/m.py", 3);
+  Add(false, 3, 2, "layers.0", "Layer", "/m.py", 10);
+  Add(false, 3, 2, "layers.0", "Other", "", 0); // the same path, another module
+  EXPECT_EQ((*W)->internModule("a", "B", "pkg.B", "/f.py", 1),
+            (*W)->internModule("a", "B", "pkg.B", "/f.py", 1));
+  EXPECT_NE((*W)->internModule("a", "B", "pkg.B", "/f.py", 1),
+            (*W)->internModule("a", "B", "pkg.B", "/f.py", 2));
+  ASSERT_FALSE(bool((*W)->close()));
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  auto Read = (*R)->moduleCalls();
+  ASSERT_TRUE(bool(Read)) << toString(Read.takeError());
+  ASSERT_EQ(Read->size(), Given.size());
+  std::map<int64_t, const ModuleCallRecord *> ById;
+  for (const ModuleCallRecord &C : *Read)
+    ById[C.Id] = &C;
+  for (const ModuleCallRecord &G : Given) {
+    SCOPED_TRACE("call " + std::to_string(G.Id));
+    ASSERT_TRUE(ById.count(G.Id));
+    const ModuleCallRecord &C = *ById[G.Id];
+    EXPECT_EQ(C.ParentId, G.ParentId);
+    EXPECT_EQ(C.Seq, G.Seq);
+    EXPECT_EQ(C.Step, G.Step);
+    EXPECT_EQ(C.Path, G.Path);
+    EXPECT_EQ(C.ClassName, G.ClassName);
+    EXPECT_EQ(C.ClassQualname, G.ClassQualname);
+    EXPECT_EQ(C.SourceFile, G.SourceFile);
+    EXPECT_EQ(C.SourceLine, G.SourceLine);
+  }
+}
+
 // What a thread hands over by itself (the writer's thread taking no
 // chunks): a full chunk, a few records before a record that takes the queue
 // (copied out: the thread keeps its chunk), and its last records at its end.
