@@ -305,11 +305,11 @@ PyObject *owned(PyObject *Object) {
 
 /// What the hooks' common case reads of the shim, set once by set_hooks:
 /// its `_State`'s attributes (its `__dict__`), its `sources` (a class's
-/// qualname, file, line and name) and `local` (the threads' call stacks),
+/// qualname, file and line) and `local` (the threads' call stacks),
 /// and torch._C._functorch.maybe_current_level. The names of the
 /// attributes read.
 PyObject *StateDict, *Sources, *Local, *FunctorchLevel;
-PyObject *ActiveName, *StartedName, *StackName, *NamesName;
+PyObject *ActiveName, *StartedName, *StackName, *NamesName, *NameName;
 
 /// The shim's _traced_otherwise(): torch.jit's tracer, or a torch.func
 /// transform, at work: 1, 0, or -1 with an exception set. Its third
@@ -404,13 +404,17 @@ PyObject *before(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   if (!Path)
     return PyErr_Occurred() ? nullptr : owned(Py_False);
   Ref PathRef(owned(Path));
-  // (qualname, file, line, name), as _class_source keeps them.
+  // (qualname, file, line), as _class_source keeps them; the name, as
+  // _before, asked anew.
   PyObject *Source = PyDict_GetItemWithError(Sources, (PyObject *)Py_TYPE(Module));
   if (!Source)
     return PyErr_Occurred() ? nullptr : owned(Py_False);
-  if (!PyTuple_CheckExact(Source) || PyTuple_GET_SIZE(Source) != 4)
+  if (!PyTuple_CheckExact(Source) || PyTuple_GET_SIZE(Source) != 3)
     return owned(Py_False);
   Ref SourceRef(owned(Source));
+  Ref ClassName(PyObject_GetAttr((PyObject *)Py_TYPE(Module), NameName));
+  if (!ClassName)
+    return nullptr;
   Ref Inputs(tensorsOf(Args[1], false));
   if (!Inputs)
     return nullptr;
@@ -430,7 +434,7 @@ PyObject *before(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   Py_ssize_t Count = PyObject_Length(Inputs.get());
   if (Count < 0)
     return nullptr;
-  Ref Id(enterWith(Path, PyTuple_GET_ITEM(Source, 3), PyTuple_GET_ITEM(Source, 0),
+  Ref Id(enterWith(Path, ClassName.get(), PyTuple_GET_ITEM(Source, 0),
                    PyTuple_GET_ITEM(Source, 1), PyTuple_GET_ITEM(Source, 2), false,
                    Inputs.get()));
   if (!Id)
@@ -467,8 +471,9 @@ PyObject *after(PyObject *, PyObject *const *Args, Py_ssize_t N) {
     return PyErr_Occurred() ? nullptr : owned(Py_True);
   if (!PyList_CheckExact(Stack.get()))
     return owned(Py_False);
+  int Traced = PyList_GET_SIZE(Stack.get()) ? tracedOtherwise() : 0;
+  // Read after the question, which may run Python.
   Py_ssize_t Size = PyList_GET_SIZE(Stack.get());
-  int Traced = Size ? tracedOtherwise() : 0;
   if (Size == 0 || Traced)
     return Traced < 0 ? nullptr : owned(Py_True);
   PyObject *Top = PyList_GET_ITEM(Stack.get(), Size - 1);
@@ -497,9 +502,9 @@ PyObject *after(PyObject *, PyObject *const *Args, Py_ssize_t N) {
 PyObject *setHooks(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   if (!arity("set_hooks", N, 2))
     return nullptr;
-  PyObject **Names[] = {&ActiveName, &StartedName, &StackName, &NamesName};
-  const char *Texts[] = {"active", "started", "stack", "names"};
-  for (int I = 0; I < 4; ++I)
+  PyObject **Names[] = {&ActiveName, &StartedName, &StackName, &NamesName, &NameName};
+  const char *Texts[] = {"active", "started", "stack", "names", "__name__"};
+  for (int I = 0; I < 5; ++I)
     if (!*Names[I] && !(*Names[I] = PyUnicode_InternFromString(Texts[I])))
       return nullptr;
   Ref Dict(PyObject_GenericGetDict(Args[0], nullptr));

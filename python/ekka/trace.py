@@ -44,7 +44,7 @@ class _State:
         self.start_ok = False    # whether it started
         self.exit_handlers = False
         self.local = threading.local()  # per thread: stack and names of its root
-        self.sources = {}        # class -> (qualname, file, line, name)
+        self.sources = {}        # class -> (qualname, file, line)
 
     @property
     def stack(self):             # (module, call id, positional inputs, kwargs seen, tree)
@@ -157,7 +157,7 @@ def _class_source(state, cls):
             line = inspect.getsourcelines(cls)[1]
         except (OSError, TypeError):
             file, line = "", 0
-        cached = state.sources[cls] = (qualname, file, line, cls.__name__)
+        cached = state.sources[cls] = (qualname, file, line)
     return cached
 
 
@@ -364,7 +364,7 @@ def _before(module, args, kwargs=None):
         parent = tree.path(stack[-1][0]) if stack and tree is not None else None
         parent = parent or ""
         path = f"{parent}.<{type(module).__name__}>" if parent else type(module).__name__
-    qualname, file, line, _ = _class_source(state, type(module))
+    qualname, file, line = _class_source(state, type(module))
     inputs = _tensors(args)
     if kwargs:
         inputs += _tensors(kwargs)
@@ -430,7 +430,7 @@ def _open_direct(state, local, trees, stack, frame, owner):
     inputs = _tensors([values.get(name) for name in named])
     mark = object()
     values[_ROOT_MARK] = mark
-    qualname, file, line, _ = _class_source(state, type(owner))
+    qualname, file, line = _class_source(state, type(owner))
     call_id = _enter(tree.path(owner) or "", type(owner).__name__, qualname, file, line, True,
                      inputs)
     marker = (code, mark)
@@ -836,19 +836,21 @@ def install(trace_dir, options="", runtime_library=None):
     torch.ops.load_library(library)
     global _enter, _exit, _tensors, _fast_before, _fast_after, _traced_otherwise
     _enter, _exit = torch.ops.ekka.enter.default, torch.ops.ekka.exit.default
-    _state = _State(trace_dir, options)
+    state = _State(trace_dir, options)
     pre_hook, post_hook = _pre_hook, _post_hook
     binding = _python_binding(library)
     if binding is not None:
         _enter, _exit = binding.enter, binding.exit
-        binding.set_tensor_helpers(_Tensor, _Parameter, _opaque, _tensors_of_any,
-                                   _tensors_py, (int, float, bool, str))
-        _tensors = binding.tensors
-        if os.environ.get("EKKA_FAST_HOOKS") != "0":
-            binding.set_hooks(_state, _functorch_level)
-            _fast_before, _fast_after = binding.before, binding.after
-            _traced_otherwise = binding.traced_otherwise
-            pre_hook, post_hook = _pre_hook_fast, _post_hook_fast
+        if hasattr(binding, "tensors"):
+            binding.set_tensor_helpers(_Tensor, _Parameter, _opaque, _tensors_of_any,
+                                       _tensors_py, (int, float, bool, str))
+            _tensors = binding.tensors
+            if hasattr(binding, "before") and os.environ.get("EKKA_FAST_HOOKS") != "0":
+                binding.set_hooks(state, _functorch_level)
+                _fast_before, _fast_after = binding.before, binding.after
+                _traced_otherwise = binding.traced_otherwise
+                pre_hook, post_hook = _pre_hook_fast, _post_hook_fast
+    _state = state
     global _pre_hook_id
     _pre_hook_id = register_module_forward_pre_hook(pre_hook).id
     register_module_forward_hook(post_hook, with_kwargs=True, always_call=True)
