@@ -353,6 +353,15 @@ PyObject *threadStack() {
   return Stack;
 }
 
+/// Whether set_hooks and set_tensor_helpers were called; if not, an error
+/// naming \p Function is set.
+bool hooksSet(const char *Function) {
+  if (StateDict && TensorType)
+    return true;
+  PyErr_Format(PyExc_RuntimeError, "%s(): set_hooks or set_tensor_helpers not called", Function);
+  return false;
+}
+
 /// A stack entry as the shim makes them: (module, call id, positional
 /// inputs, keyword arguments seen, tree, direct-call marker).
 bool isEntry(PyObject *Entry) {
@@ -370,10 +379,8 @@ PyObject *before(PyObject *, PyObject *const *Args, Py_ssize_t N) {
     PyErr_Format(PyExc_TypeError, "before() takes 2 or 3 arguments (%zd given)", N);
     return nullptr;
   }
-  if (!StateDict || !TensorType) {
-    PyErr_SetString(PyExc_RuntimeError, "before(): set_hooks or set_tensor_helpers not called");
+  if (!hooksSet("before"))
     return nullptr;
-  }
   PyObject *Module = Args[0], *Keywords = N == 3 ? Args[2] : Py_None;
   int Active = stateFlag(ActiveName);
   int Traced = Active > 0 ? tracedOtherwise() : 0;
@@ -458,10 +465,8 @@ PyObject *after(PyObject *, PyObject *const *Args, Py_ssize_t N) {
     PyErr_Format(PyExc_TypeError, "after() takes 3 or 4 arguments (%zd given)", N);
     return nullptr;
   }
-  if (!StateDict || !TensorType) {
-    PyErr_SetString(PyExc_RuntimeError, "after(): set_hooks or set_tensor_helpers not called");
+  if (!hooksSet("after"))
     return nullptr;
-  }
   // As _after: a forward that raised passes no keyword arguments and its
   // output is None.
   PyObject *Module = Args[0], *Keywords = N == 4 ? Args[2] : nullptr;

@@ -263,7 +263,8 @@ def _pre_hook(module, args, kwargs=None):
     if _is_compiling():
         return
     try:
-        _before(module, args, kwargs)
+        if _fast_before is None or not _fast_before(module, args, kwargs):
+            _before(module, args, kwargs)
     except Exception as error:
         _hook_failed("hook before the call", error)
 
@@ -272,7 +273,8 @@ def _post_hook(module, args, *rest):
     if _is_compiling():
         return
     try:
-        _after(module, args, *rest)
+        if _fast_after is None or not _fast_after(module, args, *rest):
+            _after(module, args, *rest)
     except Exception as error:
         _hook_failed("hook after the call", error)
 
@@ -281,26 +283,6 @@ def _post_hook(module, args, *rest):
 # one, of a module of its tree, whose class was seen before; the end of the
 # last call open) runs in C: `_fast_before` and `_fast_after` do what
 # _before and _after would, or answer False for them to be asked.
-def _pre_hook_fast(module, args, kwargs=None):
-    if _is_compiling():
-        return
-    try:
-        if not _fast_before(module, args, kwargs):
-            _before(module, args, kwargs)
-    except Exception as error:
-        _hook_failed("hook before the call", error)
-
-
-def _post_hook_fast(module, args, *rest):
-    if _is_compiling():
-        return
-    try:
-        if not _fast_after(module, args, *rest):
-            _after(module, args, *rest)
-    except Exception as error:
-        _hook_failed("hook after the call", error)
-
-
 _fast_before = _fast_after = None
 
 
@@ -837,7 +819,6 @@ def install(trace_dir, options="", runtime_library=None):
     global _enter, _exit, _tensors, _fast_before, _fast_after, _traced_otherwise
     _enter, _exit = torch.ops.ekka.enter.default, torch.ops.ekka.exit.default
     state = _State(trace_dir, options)
-    pre_hook, post_hook = _pre_hook, _post_hook
     binding = _python_binding(library)
     if binding is not None:
         _enter, _exit = binding.enter, binding.exit
@@ -849,11 +830,10 @@ def install(trace_dir, options="", runtime_library=None):
                 binding.set_hooks(state, _functorch_level)
                 _fast_before, _fast_after = binding.before, binding.after
                 _traced_otherwise = binding.traced_otherwise
-                pre_hook, post_hook = _pre_hook_fast, _post_hook_fast
     _state = state
     global _pre_hook_id
-    _pre_hook_id = register_module_forward_pre_hook(pre_hook).id
-    register_module_forward_hook(post_hook, with_kwargs=True, always_call=True)
+    _pre_hook_id = register_module_forward_pre_hook(_pre_hook).id
+    register_module_forward_hook(_post_hook, with_kwargs=True, always_call=True)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _wrap_exec()
 
