@@ -131,4 +131,42 @@ TEST(Attribution, KernelBuffersAreSnapshottedAfterEachKernel) {
   sys::fs::remove_directories(Dir);
 }
 
+// A module call's texts are interned once per path and trace: a path that
+// names another module later in the trace gets that module's texts, and the
+// next trace on this thread records the path's call in full.
+TEST(Attribution, AModulePathsTextsAreInternedPerTraceAndModule) {
+  SmallString<128> Dir;
+  ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-texts", Dir));
+  std::string First = (Dir + "/first").str(), Second = (Dir + "/second").str();
+  ASSERT_EQ(startTrace(First, "gpu=synthetic test;capture=none;", "test"), "");
+  exitModule(enterModule("model.mlp", "MLP", "m.MLP", "m.py", 3, true, {}), {});
+  exitModule(enterModule("model.mlp", "MLP", "m.MLP", "m.py", 3, true, {}), {});
+  exitModule(enterModule("model.mlp", "GatedMLP", "g.GatedMLP", "g.py", 9, true, {}), {});
+  stopTrace();
+  ASSERT_EQ(startTrace(Second, "gpu=synthetic test;capture=none;", "test"), "");
+  exitModule(enterModule("model.mlp", "MLP", "m.MLP", "m.py", 3, true, {}), {});
+  stopTrace();
+
+  auto Calls = [](const std::string &Trace) {
+    std::vector<std::string> Seen;
+    auto R = TraceReader::open(Trace);
+    EXPECT_TRUE(bool(R)) << toString(R.takeError());
+    if (!R)
+      return Seen;
+    auto Read = (*R)->moduleCalls();
+    EXPECT_TRUE(bool(Read)) << toString(Read.takeError());
+    if (!Read)
+      return Seen;
+    for (const ModuleCallRecord &C : *Read)
+      Seen.push_back(C.Path + " " + C.ClassName + " " + C.ClassQualname + " " + C.SourceFile +
+                     ":" + std::to_string(C.SourceLine));
+    return Seen;
+  };
+  EXPECT_EQ(Calls(First), (std::vector<std::string>{"model.mlp MLP m.MLP m.py:3",
+                                                    "model.mlp MLP m.MLP m.py:3",
+                                                    "model.mlp GatedMLP g.GatedMLP g.py:9"}));
+  EXPECT_EQ(Calls(Second), (std::vector<std::string>{"model.mlp MLP m.MLP m.py:3"}));
+  sys::fs::remove_directories(Dir);
+}
+
 } // namespace

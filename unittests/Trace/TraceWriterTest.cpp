@@ -574,6 +574,49 @@ TEST_F(TraceTest, AThreadHandsOverItsSmallRecords) {
   EXPECT_EQ((*W)->counts().Ops, 2008u);
 }
 
+// A record added after the thread's buffers are gone (by a thread_local
+// destroyed after them, as a thread's last destructors may run an op) takes
+// the queue whole: the small record's fallback, not a lost record.
+namespace {
+struct LateRecords {
+  TraceWriter *W = nullptr;
+  const TraceWriter::ModuleText *Text = nullptr;
+  const TraceWriter::OpText *Op = nullptr;
+  ~LateRecords() {
+    if (!W)
+      return;
+    int64_t Call = W->nextModuleCallId();
+    W->addModuleCall(Call, std::nullopt, 0, 1, Text);
+    W->addOp(W->nextOpId(), Call, 1, Op);
+  }
+};
+thread_local LateRecords Late;
+} // namespace
+
+TEST_F(TraceTest, RecordsAfterTheThreadsBuffersAreGoneTakeTheQueue) {
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W)) << toString(W.takeError());
+  const TraceWriter::ModuleText *Text = (*W)->internModule("late", "Late", "pkg.Late", "/l.py", 7);
+  const TraceWriter::OpText *Op = (*W)->internOp("aten::add", "");
+  std::thread T([&] {
+    Late.W = W->get(); // built first: destroyed after the writer's buffers
+    Late.Text = Text;
+    Late.Op = Op;
+    (*W)->addOp((*W)->nextOpId(), std::nullopt, 0, Op); // builds them
+  });
+  T.join();
+  ASSERT_FALSE(bool((*W)->close()));
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  auto Calls = (*R)->moduleCalls();
+  ASSERT_TRUE(bool(Calls)) << toString(Calls.takeError());
+  ASSERT_EQ(Calls->size(), 1u);
+  EXPECT_EQ((*Calls)[0].Path, "late");
+  EXPECT_EQ((*Calls)[0].ClassQualname, "pkg.Late");
+  EXPECT_EQ((*Calls)[0].SourceLine, 7);
+  EXPECT_EQ((*W)->counts().Ops, 2u);
+}
+
 // One thread writing two traces at once: each gets its own records.
 TEST_F(TraceTest, OneThreadWritingTwoTraces) {
   std::string Other = (Root + "/other").str();
