@@ -11,17 +11,36 @@
 
 namespace ekka {
 
-/// Whether this thread is inside Ekka: its own tensor ops, launches and
-/// waits are not the program's (not recorded; no statistics launched for
-/// them).
-extern thread_local bool InsideEkka;
+/// What the runtime's callbacks ask of the thread at every op, in one
+/// thread_local that needs no code to build: a library loaded with dlopen
+/// reaches each thread_local through a call of __tls_get_addr (about 20 an
+/// op when these were apart).
+struct ThreadFlags {
+  /// Whether this thread is inside Ekka: its own tensor ops, launches and
+  /// waits are not the program's (not recorded; no statistics launched for
+  /// them).
+  bool InsideEkka = false;
+  /// Set once the session's state of this thread is destroyed (at the
+  /// thread's exit): an op of the thread's last destructors is not seen.
+  bool StateGone = false;
+  /// That state (TraceSession.cpp's ThreadState) while it lives.
+  void *State = nullptr;
+};
+/// This thread's flags, looked up once by the caller: a thread_local's
+/// address the compiler would find again (a call of __tls_get_addr) after
+/// every call the function makes.
+ThreadFlags &threadFlags();
 
 /// Marks the thread as inside Ekka for a scope, also when an exception
 /// leaves it.
 struct InsideEkkaScope {
-  bool Saved = InsideEkka;
-  InsideEkkaScope() { InsideEkka = true; }
-  ~InsideEkkaScope() { InsideEkka = Saved; }
+  ThreadFlags &Flags;
+  bool Saved;
+  explicit InsideEkkaScope(ThreadFlags &Flags = threadFlags())
+      : Flags(Flags), Saved(Flags.InsideEkka) {
+    Flags.InsideEkka = true;
+  }
+  ~InsideEkkaScope() { Flags.InsideEkka = Saved; }
   InsideEkkaScope(const InsideEkkaScope &) = delete;
   InsideEkkaScope &operator=(const InsideEkkaScope &) = delete;
 };

@@ -100,7 +100,8 @@ struct ProducedTensor {
 
 } // namespace
 
-thread_local bool InsideEkka = false;
+static thread_local ThreadFlags ThisThread;
+[[gnu::noinline]] ThreadFlags &threadFlags() { return ThisThread; }
 
 namespace {
 
@@ -266,11 +267,9 @@ struct RecentLaunch {
   uint64_t Stream = 0;
 };
 
-/// What the runtime keeps per thread, in one place. A library loaded with
-/// dlopen reaches a thread_local through __tls_get_addr, a call per
-/// variable and often per use: about 25 calls at every op when these were
-/// a dozen variables. The observer's callbacks look this up once
-/// (thisThread) and hand it on.
+/// What the runtime keeps per thread, in one place, built at the thread's
+/// first module call or op and reached through ThreadFlags::State. The
+/// observer's callbacks look it up once (thisThread) and hand it on.
 struct ThreadState {
   /// The module calls open on this thread.
   std::vector<OpenCall> CallStack;
@@ -299,26 +298,29 @@ struct ThreadState {
 
   ThreadState() {
     Spare.reserve(SpareKept); // a push never allocates
-    ThreadBuilt = true;
+    ThisThread.State = this;
   }
   ~ThreadState() {
-    ThreadGone = true;
+    ThisThread.State = nullptr; // an op context freed later goes to the heap
+    ThisThread.StateGone = true;
     for (void *Memory : Spare)
       ::operator delete(Memory);
   }
-  /// Set once this thread's state is destroyed (at the thread's exit): an
-  /// op context freed later goes to the heap.
-  static thread_local bool ThreadGone;
-  /// Set once it is built: an op context freed on a thread that never
-  /// traced (end callbacks run elsewhere) does not build one.
-  static thread_local bool ThreadBuilt;
 };
-thread_local bool ThreadState::ThreadGone = false;
-thread_local bool ThreadState::ThreadBuilt = false;
-thread_local ThreadState Thread;
 
-/// This thread's state, looked up once by each caller.
-[[gnu::noinline]] ThreadState &thisThread() { return Thread; }
+/// Builds this thread's state, at its first use.
+[[gnu::noinline]] ThreadState &buildThreadState() {
+  thread_local ThreadState State;
+  return State;
+}
+
+/// This thread's state, looked up once by each caller. Not once it is gone
+/// (Flags.StateGone): callers ask first.
+inline ThreadState &thisThread(ThreadFlags &Flags = threadFlags()) {
+  if (Flags.State)
+    return *static_cast<ThreadState *>(Flags.State);
+  return buildThreadState();
+}
 
 void *OpContext::operator new(size_t Size, ThreadState &TS) {
   if (Size == sizeof(OpContext) && !TS.Spare.empty()) {
@@ -332,8 +334,11 @@ void *OpContext::operator new(size_t Size, ThreadState &TS) {
 void OpContext::operator delete(void *Memory, ThreadState &) { ::operator delete(Memory); }
 
 void OpContext::operator delete(void *Memory, size_t Size) {
-  if (Size == sizeof(OpContext) && ThreadState::ThreadBuilt && !ThreadState::ThreadGone) {
-    std::vector<void *> &Spare = thisThread().Spare;
+  // Not on a thread whose state was never built (end callbacks that run
+  // elsewhere) or is gone.
+  void *State = threadFlags().State;
+  if (Size == sizeof(OpContext) && State) {
+    std::vector<void *> &Spare = static_cast<ThreadState *>(State)->Spare;
     if (Spare.size() < ThreadState::SpareKept) {
       Spare.push_back(Memory);
       return;
@@ -743,9 +748,10 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     return nullptr;
   }
   // An op of the thread's last destructors, after its state's: not seen.
-  if (InsideEkka || ThreadState::ThreadGone)
+  ThreadFlags &Flags = threadFlags();
+  if (Flags.InsideEkka || Flags.StateGone)
     return nullptr;
-  ThreadState &TS = thisThread();
+  ThreadState &TS = thisThread(Flags);
   std::string_view Name = Fn.name();
   if (Name.substr(0, 6) == "ekka::")
     return nullptr;
@@ -834,7 +840,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     // The inputs it reads (not those it writes: they are its `mutated`
     // tensors at its end), before it runs: a KV-cache write's keys and slot
     // mapping, which un-page the cache it wrote.
-    InsideEkkaScope Inside;
+    InsideEkkaScope Inside(Flags);
     for (size_t I = 0; I < Read.size(); ++I)
       recordTensor(*S, Read[I], TensorOwner::Op, Ctx->OpId, "input", int64_t(I), /*Stats=*/true,
                    /*Capture=*/true);
@@ -844,15 +850,16 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
 }
 
 void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
-  if (ThreadState::ThreadGone)
+  ThreadFlags &Flags = threadFlags();
+  if (Flags.StateGone)
     return;
-  ThreadState &TS = thisThread();
+  ThreadState &TS = thisThread(Flags);
   Session *S = Current;
   if (Raw && !TS.OpStack.empty())
     TS.OpStack.pop_back();
-  if (!S || !Raw || InsideEkka)
+  if (!S || !Raw || Flags.InsideEkka)
     return;
-  InsideEkkaScope Inside;
+  InsideEkkaScope Inside(Flags);
   auto *Ctx = static_cast<OpContext *>(Raw);
   recordKernelSnapshots(*S, *Ctx);
   bool Capture = Ctx->Capture;
@@ -999,9 +1006,10 @@ void setDeviceMemoryOps(DeviceMemoryOps Ops) { DeviceMemory = Ops; }
 
 int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgument> &Pointers) {
   Session *S = Current;
-  if (!S || InsideEkka || ThreadState::ThreadGone)
+  ThreadFlags &Flags = threadFlags();
+  if (!S || Flags.InsideEkka || Flags.StateGone)
     return 0;
-  ThreadState &TS = thisThread();
+  ThreadState &TS = thisThread(Flags);
   KernelRecord R;
   R.Id = S->Writer->nextKernelId();
   OpContext *Op = TS.OpStack.empty() ? nullptr : TS.OpStack.back();
@@ -1032,9 +1040,10 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
 
 void beforeDeviceWrite(bool Ordering) {
   Session *S = Current;
-  if (!S || InsideEkka || ThreadState::ThreadGone)
+  ThreadFlags &Flags = threadFlags();
+  if (!S || Flags.InsideEkka || Flags.StateGone)
     return;
-  ThreadState &TS = thisThread();
+  ThreadState &TS = thisThread(Flags);
   // Inside an op, its own launches and copies write what its schema says
   // (seen at its start); inside a named scope (record_function, an
   // autograd Function's forward) nothing says what they write.
@@ -1047,9 +1056,10 @@ void beforeDeviceWrite(bool Ordering) {
 
 void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
   Session *S = Current;
-  if (!S || ThreadState::ThreadGone)
+  ThreadFlags &Flags = threadFlags();
+  if (!S || Flags.StateGone)
     return;
-  ThreadState &TS = thisThread();
+  ThreadState &TS = thisThread(Flags);
   OpContext *Op = TS.LastLaunch.Op;
   if (!Op || !Op->Capture || Pointers.empty() || !TS.PendingSnapshots.empty())
     return;
@@ -1072,21 +1082,23 @@ void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
 }
 
 bool kernelSnapshotsWanted() {
-  if (!Current || InsideEkka || ThreadState::ThreadGone)
+  ThreadFlags &Flags = threadFlags();
+  if (!Current || Flags.InsideEkka || Flags.StateGone)
     return false;
-  ThreadState &TS = thisThread();
+  ThreadState &TS = thisThread(Flags);
   return !TS.OpStack.empty() && TS.OpStack.back()->Capture &&
          !TS.OpStack.back()->Arguments.empty();
 }
 
 void snapshotKernelBuffers() {
   Session *S = Current;
-  if (!S || InsideEkka || ThreadState::ThreadGone)
+  ThreadFlags &Flags = threadFlags();
+  if (!S || Flags.InsideEkka || Flags.StateGone)
     return;
-  ThreadState &TS = thisThread();
+  ThreadState &TS = thisThread(Flags);
   if (TS.PendingSnapshots.empty())
     return;
-  InsideEkkaScope Inside;
+  InsideEkkaScope Inside(Flags);
   OwnOps Own; // the copies' allocations are no op of the program's
   TS.LastLaunch = {};
   try {
@@ -1190,10 +1202,11 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
   Session *S = Current;
   if (!S)
     return 0;
-  InsideEkkaScope Inside;
+  ThreadFlags &Flags = threadFlags();
+  InsideEkkaScope Inside(Flags);
   TracerTimer Timer(TracerPart::Modules);
   S->Deferred.releaseSettled();
-  ThreadState &TS = thisThread();
+  ThreadState &TS = thisThread(Flags);
   S->DeviceDeferred.releaseSettled();
   if (IsRoot)
     ++S->Step;
@@ -1233,9 +1246,10 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
   Session *S = Current;
   if (!S || Id == 0)
     return;
-  InsideEkkaScope Inside;
+  ThreadFlags &Flags = threadFlags();
+  InsideEkkaScope Inside(Flags);
   TracerTimer Timer(TracerPart::Modules, /*NewCall=*/false);
-  ThreadState &TS = thisThread();
+  ThreadState &TS = thisThread(Flags);
   // Calls that raised never reached their exit; close them with this one
   // (if this thread has it open at all).
   if (llvm::none_of(TS.CallStack, [&](const OpenCall &C) { return C.Id == Id; })) {

@@ -11,10 +11,12 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstring>
 #include <pthread.h>
+#include <thread>
 
 using namespace llvm;
 
@@ -110,6 +112,33 @@ void TraceWriter::ChunkDeleter::operator()(Chunk *C) const {
   ::operator delete(C);
 }
 
+namespace {
+/// A thread buffer's lock. Its usual holder, the buffer's own thread, takes
+/// and leaves it at every record (twice an op), with one atomic instruction
+/// each way where a std::mutex's pair runs about 90 instructions. The others
+/// seldom want it: the writer's thread only tries it; close(), a flush and
+/// the thread's end wait for it, yielding the processor meanwhile (the
+/// owner may hold it while it waits for room in the queue).
+class BufferLock {
+public:
+  bool try_lock() { return !Held.exchange(true, std::memory_order_acquire); }
+  void lock() {
+    if (!try_lock())
+      wait();
+  }
+  void unlock() { Held.store(false, std::memory_order_release); }
+
+private:
+  [[gnu::noinline]] void wait() {
+    do
+      while (Held.load(std::memory_order_relaxed))
+        std::this_thread::yield();
+    while (!try_lock());
+  }
+  std::atomic<bool> Held{false};
+};
+} // namespace
+
 /// A thread's open chunk for one writer. The thread fills it; close(), a
 /// later meta value, the writer's thread and the thread's end take what it
 /// holds, under Mutex.
@@ -117,7 +146,7 @@ class TraceWriter::ThreadBuffer {
 public:
   explicit ThreadBuffer(TraceWriter &Owner)
       : Owner(&Owner), WriterSerial(Owner.Serial), Fork(ForkGeneration.load()) {}
-  std::mutex Mutex;
+  BufferLock Mutex;
   TraceWriter *const Owner; ///< Alive while the buffer is not Closed.
   const uint64_t WriterSerial;
   const uint64_t Fork;      ///< The process's ForkGeneration when it was made.
@@ -531,7 +560,7 @@ void TraceWriter::enqueue(uint64_t Bytes, Args &&...A) {
   ThreadBuffer *B = threadBuffer(/*Make=*/false);
   if (!B)
     return push(nullptr, Bytes, 1, Emplace);
-  std::lock_guard<std::mutex> Lock(B->Mutex);
+  std::lock_guard<BufferLock> Lock(B->Mutex);
   if (B->Closed)
     return; // close() took its chunk: late, like its small records now
   push(takeRecords(*B), Bytes, 1, Emplace);
@@ -554,19 +583,29 @@ TraceWriter::ChunkPtr TraceWriter::takeRecords(ThreadBuffer &B) {
 }
 
 TraceWriter::ThreadBuffer *TraceWriter::threadBuffer(bool Make) {
-  /// Set once the thread's buffers are gone (a record added later by a
-  /// thread_local's or a static's destructor takes the queue).
-  thread_local bool Gone = false;
+  using BufferList = std::vector<std::shared_ptr<ThreadBuffer>>;
+  /// What every record asks, in one thread_local that needs no code to
+  /// build (one call of __tls_get_addr in a library loaded with dlopen):
+  /// the thread's buffers while they live, and whether they are gone (a
+  /// record added later by a thread_local's or a static's destructor takes
+  /// the queue).
+  struct Lookup {
+    BufferList *List = nullptr;
+    bool Gone = false;
+  };
+  thread_local Lookup Mine;
   /// The calling thread's buffers, the one used last at the end. When the
   /// thread ends, their chunks are handed over.
   struct ThreadBuffers {
-    std::vector<std::shared_ptr<ThreadBuffer>> List;
+    BufferList List;
+    ThreadBuffers() { Mine.List = &List; }
     ~ThreadBuffers() {
-      Gone = true;
+      Mine.List = nullptr;
+      Mine.Gone = true;
       for (std::shared_ptr<ThreadBuffer> &B : List) {
         if (B->Fork != ForkGeneration.load())
           continue; // the parent's, in a forked child: not ours to touch
-        std::lock_guard<std::mutex> Lock(B->Mutex);
+        std::lock_guard<BufferLock> Lock(B->Mutex);
         if (B->Closed)
           continue;
         B->Closed = true;
@@ -577,13 +616,16 @@ TraceWriter::ThreadBuffer *TraceWriter::threadBuffer(bool Make) {
       }
     }
   };
-  if (Gone)
+  if (Mine.List) {
+    BufferList &List = *Mine.List;
+    if (!List.empty() && List.back()->WriterSerial == Serial &&
+        List.back()->Fork == ForkGeneration.load(std::memory_order_relaxed))
+      return List.back().get();
+  } else if (Mine.Gone) {
     return nullptr;
-  thread_local ThreadBuffers Mine;
-  std::vector<std::shared_ptr<ThreadBuffer>> &List = Mine.List;
-  if (!List.empty() && List.back()->WriterSerial == Serial &&
-      List.back()->Fork == ForkGeneration.load(std::memory_order_relaxed))
-    return List.back().get();
+  }
+  thread_local ThreadBuffers Buffers; // built here at the thread's first record
+  BufferList &List = Buffers.List;
   // Another writer's was used last (two traces at once), or none yet.
   for (size_t I = 0; I < List.size(); ++I)
     if (List[I]->WriterSerial == Serial && List[I]->Fork == ForkGeneration.load()) {
@@ -596,7 +638,7 @@ TraceWriter::ThreadBuffer *TraceWriter::threadBuffer(bool Make) {
   llvm::erase_if(List, [](const std::shared_ptr<ThreadBuffer> &B) {
     if (B->Fork != ForkGeneration.load())
       return true;
-    std::lock_guard<std::mutex> Lock(B->Mutex);
+    std::lock_guard<BufferLock> Lock(B->Mutex);
     return B->Closed;
   });
   auto B = std::make_shared<ThreadBuffer>(*this);
@@ -615,7 +657,7 @@ template <typename FillFn> bool TraceWriter::appendSmall(size_t Bytes, FillFn Fi
   ThreadBuffer *B = threadBuffer(/*Make=*/true);
   if (!B || Bytes > ChunkBytes)
     return false;
-  std::lock_guard<std::mutex> Lock(B->Mutex);
+  std::lock_guard<BufferLock> Lock(B->Mutex);
   if (B->Closed)
     return true; // closed: dropped like any late record
   if (B->Open && ChunkBytes - B->Open->Used < Bytes)
@@ -639,7 +681,7 @@ void TraceWriter::collectThreadChunks(bool Close, bool Wait) {
     // The writer's thread does not wait for a buffer: its thread may hold
     // it while it waits for room in the queue, which only the writer's
     // thread makes. A held buffer's thread is adding records anyway.
-    std::unique_lock<std::mutex> Lock(B->Mutex, std::defer_lock);
+    std::unique_lock<BufferLock> Lock(B->Mutex, std::defer_lock);
     if (Wait)
       Lock.lock();
     else if (!Lock.try_lock())
