@@ -78,6 +78,40 @@ bool arity(const char *Name, Py_ssize_t Got, Py_ssize_t Want) {
   return false;
 }
 
+/// After the runtime ran: whether it leaves an exception of the program's
+/// to raise. Python code that the runtime ran through PyTorch, reading a
+/// tensor (a jagged tensor's __torch_dispatch__), may have raised; PyTorch
+/// carried it out as a C++ error, which the runtime swallowed, and it is
+/// still set on this thread. One that stops the program (KeyboardInterrupt,
+/// SystemExit: no Exception) is the program's, left set. Any other is the
+/// runtime's loss (a record without that tensor), said once and cleared.
+bool interrupted() {
+  if (!PyErr_Occurred())
+    return false;
+  if (!PyErr_ExceptionMatches(PyExc_Exception))
+    return true;
+  static bool Said = false;
+  if (!Said) {
+    Said = true;
+    PyObject *Type, *Value, *Traceback;
+    PyErr_Fetch(&Type, &Value, &Traceback);
+    PyErr_NormalizeException(&Type, &Value, &Traceback);
+    PyObject *Text = Value ? PyObject_Str(Value) : nullptr;
+    const char *Message = Text ? PyUnicode_AsUTF8(Text) : nullptr;
+    PyErr_Clear();
+    PySys_FormatStderr("ekka-trace: warning: a module call's tensor was not recorded: reading "
+                       "it ran the program's Python, which raised %s: %s\n",
+                       Type ? ((PyTypeObject *)Type)->tp_name : "an exception",
+                       Message ? Message : "");
+    Py_XDECREF(Text);
+    Py_XDECREF(Type);
+    Py_XDECREF(Value);
+    Py_XDECREF(Traceback);
+  }
+  PyErr_Clear();
+  return false;
+}
+
 /// Opens a module call: the runtime's entry with the binding's arguments,
 /// `Tensors` a list or tuple of tensors. Null with an exception set, or the
 /// call id (0: not recorded).
@@ -94,6 +128,17 @@ PyObject *enterWith(PyObject *PathObject, PyObject *ClassNameObject, PyObject *Q
   Py_BEGIN_ALLOW_THREADS
   Id = ekka::enterModuleNoThrow(Path, ClassName, Qualname, File, Line, IsRoot, Inputs);
   Py_END_ALLOW_THREADS
+  if (interrupted()) {
+    // The shim will not know the call: closed now, as a call that raised.
+    PyObject *Type, *Value, *Traceback;
+    PyErr_Fetch(&Type, &Value, &Traceback);
+    const std::vector<at::Tensor> Nothing;
+    Py_BEGIN_ALLOW_THREADS
+    ekka::exitModuleNoThrow(Id, Nothing, Nothing, 0);
+    Py_END_ALLOW_THREADS
+    PyErr_Restore(Type, Value, Traceback);
+    return nullptr;
+  }
   return PyLong_FromLongLong(Id);
 }
 
@@ -109,7 +154,7 @@ bool exitWith(PyObject *IdObject, PyObject *OutputsObject, PyObject *KeywordObje
   Py_BEGIN_ALLOW_THREADS
   ekka::exitModuleNoThrow(Id, Outputs, KeywordInputs, FirstKeyword);
   Py_END_ALLOW_THREADS
-  return true;
+  return !interrupted();
 }
 
 /// enter(path, class_name, class_qualname, source_file, source_line,

@@ -314,8 +314,10 @@ struct ThreadState {
   return State;
 }
 
-/// This thread's state, looked up once by each caller. Not once it is gone
-/// (Flags.StateGone): callers ask first.
+/// This thread's state, looked up once by each caller. Once it is gone
+/// (Flags.StateGone), the op and launch callbacks ask first and leave the
+/// thread alone; a module call's entry and exit, which no thread's last
+/// destructors make, do not.
 inline ThreadState &thisThread(ThreadFlags &Flags = threadFlags()) {
   if (Flags.State)
     return *static_cast<ThreadState *>(Flags.State);

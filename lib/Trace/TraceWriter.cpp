@@ -117,8 +117,9 @@ namespace {
 /// and leaves it at every record (twice an op), with one atomic instruction
 /// each way where a std::mutex's pair runs about 90 instructions. The others
 /// seldom want it: the writer's thread only tries it; close(), a flush and
-/// the thread's end wait for it, yielding the processor meanwhile (the
-/// owner may hold it while it waits for room in the queue).
+/// the thread's end wait for it. A wait may be long: the owner holds the
+/// lock while it waits for room in the queue, and a flush holds another
+/// thread's while it does; a waiter yields the processor, then sleeps.
 class BufferLock {
 public:
   bool try_lock() { return !Held.exchange(true, std::memory_order_acquire); }
@@ -130,10 +131,14 @@ public:
 
 private:
   [[gnu::noinline]] void wait() {
-    do
-      while (Held.load(std::memory_order_relaxed))
+    for (int Tries = 1;; ++Tries) {
+      if (!Held.load(std::memory_order_relaxed) && try_lock())
+        return;
+      if (Tries < 64)
         std::this_thread::yield();
-    while (!try_lock());
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(Tries < 256 ? 50 : 500));
+    }
   }
   std::atomic<bool> Held{false};
 };
