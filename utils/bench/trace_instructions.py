@@ -22,6 +22,10 @@ counted. Not a test: nothing is asserted.
   EKKA_RUNTIME_LIB=build/lib/libekka_runtime.so PYTHONPATH=python \\
       python utils/bench/trace_instructions.py [--forwards N] [--size bench]
 
+With --writer it counts the trace writer's thread instead: the
+instructions `TraceWriter::run` takes (SQLite's inserts, the shards) for
+the rows of a metadata-only trace of the same forwards, per row.
+
 Needs valgrind (Debian: `apt-get install valgrind`).
 """
 import argparse
@@ -33,12 +37,16 @@ import sys
 import tempfile
 
 VARIANTS = ("plain", "hooks", "meta", "profiler")
+TABLES = ("module_calls", "ops", "kernels", "tensors")
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--forwards", type=int, default=10, help="forwards counted (default 10)")
 parser.add_argument("--size", default="tiny", choices=("tiny", "bench"),
                     help="tiny: hidden 32, 4 tokens (default); bench: hidden 512, 256 tokens")
-parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one, in-process
+parser.add_argument("--writer", action="store_true",
+                    help="count the trace writer's thread, per row written, instead")
+parser.add_argument("--variant", choices=VARIANTS + ("writer",),
+                    help=argparse.SUPPRESS)  # one, in-process
 args = parser.parse_args()
 
 
@@ -78,12 +86,19 @@ def run_variant(variant):
         register_module_forward_hook(lambda module, args_, kwargs, output: None,
                                      with_kwargs=True, always_call=True)
         counted()
-    elif variant == "meta":
+    elif variant in ("meta", "writer"):
+        import sqlite3
+
         import ekka.trace
         tmp = tempfile.mkdtemp(prefix="ekka-bench-")
         try:
             with ekka.trace.Trace(os.path.join(tmp, "meta"), capture="none"):
                 counted()
+            if variant == "writer":  # the rows its thread wrote
+                db = sqlite3.connect(os.path.join(tmp, "meta", "trace.db"))
+                print("rows=%d" % sum(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                                      for table in TABLES))
+                db.close()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     else:
@@ -104,6 +119,25 @@ if not os.environ.get("EKKA_RUNTIME_LIB"):
     print("trace_instructions.py: error: set EKKA_RUNTIME_LIB to build/lib/libekka_runtime.so",
           file=sys.stderr)
     sys.exit(2)
+
+if args.writer:
+    print(f"the writer's thread: {args.forwards + 3} forwards under callgrind ...",
+          file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="ekka-callgrind-") as out:
+        command = ["valgrind", "--tool=callgrind", "--toggle-collect=ekka::TraceWriter::run()",
+                   f"--callgrind-out-file={out}/writer.out", sys.executable, __file__,
+                   "--variant", "writer", "--forwards", str(args.forwards), "--size", args.size]
+        done = subprocess.run(command, capture_output=True, text=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    rows = re.search(r"rows=(\d+)", done.stdout)
+    if done.returncode != 0 or not found or not rows or int(rows.group(1)) == 0:
+        print(f"trace_instructions.py: error: the writer's run failed:\n{done.stderr[-2000:]}",
+              file=sys.stderr)
+        sys.exit(2)
+    instructions, rows = int(found.group(1)), int(rows.group(1))
+    print(f"the trace writer's thread ({args.size} Llama, metadata only): {rows} rows, "
+          f"{instructions / 1e6:.1f}M instructions, {instructions / rows:.0f} a row")
+    sys.exit(0)
 
 counts = {}
 with tempfile.TemporaryDirectory(prefix="ekka-callgrind-") as out:
