@@ -74,6 +74,20 @@ Error SQLiteStatement::run() {
   return forEachRow([](const SQLiteStatement &) {});
 }
 
+Error SQLiteStatement::runRebound() {
+  while (true) {
+    Expected<bool> Row = step();
+    if (!Row) {
+      sqlite3_reset(Stmt);
+      return Row.takeError();
+    }
+    if (!*Row)
+      break;
+  }
+  sqlite3_reset(Stmt);
+  return Error::success();
+}
+
 Error SQLiteStatement::forEachRow(function_ref<void(const SQLiteStatement &)> OnRow) {
   while (true) {
     Expected<bool> Row = step();

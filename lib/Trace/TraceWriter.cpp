@@ -271,7 +271,7 @@ private:
     Call.bind(2, R.ParentId);
     Call.bind(3, R.Seq).bind(4, R.Step).bind(5, R.Path).bind(6, R.ClassName);
     Call.bind(7, R.ClassQualname).bind(8, R.SourceFile).bind(9, R.SourceLine);
-    return Call.run();
+    return Call.runRebound();
   }
   Error insertModuleCall(const SmallModuleCall &M, TraceCounts &Counts) {
     ++Counts.ModuleCalls;
@@ -280,7 +280,7 @@ private:
     Call.bind(2, M.HasParent ? std::optional<int64_t>(M.ParentId) : std::nullopt);
     Call.bind(3, M.Seq).bind(4, M.Step).bindKept(5, T.Path).bindKept(6, T.ClassName);
     Call.bindKept(7, T.ClassQualname).bindKept(8, T.SourceFile).bind(9, T.SourceLine);
-    return Call.run(); // the texts outlive the insert, as the writer
+    return Call.runRebound(); // the texts outlive the insert, as the writer
   }
 
   Error add(OpRecord &R, TraceCounts &Counts) {
@@ -351,7 +351,7 @@ private:
     Op.bind(1, Id);
     Op.bind(2, ModuleCallId);
     Op.bind(3, Seq).bindKept(4, Name).bindKept(5, Schema); // they outlive the insert
-    return Op.run();
+    return Op.runRebound();
   }
 
   Error add(KernelRecord &R, TraceCounts &Counts) {
@@ -363,7 +363,7 @@ private:
     Kernel.bind(4, R.Seq).bindKept(5, R.Name).bindKept(6, Grid).bindKept(7, Block);
     Kernel.bind(8, int64_t(R.SharedMem)).bind(9, int64_t(R.Stream));
     Kernel.bind(10, int64_t(R.CorrelationId));
-    return Kernel.run();
+    return Kernel.runRebound();
   }
 
   Error add(TensorItem &T, TraceCounts &Counts) {
@@ -422,7 +422,7 @@ private:
       Tensor.bindNull(19);
     else
       Tensor.bindKept(19, R.Layout);
-    return Tensor.run();
+    return Tensor.runRebound();
   }
 
   TraceWriter &Owner;

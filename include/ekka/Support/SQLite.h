@@ -48,6 +48,11 @@ public:
   llvm::Expected<bool> step();
   /// Runs to completion, ignoring rows, and resets for reuse.
   llvm::Error run();
+  /// As run(), keeping the bindings: for a statement whose every parameter
+  /// is bound again before each run (a writer's inserts), which need not
+  /// pay for clearing them. Kept texts stay referenced, never read, until
+  /// they are bound again.
+  llvm::Error runRebound();
   /// Runs to completion, calling \p OnRow with each row, and resets.
   llvm::Error forEachRow(llvm::function_ref<void(const SQLiteStatement &)> OnRow);
   void reset();
