@@ -75,32 +75,26 @@ Error SQLiteStatement::run() {
 }
 
 Error SQLiteStatement::runRebound() {
-  while (true) {
-    Expected<bool> Row = step();
-    if (!Row) {
-      sqlite3_reset(Stmt);
-      return Row.takeError();
-    }
-    if (!*Row)
-      break;
-  }
+  Error E = stepAll([](const SQLiteStatement &) {});
   sqlite3_reset(Stmt);
-  return Error::success();
+  return E;
 }
 
 Error SQLiteStatement::forEachRow(function_ref<void(const SQLiteStatement &)> OnRow) {
+  Error E = stepAll(OnRow);
+  reset();
+  return E;
+}
+
+Error SQLiteStatement::stepAll(function_ref<void(const SQLiteStatement &)> OnRow) {
   while (true) {
     Expected<bool> Row = step();
-    if (!Row) {
-      reset();
+    if (!Row)
       return Row.takeError();
-    }
     if (!*Row)
-      break;
+      return Error::success();
     OnRow(*this);
   }
-  reset();
-  return Error::success();
 }
 
 void SQLiteStatement::reset() {

@@ -65,6 +65,9 @@ public:
 private:
   friend class SQLiteDatabase;
   SQLiteStatement(sqlite3_stmt *S, const SQLiteDatabase *Db) : Stmt(S), Db(Db) {}
+  /// Steps until done or an error, calling \p OnRow with each row; does
+  /// not reset.
+  llvm::Error stepAll(llvm::function_ref<void(const SQLiteStatement &)> OnRow);
   sqlite3_stmt *Stmt = nullptr;
   const SQLiteDatabase *Db = nullptr;
 };
