@@ -91,24 +91,25 @@ bool interrupted() {
   if (!PyErr_ExceptionMatches(PyExc_Exception))
     return true;
   static bool Said = false;
-  if (!Said) {
-    Said = true;
-    PyObject *Type, *Value, *Traceback;
-    PyErr_Fetch(&Type, &Value, &Traceback);
-    PyErr_NormalizeException(&Type, &Value, &Traceback);
-    PyObject *Text = Value ? PyObject_Str(Value) : nullptr;
-    const char *Message = Text ? PyUnicode_AsUTF8(Text) : nullptr;
+  if (Said) {
     PyErr_Clear();
-    PySys_FormatStderr("ekka-trace: warning: a module call's tensor was not recorded: reading "
-                       "it ran the program's Python, which raised %s: %s\n",
-                       Type ? ((PyTypeObject *)Type)->tp_name : "an exception",
-                       Message ? Message : "");
-    Py_XDECREF(Text);
-    Py_XDECREF(Type);
-    Py_XDECREF(Value);
-    Py_XDECREF(Traceback);
+    return false;
   }
-  PyErr_Clear();
+  Said = true;
+  PyObject *Type, *Value, *Traceback;
+  PyErr_Fetch(&Type, &Value, &Traceback); // cleared
+  PyErr_NormalizeException(&Type, &Value, &Traceback);
+  PyObject *Text = Value ? PyObject_Str(Value) : nullptr;
+  const char *Message = Text ? PyUnicode_AsUTF8(Text) : nullptr;
+  PyErr_Clear(); // what asking for the text may have raised
+  PySys_FormatStderr("ekka-trace: warning: a module call's tensor was not recorded: reading "
+                     "it ran the program's Python, which raised %s: %s\n",
+                     Type ? ((PyTypeObject *)Type)->tp_name : "an exception",
+                     Message ? Message : "");
+  Py_XDECREF(Text);
+  Py_XDECREF(Type);
+  Py_XDECREF(Value);
+  Py_XDECREF(Traceback);
   return false;
 }
 

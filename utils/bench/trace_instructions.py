@@ -120,40 +120,40 @@ if not os.environ.get("EKKA_RUNTIME_LIB"):
           file=sys.stderr)
     sys.exit(2)
 
+def under_callgrind(variant, collect):
+    """Runs one variant in its own process under callgrind, collecting
+    while `collect` runs: (the instructions collected, its stdout)."""
+    with tempfile.TemporaryDirectory(prefix="ekka-callgrind-") as out:
+        command = ["valgrind", "--tool=callgrind", f"--toggle-collect={collect}",
+                   f"--callgrind-out-file={out}/{variant}.out", sys.executable, __file__,
+                   "--variant", variant, "--forwards", str(args.forwards), "--size", args.size]
+        done = subprocess.run(command, capture_output=True, text=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or not found:
+        print(f"trace_instructions.py: error: the {variant} run failed:\n"
+              f"{done.stderr[-2000:]}", file=sys.stderr)
+        sys.exit(2)
+    return int(found.group(1)), done.stdout
+
+
 if args.writer:
     print(f"the writer's thread: {args.forwards + 3} forwards under callgrind ...",
           file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="ekka-callgrind-") as out:
-        command = ["valgrind", "--tool=callgrind", "--toggle-collect=ekka::TraceWriter::run()",
-                   f"--callgrind-out-file={out}/writer.out", sys.executable, __file__,
-                   "--variant", "writer", "--forwards", str(args.forwards), "--size", args.size]
-        done = subprocess.run(command, capture_output=True, text=True)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    rows = re.search(r"rows=(\d+)", done.stdout)
-    if done.returncode != 0 or not found or not rows or int(rows.group(1)) == 0:
-        print(f"trace_instructions.py: error: the writer's run failed:\n{done.stderr[-2000:]}",
-              file=sys.stderr)
+    instructions, stdout = under_callgrind("writer", "ekka::TraceWriter::run()")
+    rows = re.search(r"rows=(\d+)", stdout)
+    rows = int(rows.group(1)) if rows else 0
+    if not rows:
+        print("trace_instructions.py: error: the writer's run wrote no rows", file=sys.stderr)
         sys.exit(2)
-    instructions, rows = int(found.group(1)), int(rows.group(1))
     print(f"the trace writer's thread ({args.size} Llama, metadata only): {rows} rows, "
           f"{instructions / 1e6:.1f}M instructions, {instructions / rows:.0f} a row")
     sys.exit(0)
 
 counts = {}
-with tempfile.TemporaryDirectory(prefix="ekka-callgrind-") as out:
-    for variant in VARIANTS:
-        print(f"{variant}: {args.forwards} forwards under callgrind ...", file=sys.stderr,
-              flush=True)
-        command = ["valgrind", "--tool=callgrind", "--toggle-collect=starmap_next",
-                   f"--callgrind-out-file={out}/{variant}.out", sys.executable, __file__,
-                   "--variant", variant, "--forwards", str(args.forwards), "--size", args.size]
-        done = subprocess.run(command, capture_output=True, text=True)
-        found = re.search(r"Collected : (\d+)", done.stderr)
-        if done.returncode != 0 or not found:
-            print(f"trace_instructions.py: error: the {variant} run failed:\n"
-                  f"{done.stderr[-2000:]}", file=sys.stderr)
-            sys.exit(2)
-        counts[variant] = int(found.group(1)) / args.forwards
+for variant in VARIANTS:
+    print(f"{variant}: {args.forwards} forwards under callgrind ...", file=sys.stderr,
+          flush=True)
+    counts[variant] = under_callgrind(variant, "starmap_next")[0] / args.forwards
 
 plain = counts["plain"]
 print(f"instructions per forward ({args.size} Llama, the program's thread):")
