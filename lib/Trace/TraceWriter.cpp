@@ -24,11 +24,11 @@ namespace ekka {
 
 namespace {
 
-/// `[1,4,32]`, as llvm::json writes an array of integers, without building
-/// one: twice for every tensor row the writer inserts.
-std::string jsonInts(ArrayRef<int64_t> V) {
-  std::string Out(1, '[');
-  Out.reserve(2 + V.size() * 8);
+/// `[1,4,32]`, as llvm::json writes an array of integers, into \p Out
+/// without building one (twice for every tensor row the writer inserts;
+/// \p Out keeps its capacity from row to row).
+void jsonInts(ArrayRef<int64_t> V, std::string &Out) {
+  Out.assign(1, '[');
   char Digits[24];
   for (size_t I = 0; I < V.size(); ++I) {
     if (I)
@@ -38,12 +38,150 @@ std::string jsonInts(ArrayRef<int64_t> V) {
     Out.append(Digits, End);
   }
   Out += ']';
-  return Out;
 }
 
-std::string dim3(const uint32_t D[3]) {
-  return jsonInts({int64_t(D[0]), int64_t(D[1]), int64_t(D[2])});
+void dim3(const uint32_t D[3], std::string &Out) {
+  jsonInts({int64_t(D[0]), int64_t(D[1]), int64_t(D[2])}, Out);
 }
+
+/// One table's rows, inserted up to MaxRows by one statement. What SQLite
+/// does once a statement (starting its program, opening the table, halting,
+/// growing the record's buffer again) is about a fifth of a row's cost when
+/// each row has its own; many rows share it. A row's values wait here until
+/// flush(), which the writer calls before it commits: a text is referenced,
+/// and must stay valid until then (the writer's interned names, the batch's
+/// records), unless it is the row's own (own()).
+class TableRows {
+public:
+  static constexpr unsigned MaxRows = 32;
+
+  explicit TableRows(unsigned Width)
+      : Width(Width), Cells(MaxRows * Width), Owned(MaxRows * Width) {}
+
+  /// Prepares its statements: \p Insert is `INSERT INTO t(a, b, ...)`,
+  /// naming Width columns.
+  Error prepare(SQLiteDatabase &Db, StringRef Insert) {
+    std::string Row = "(?";
+    for (unsigned I = 1; I < Width; ++I)
+      Row += ",?";
+    Row += ')';
+    for (unsigned Log = 0; (1u << Log) <= MaxRows; ++Log) {
+      std::string SQL = Insert.str() + " VALUES" + Row;
+      for (unsigned R = 1; R < (1u << Log); ++R)
+        SQL += "," + Row;
+      auto S = Db.prepare(SQL);
+      if (!S)
+        return S.takeError();
+      Statements[Log] = std::move(*S);
+    }
+    return Error::success();
+  }
+
+  /// The values of the row being filled, by column (1-based, as SQLite's
+  /// parameters).
+  void set(unsigned Column, int64_t V) { cell(Column) = Cell::integer(V); }
+  void set(unsigned Column, std::optional<int64_t> V) {
+    cell(Column) = V ? Cell::integer(*V) : Cell();
+  }
+  void setReal(unsigned Column, double V) {
+    Cell &C = cell(Column);
+    C.Kind = Cell::Real;
+    C.AsReal = V;
+  }
+  void setNull(unsigned Column) { cell(Column) = Cell(); }
+  /// \p Text, valid until flush().
+  void setText(unsigned Column, StringRef Text) {
+    Cell &C = cell(Column);
+    C.Kind = Cell::Text;
+    C.AsText = Text.data();
+    C.Size = Text.size();
+  }
+  /// The row's own text for \p Column, to fill; it keeps its capacity.
+  std::string &own(unsigned Column) {
+    std::string &T = Owned[Rows * Width + Column - 1];
+    Cell &C = cell(Column);
+    C.Kind = Cell::OwnText;
+    C.AsOwn = &T;
+    return T;
+  }
+
+  /// The row is filled: the next is another. Inserts them all once
+  /// MaxRows wait.
+  Error add() {
+    if (++Rows < MaxRows)
+      return Error::success();
+    return flush();
+  }
+
+  /// Inserts the rows that wait, in statements of 32, 16, ... 1 rows. They
+  /// are gone afterwards, inserted or not.
+  Error flush() {
+    unsigned Done = 0;
+    for (int Log = std::size(Statements) - 1; Log >= 0 && Done < Rows; --Log) {
+      unsigned Size = 1u << Log;
+      if (Rows - Done < Size)
+        continue;
+      SQLiteStatement &S = Statements[Log];
+      for (unsigned I = 0; I < Size * Width; ++I) {
+        const Cell &C = Cells[Done * Width + I];
+        int Parameter = int(I + 1);
+        switch (C.Kind) {
+        case Cell::Null:
+          S.bindNull(Parameter);
+          break;
+        case Cell::Integer:
+          S.bind(Parameter, C.AsInteger);
+          break;
+        case Cell::Real:
+          S.bindDouble(Parameter, C.AsReal);
+          break;
+        case Cell::Text:
+          S.bindKept(Parameter, StringRef(C.AsText, C.Size));
+          break;
+        case Cell::OwnText:
+          S.bindKept(Parameter, *C.AsOwn);
+          break;
+        }
+      }
+      if (Error E = S.runRebound()) {
+        Rows = 0;
+        return E;
+      }
+      Done += Size;
+    }
+    Rows = 0;
+    return Error::success();
+  }
+
+  /// Drops the rows that wait.
+  void clear() { Rows = 0; }
+
+private:
+  struct Cell {
+    enum Kind : uint8_t { Null, Integer, Real, Text, OwnText } Kind = Null;
+    size_t Size = 0; ///< Text's.
+    union {
+      int64_t AsInteger = 0;
+      double AsReal;
+      const char *AsText;
+      const std::string *AsOwn;
+    };
+    static Cell integer(int64_t V) {
+      Cell C;
+      C.Kind = Cell::Integer;
+      C.AsInteger = V;
+      return C;
+    }
+  };
+  Cell &cell(unsigned Column) { return Cells[Rows * Width + Column - 1]; }
+
+  const unsigned Width;
+  std::vector<Cell> Cells;         ///< MaxRows rows of Width.
+  std::vector<std::string> Owned;  ///< The cells' own texts, where they have one.
+  unsigned Rows = 0;               ///< Filled so far.
+  SQLiteStatement Statements[6];   ///< Of 1, 2, 4, ..., MaxRows rows.
+};
+static_assert(TableRows::MaxRows == 1u << 5, "a statement for each power of two up to it");
 
 /// A chunk's bytes: a few hundred ops with their outputs.
 constexpr size_t ChunkBytes = 64 << 10;
@@ -169,41 +307,38 @@ public:
       : Db(std::move(Db)), Owner(Owner), Dir(std::move(Dir)), ShardBytes(ShardBytes) {}
 
   Error prepare() {
-    auto Prep = [&](SQLiteStatement &S, StringRef SQL) -> Error {
-      auto P = Db->prepare(SQL);
-      if (!P)
-        return P.takeError();
-      S = std::move(*P);
-      return Error::success();
-    };
-    if (Error E = Prep(Meta, "INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)"))
+    auto P = Db->prepare("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)");
+    if (!P)
+      return P.takeError();
+    Meta = std::move(*P);
+    if (Error E = Calls.prepare(*Db, "INSERT INTO module_calls(id, parent_id, seq, step, path, "
+                                     "class_name, class_qualname, source_file, source_line)"))
       return E;
-    if (Error E = Prep(Call, "INSERT INTO module_calls(id, parent_id, seq, step, path, "
-                             "class_name, class_qualname, source_file, source_line) "
-                             "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"))
+    if (Error E = Ops.prepare(*Db, "INSERT INTO ops(id, module_call_id, seq, name, schema)"))
       return E;
-    if (Error E = Prep(Op, "INSERT INTO ops(id, module_call_id, seq, name, schema) "
-                           "VALUES(?1, ?2, ?3, ?4, ?5)"))
+    if (Error E = Kernels.prepare(*Db, "INSERT INTO kernels(id, op_id, module_call_id, seq, "
+                                       "name, grid, block, shared_mem, stream, correlation_id)"))
       return E;
-    if (Error E = Prep(Kernel, "INSERT INTO kernels(id, op_id, module_call_id, seq, name, "
-                               "grid, block, shared_mem, stream, correlation_id) "
-                               "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"))
-      return E;
-    return Prep(Tensor, "INSERT INTO tensors(id, owner, owner_id, role, idx, dtype, shape, "
-                        "strides, device, sum, sumsq, min, max, nan_count, inf_count, "
-                        "shard, key, source_id, layout) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
-                        "?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)");
+    return Tensors.prepare(*Db, "INSERT INTO tensors(id, owner, owner_id, role, idx, dtype, "
+                                "shape, strides, device, sum, sumsq, min, max, nan_count, "
+                                "inf_count, shard, key, source_id, layout)");
   }
 
   /// Writes one batch of queued items in one transaction.
   Error write(std::vector<Item> &Items, TraceCounts &Counts) {
     if (Error E = Db->exec("BEGIN"))
       return E;
+    Error Failed = Error::success();
     for (Item &I : Items)
-      if (Error E = std::visit([&](auto &R) { return add(R, Counts); }, I)) {
-        consumeError(Db->exec("ROLLBACK"));
-        return E;
-      }
+      if ((Failed = std::visit([&](auto &R) { return add(R, Counts); }, I)))
+        break;
+    if (!Failed)
+      Failed = flushRows(); // their texts are the batch's: before it goes
+    if (Failed) {
+      clearRows();
+      consumeError(Db->exec("ROLLBACK"));
+      return Failed;
+    }
     if (Error E = Db->exec("COMMIT"))
       return E;
     if (Shard.dataBytes() >= ShardBytes)
@@ -230,9 +365,11 @@ public:
       return E;
     for (TensorRecord &R : Pending) {
       R.Shard = Name;
-      if (Error E = insertTensor(R))
+      if (Error E = insertTensor(R, R.Role, R.Device))
         return E;
     }
+    if (Error E = Tensors.flush()) // before the records their texts are in go
+      return E;
     Pending.clear();
     return Db->exec("COMMIT");
   }
@@ -251,6 +388,7 @@ public:
 
   /// Drops what a failed writer still holds, counting the lost captures.
   void abandon(TraceCounts &Counts) {
+    clearRows();
     Counts.DroppedCaptures += Pending.size();
     Pending.clear();
     Shard.clear();
@@ -265,22 +403,27 @@ private:
     return Meta.bind(1, M.Key).bind(2, M.Value).run();
   }
 
+  // The rows' texts are referenced, not copied (TableRows): those of the
+  // batch's records and the writer's interned names outlive flushRows().
+
   Error add(ModuleCallRecord &R, TraceCounts &Counts) {
-    ++Counts.ModuleCalls;
-    Call.bind(1, R.Id);
-    Call.bind(2, R.ParentId);
-    Call.bind(3, R.Seq).bind(4, R.Step).bind(5, R.Path).bind(6, R.ClassName);
-    Call.bind(7, R.ClassQualname).bind(8, R.SourceFile).bind(9, R.SourceLine);
-    return Call.runRebound();
+    return insertModuleCall(R.Id, R.ParentId, R.Seq, R.Step, R.Path, R.ClassName,
+                            R.ClassQualname, R.SourceFile, R.SourceLine, Counts);
   }
-  Error insertModuleCall(const SmallModuleCall &M, TraceCounts &Counts) {
+  Error insertModuleCall(int64_t Id, std::optional<int64_t> ParentId, int64_t Seq, int64_t Step,
+                         StringRef Path, StringRef ClassName, StringRef ClassQualname,
+                         StringRef SourceFile, int64_t SourceLine, TraceCounts &Counts) {
     ++Counts.ModuleCalls;
-    const TraceWriter::ModuleText &T = *M.Text;
-    Call.bind(1, M.Id);
-    Call.bind(2, M.HasParent ? std::optional<int64_t>(M.ParentId) : std::nullopt);
-    Call.bind(3, M.Seq).bind(4, M.Step).bindKept(5, T.Path).bindKept(6, T.ClassName);
-    Call.bindKept(7, T.ClassQualname).bindKept(8, T.SourceFile).bind(9, T.SourceLine);
-    return Call.runRebound(); // the texts outlive the insert, as the writer
+    Calls.set(1, Id);
+    Calls.set(2, ParentId);
+    Calls.set(3, Seq);
+    Calls.set(4, Step);
+    Calls.setText(5, Path);
+    Calls.setText(6, ClassName);
+    Calls.setText(7, ClassQualname);
+    Calls.setText(8, SourceFile);
+    Calls.set(9, SourceLine);
+    return Calls.add();
   }
 
   Error add(OpRecord &R, TraceCounts &Counts) {
@@ -307,21 +450,26 @@ private:
         SmallModuleCall M;
         std::memcpy(&M, P, sizeof M);
         P += sizeof M;
-        if (Error E = insertModuleCall(M, Counts))
+        const TraceWriter::ModuleText &T = *M.Text;
+        std::optional<int64_t> Parent;
+        if (M.HasParent)
+          Parent = M.ParentId;
+        if (Error E = insertModuleCall(M.Id, Parent, M.Seq, M.Step, T.Path, T.ClassName,
+                                       T.ClassQualname, T.SourceFile, T.SourceLine, Counts))
           return E;
         continue;
       }
       SmallTensor H;
       std::memcpy(&H, P, sizeof H);
       P += sizeof H;
+      // Scratch holds what the row copies; its role and device are the
+      // small record's, which outlive the row (a name, an interned text).
       TensorRecord &R = Scratch;
       R.Id = H.Id;
       R.Owner = TensorOwner(H.Owner);
       R.OwnerId = H.OwnerId;
-      R.Role = SmallRoles[H.Role];
       R.Index = H.Index;
       R.Type = DType(H.Type);
-      R.Device = *H.Device;
       R.Stats.reset();
       if (H.HasStats) {
         R.Stats.emplace();
@@ -339,7 +487,7 @@ private:
       if (H.HasSource)
         R.SourceId = H.SourceId;
       ++Counts.Tensors;
-      if (Error E = insertTensor(R))
+      if (Error E = insertTensor(R, SmallRoles[H.Role], *H.Device))
         return E;
     }
     Owner.recycleChunk(std::move(C));
@@ -348,22 +496,27 @@ private:
   Error insertOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t Seq, StringRef Name,
                  StringRef Schema, TraceCounts &Counts) {
     ++Counts.Ops;
-    Op.bind(1, Id);
-    Op.bind(2, ModuleCallId);
-    Op.bind(3, Seq).bindKept(4, Name).bindKept(5, Schema); // they outlive the insert
-    return Op.runRebound();
+    Ops.set(1, Id);
+    Ops.set(2, ModuleCallId);
+    Ops.set(3, Seq);
+    Ops.setText(4, Name);
+    Ops.setText(5, Schema);
+    return Ops.add();
   }
 
   Error add(KernelRecord &R, TraceCounts &Counts) {
     ++Counts.Kernels;
-    Kernel.bind(1, R.Id);
-    Kernel.bind(2, R.OpId);
-    Kernel.bind(3, R.ModuleCallId);
-    std::string Grid = dim3(R.Grid), Block = dim3(R.Block);
-    Kernel.bind(4, R.Seq).bindKept(5, R.Name).bindKept(6, Grid).bindKept(7, Block);
-    Kernel.bind(8, int64_t(R.SharedMem)).bind(9, int64_t(R.Stream));
-    Kernel.bind(10, int64_t(R.CorrelationId));
-    return Kernel.runRebound();
+    Kernels.set(1, R.Id);
+    Kernels.set(2, R.OpId);
+    Kernels.set(3, R.ModuleCallId);
+    Kernels.set(4, R.Seq);
+    Kernels.setText(5, R.Name);
+    dim3(R.Grid, Kernels.own(6));
+    dim3(R.Block, Kernels.own(7));
+    Kernels.set(8, int64_t(R.SharedMem));
+    Kernels.set(9, int64_t(R.Stream));
+    Kernels.set(10, int64_t(R.CorrelationId));
+    return Kernels.add();
   }
 
   Error add(TensorItem &T, TraceCounts &Counts) {
@@ -377,58 +530,78 @@ private:
     if (!T.Data || T.Use == BytesUse::StatsOnly) {
       if (T.Data)
         Owner.recycle(std::move(*T.Data));
-      return insertTensor(T.Record);
+      return insertTensor(T.Record, T.Record.Role, T.Record.Device);
     }
     // Captured: the row waits for its shard to be on disk; the shard keeps
     // the buffer itself until then.
-    T.Record.Key = "t" + std::to_string(T.Record.Id);
+    T.Record.Key.assign(1, 't').append(std::to_string(T.Record.Id));
     Shard.add(T.Record.Key, T.Record.Type, T.Record.Shape, std::move(*T.Data));
     Pending.push_back(std::move(T.Record));
     return Error::success();
   }
 
-  Error insertTensor(const TensorRecord &R) {
-    // Its texts are bound without copies: R, the names and these outlive
-    // the insert.
-    std::string Shape = jsonInts(R.Shape), Strides = jsonInts(R.Strides);
-    Tensor.bind(1, R.Id).bindKept(2, ownerName(R.Owner)).bind(3, R.OwnerId).bindKept(4, R.Role);
-    Tensor.bind(5, R.Index).bindKept(6, dtypeName(R.Type)).bindKept(7, Shape);
-    Tensor.bindKept(8, Strides).bindKept(9, R.Device);
+  /// \p R's row, with \p Role and \p Device, which like R's shard, key
+  /// and layout must outlive flushRows() (R itself need not).
+  Error insertTensor(const TensorRecord &R, StringRef Role, StringRef Device) {
+    Tensors.set(1, R.Id);
+    Tensors.setText(2, ownerName(R.Owner));
+    Tensors.set(3, R.OwnerId);
+    Tensors.setText(4, Role);
+    Tensors.set(5, R.Index);
+    Tensors.setText(6, dtypeName(R.Type));
+    jsonInts(R.Shape, Tensors.own(7));
+    jsonInts(R.Strides, Tensors.own(8));
+    Tensors.setText(9, Device);
     if (R.Stats) {
       const TensorStats &S = *R.Stats;
-      auto Real = [&](int I, double V) {
+      auto Real = [&](unsigned I, double V) {
         // SQLite has no NaN; a NaN statistic is stored as NULL (the counts say why).
         if (V != V)
-          Tensor.bindNull(I);
+          Tensors.setNull(I);
         else
-          Tensor.bindDouble(I, V);
+          Tensors.setReal(I, V);
       };
       Real(10, S.Sum);
       Real(11, S.SumSq);
       Real(12, S.Min);
       Real(13, S.Max);
-      Tensor.bind(14, S.NanCount).bind(15, S.InfCount);
+      Tensors.set(14, S.NanCount);
+      Tensors.set(15, S.InfCount);
     } else {
-      for (int I = 10; I <= 15; ++I)
-        Tensor.bindNull(I);
+      for (unsigned I = 10; I <= 15; ++I)
+        Tensors.setNull(I);
     }
     if (R.Shard.empty()) {
-      Tensor.bindNull(16).bindNull(17);
+      Tensors.setNull(16);
+      Tensors.setNull(17);
     } else {
-      Tensor.bindKept(16, R.Shard).bindKept(17, R.Key);
+      Tensors.setText(16, R.Shard);
+      Tensors.setText(17, R.Key);
     }
-    Tensor.bind(18, R.SourceId);
+    Tensors.set(18, R.SourceId);
     if (R.Layout.empty())
-      Tensor.bindNull(19);
+      Tensors.setNull(19);
     else
-      Tensor.bindKept(19, R.Layout);
-    return Tensor.runRebound();
+      Tensors.setText(19, R.Layout);
+    return Tensors.add();
+  }
+
+  Error flushRows() {
+    for (TableRows *T : {&Calls, &Ops, &Kernels, &Tensors})
+      if (Error E = T->flush())
+        return E;
+    return Error::success();
+  }
+  void clearRows() {
+    for (TableRows *T : {&Calls, &Ops, &Kernels, &Tensors})
+      T->clear();
   }
 
   TraceWriter &Owner;
   std::string Dir;
   uint64_t ShardBytes;
-  SQLiteStatement Meta, Call, Op, Kernel, Tensor;
+  SQLiteStatement Meta;
+  TableRows Calls{9}, Ops{5}, Kernels{10}, Tensors{19};
   SafeTensorsWriter Shard;
   std::vector<TensorRecord> Pending;
   TensorRecord Scratch; ///< A small record's, as it is written.

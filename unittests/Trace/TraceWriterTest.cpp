@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <map>
 #include <thread>
@@ -1007,6 +1008,145 @@ TEST_F(TraceTest, AFlushWritesEverythingAndTheWriterGoesOn) {
   ASSERT_TRUE(bool(Bytes));
   EXPECT_EQ(*Bytes, floats({5, 2, 3, 4}));
   EXPECT_EQ((*W)->counts().Shards, 2u);
+}
+
+// The writer inserts a table's rows up to 32 by one statement, and what a
+// batch leaves over by statements of 16, 8, ... 1 rows; a row's texts are
+// bound where they are (its record's, an interned text, a small record's
+// device) or as its own copy (the JSON of a shape, strides, grid, block).
+// Groups of every size around those, each written out by a flush, read
+// back row by row: no row lost or doubled, no row with another's text.
+TEST_F(TraceTest, EveryRowReadsBackWhateverHowManyAStatementTook) {
+  auto W = TraceWriter::create(Dir);
+  ASSERT_TRUE(bool(W)) << toString(W.takeError());
+  TraceWriter &Writer = **W;
+  const TraceWriter::OpText *Mm = Writer.internOp("aten::mm", "mm(Tensor a, Tensor b) -> Tensor");
+  int64_t Rows = 0;
+  for (int64_t Group : {1, 2, 3, 7, 31, 32, 33, 64, 95}) {
+    for (int64_t I = 0; I < Group; ++I, ++Rows) {
+      std::string N = std::to_string(Rows);
+      if (Rows % 2) {
+        ModuleCallRecord Call;
+        Call.Id = Writer.nextModuleCallId();
+        Call.ParentId = Rows % 4 == 1 ? std::optional<int64_t>() : Call.Id - 1;
+        Call.Seq = Rows;
+        Call.Step = 2 * Rows;
+        Call.Path = "model.layers." + N;
+        Call.ClassName = "C" + N;
+        Call.ClassQualname = "m.C" + N;
+        Call.SourceFile = "f" + N + ".py";
+        Call.SourceLine = 3 * Rows;
+        Writer.addModuleCall(std::move(Call));
+      } else {
+        const TraceWriter::ModuleText *Text = Writer.internModule(
+            "model.layers." + N, "C" + N, "m.C" + N, "f" + N + ".py", 3 * Rows);
+        int64_t Id = Writer.nextModuleCallId();
+        Writer.addModuleCall(Id, Id - 1, Rows, 2 * Rows, Text);
+      }
+      OpRecord Op;
+      Op.Id = Writer.nextOpId();
+      Op.Seq = Rows;
+      if (Rows % 3) {
+        Op.ModuleCallId = Rows;
+        Op.Name = "op" + N;
+        Op.Schema = "op" + N + "() -> ()";
+        Writer.addOp(std::move(Op));
+      } else {
+        Writer.addOp(Op.Id, std::nullopt, Rows, Mm);
+      }
+      KernelRecord K;
+      K.Id = Writer.nextKernelId();
+      if (Rows % 2)
+        K.OpId = Op.Id;
+      K.ModuleCallId = Rows;
+      K.Seq = Rows;
+      K.Name = "kernel" + N;
+      K.Grid[0] = uint32_t(Rows + 1);
+      K.Block[1] = uint32_t(Rows + 2);
+      K.SharedMem = uint64_t(Rows);
+      K.Stream = 7;
+      K.CorrelationId = uint64_t(1000 + Rows);
+      Writer.addKernel(std::move(K));
+      TensorRecord T;
+      T.Id = Writer.nextTensorId();
+      T.Owner = TensorOwner::Op;
+      T.OwnerId = Rows;
+      T.Role = Rows % 2 ? "output" : "input";
+      T.Index = Rows;
+      T.Shape = {Rows, 2};
+      T.Strides = {2, 1};
+      T.Device = Rows % 2 ? "cuda:1" : "cpu";
+      if (Rows % 3)
+        T.Stats = TensorStats{double(Rows), 1, -double(Rows), Rows % 5 ? 1.0 : NAN, 0, 0};
+      if (Rows % 4 == 0)
+        T.Layout = "nested" + N; // not packed: the queue's own item
+      Writer.addTensor(std::move(T));
+    }
+    ASSERT_FALSE(bool(Writer.flush()));
+  }
+  ASSERT_FALSE(bool(Writer.close()));
+
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  auto Calls = (*R)->moduleCalls();
+  auto Ops = (*R)->ops();
+  auto Kernels = (*R)->kernels();
+  auto Tensors = (*R)->tensors();
+  ASSERT_TRUE(Calls && Ops && Kernels && Tensors);
+  ASSERT_EQ(int64_t(Calls->size()), Rows);
+  ASSERT_EQ(int64_t(Ops->size()), Rows);
+  ASSERT_EQ(int64_t(Kernels->size()), Rows);
+  ASSERT_EQ(int64_t(Tensors->size()), Rows);
+  for (int64_t Row = 0; Row < Rows; ++Row) {
+    SCOPED_TRACE("row " + std::to_string(Row));
+    std::string N = std::to_string(Row);
+    const ModuleCallRecord &C = (*Calls)[Row];
+    EXPECT_EQ(C.Id, Row + 1);
+    EXPECT_EQ(C.ParentId, Row % 4 == 1 ? std::optional<int64_t>() : Row);
+    EXPECT_EQ(C.Seq, Row);
+    EXPECT_EQ(C.Step, 2 * Row);
+    EXPECT_EQ(C.Path, "model.layers." + N);
+    EXPECT_EQ(C.ClassName, "C" + N);
+    EXPECT_EQ(C.ClassQualname, "m.C" + N);
+    EXPECT_EQ(C.SourceFile, "f" + N + ".py");
+    EXPECT_EQ(C.SourceLine, 3 * Row);
+    const OpRecord &O = (*Ops)[Row];
+    EXPECT_EQ(O.Id, Row + 1);
+    EXPECT_EQ(O.Seq, Row);
+    EXPECT_EQ(O.ModuleCallId, Row % 3 ? std::optional<int64_t>(Row) : std::nullopt);
+    EXPECT_EQ(O.Name, Row % 3 ? "op" + N : "aten::mm");
+    EXPECT_EQ(O.Schema, Row % 3 ? "op" + N + "() -> ()" : "mm(Tensor a, Tensor b) -> Tensor");
+    const KernelRecord &K = (*Kernels)[Row];
+    EXPECT_EQ(K.Id, Row + 1);
+    EXPECT_EQ(K.OpId, Row % 2 ? std::optional<int64_t>(Row + 1) : std::nullopt);
+    EXPECT_EQ(K.ModuleCallId, std::optional<int64_t>(Row));
+    EXPECT_EQ(K.Name, "kernel" + N);
+    EXPECT_EQ(K.Grid[0], uint32_t(Row + 1));
+    EXPECT_EQ(K.Grid[1], 0u);
+    EXPECT_EQ(K.Block[0], 0u);
+    EXPECT_EQ(K.Block[1], uint32_t(Row + 2));
+    EXPECT_EQ(K.SharedMem, uint64_t(Row));
+    EXPECT_EQ(K.Stream, 7u);
+    EXPECT_EQ(K.CorrelationId, uint64_t(1000 + Row));
+    const TensorRecord &T = (*Tensors)[Row];
+    EXPECT_EQ(T.Id, Row + 1);
+    EXPECT_EQ(T.OwnerId, Row);
+    EXPECT_EQ(T.Role, Row % 2 ? "output" : "input");
+    EXPECT_EQ(T.Index, Row);
+    EXPECT_EQ(T.Shape, (TensorDims{Row, 2}));
+    EXPECT_EQ(T.Strides, (TensorDims{2, 1}));
+    EXPECT_EQ(T.Device, Row % 2 ? "cuda:1" : "cpu");
+    ASSERT_EQ(T.Stats.has_value(), Row % 3 != 0);
+    if (T.Stats) {
+      EXPECT_EQ(T.Stats->Sum, double(Row));
+      EXPECT_EQ(T.Stats->Min, -double(Row));
+      if (Row % 5)
+        EXPECT_EQ(T.Stats->Max, 1.0);
+      else
+        EXPECT_TRUE(std::isnan(T.Stats->Max)); // stored as NULL
+    }
+    EXPECT_EQ(T.Layout, Row % 4 == 0 ? "nested" + N : "");
+  }
 }
 
 } // namespace
