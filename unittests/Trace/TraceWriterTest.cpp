@@ -1013,9 +1013,10 @@ TEST_F(TraceTest, AFlushWritesEverythingAndTheWriterGoesOn) {
 // The writer inserts a table's rows up to 32 by one statement, and what a
 // batch leaves over by statements of 16, 8, ... 1 rows; a row's texts are
 // bound where they are (its record's, an interned text, a small record's
-// device) or as its own copy (the JSON of a shape, strides, grid, block).
+// device) or as its own copy (the JSON of a shape, strides, grid, block),
+// and not bound again where a statement's parameter holds it already.
 // Groups of every size around those, each written out by a flush, read
-// back row by row: no row lost or doubled, no row with another's text.
+// back row by row: no row lost or doubled, no row with another's value.
 TEST_F(TraceTest, EveryRowReadsBackWhateverHowManyAStatementTook) {
   auto W = TraceWriter::create(Dir);
   ASSERT_TRUE(bool(W)) << toString(W.takeError());
