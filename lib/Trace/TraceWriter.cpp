@@ -101,6 +101,15 @@ public:
     return T;
   }
 
+  /// A row of these values, by column in order: numbers, NULL where an
+  /// optional has none, texts (valid until flush()).
+  template <typename... Values> Error row(const Values &...V) {
+    static_assert(sizeof...(Values) > 0);
+    unsigned Column = 0;
+    (put(++Column, V), ...);
+    return add();
+  }
+
   /// The row is filled: the next is another. Inserts them all once
   /// MaxRows wait.
   Error add() {
@@ -164,6 +173,10 @@ public:
   void clear() { Rows = 0; }
 
 private:
+  void put(unsigned Column, int64_t V) { set(Column, V); }
+  void put(unsigned Column, const std::optional<int64_t> &V) { set(Column, V); }
+  void put(unsigned Column, StringRef V) { setText(Column, V); }
+
   struct Cell {
     enum Kind : uint8_t { Null, Integer, Real, Text, OwnText, Unbound };
     Kind Kind = Null;
@@ -453,16 +466,8 @@ private:
                          StringRef Path, StringRef ClassName, StringRef ClassQualname,
                          StringRef SourceFile, int64_t SourceLine, TraceCounts &Counts) {
     ++Counts.ModuleCalls;
-    Calls.set(1, Id);
-    Calls.set(2, ParentId);
-    Calls.set(3, Seq);
-    Calls.set(4, Step);
-    Calls.setText(5, Path);
-    Calls.setText(6, ClassName);
-    Calls.setText(7, ClassQualname);
-    Calls.setText(8, SourceFile);
-    Calls.set(9, SourceLine);
-    return Calls.add();
+    return Calls.row(Id, ParentId, Seq, Step, Path, ClassName, ClassQualname, SourceFile,
+                     SourceLine);
   }
 
   Error add(OpRecord &R, TraceCounts &Counts) {
@@ -535,12 +540,7 @@ private:
   Error insertOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t Seq, StringRef Name,
                  StringRef Schema, TraceCounts &Counts) {
     ++Counts.Ops;
-    Ops.set(1, Id);
-    Ops.set(2, ModuleCallId);
-    Ops.set(3, Seq);
-    Ops.setText(4, Name);
-    Ops.setText(5, Schema);
-    return Ops.add();
+    return Ops.row(Id, ModuleCallId, Seq, Name, Schema);
   }
 
   Error add(KernelRecord &R, TraceCounts &Counts) {
