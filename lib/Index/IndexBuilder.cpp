@@ -377,32 +377,33 @@ private:
       F.Status = W.Status;
       F.RecordedBy = W.RecordedBy;
       F.Includes = std::move(W.Includes);
-      Error E = Error::success();
-      switch (W.Result) {
-      case FileWork::Outcome::Touched:
-        ++Summary.Unchanged;
-        E = Index.updateFileTime(F.Path, F.MTimeNs);
-        break;
-      case FileWork::Outcome::Skipped: {
-        ++Summary.Skipped;
-        ++Summary.SkipReasons[W.Status];
-        if (Options.Log)
-          *Options.Log << "skipped " << F.Path << " (" << W.Status << ")\n";
-        auto It = Stored.find(F.Path);
-        if (It != Stored.end() && It->second.Status == W.Status &&
-            It->second.Size == F.Size && It->second.MTimeNs == F.MTimeNs)
-          break; // skipped last time too, for the same reason
-        E = Index.storeSkippedFile(F);
-        Changed = true;
-        break;
-      }
-      case FileWork::Outcome::Parse:
-        ++Summary.Parsed;
-        E = Index.storeFile(F, W.Text, W.Defs);
-        Changed = true;
-        break;
-      }
-      if (E)
+      // The file's rows, as this run found it: an Error assigned over
+      // another unchecked one would be a contract violation in LLVM.
+      auto Store = [&]() -> Error {
+        switch (W.Result) {
+        case FileWork::Outcome::Touched:
+          ++Summary.Unchanged;
+          return Index.updateFileTime(F.Path, F.MTimeNs);
+        case FileWork::Outcome::Skipped: {
+          ++Summary.Skipped;
+          ++Summary.SkipReasons[W.Status];
+          if (Options.Log)
+            *Options.Log << "skipped " << F.Path << " (" << W.Status << ")\n";
+          auto It = Stored.find(F.Path);
+          if (It != Stored.end() && It->second.Status == W.Status &&
+              It->second.Size == F.Size && It->second.MTimeNs == F.MTimeNs)
+            return Error::success(); // skipped last time too, for the same reason
+          Changed = true;
+          return Index.storeSkippedFile(F);
+        }
+        case FileWork::Outcome::Parse:
+          ++Summary.Parsed;
+          Changed = true;
+          return Index.storeFile(F, W.Text, W.Defs);
+        }
+        return Error::success();
+      };
+      if (Error E = Store())
         return E;
     }
 

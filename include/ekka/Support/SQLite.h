@@ -48,10 +48,14 @@ public:
   llvm::Expected<bool> step();
   /// Runs to completion, ignoring rows, and resets for reuse.
   llvm::Error run();
-  /// As run(), keeping the bindings: for a statement whose every parameter
-  /// is bound again before each run (a writer's inserts), which need not
-  /// pay for clearing them. Kept texts stay referenced, never read, until
-  /// they are bound again.
+  /// As run(), keeping the bindings: the next run binds again only the
+  /// parameters that change (a writer's inserts), and pays nothing for
+  /// clearing them. SQLite keeps them through the reset, a failed step and
+  /// its own re-preparing after a schema change. A kept text stays
+  /// referenced after the run, read again only by a run that leaves it
+  /// bound: it must then hold that run's value. (Nothing may expand a
+  /// statement's SQL with its bindings, sqlite3_expanded_sql or a trace
+  /// callback, where a kept text may be gone.)
   llvm::Error runRebound();
   /// Runs to completion, calling \p OnRow with each row, and resets.
   llvm::Error forEachRow(llvm::function_ref<void(const SQLiteStatement &)> OnRow);
