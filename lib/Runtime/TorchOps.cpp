@@ -88,7 +88,7 @@ std::string stopOp() {
 void simulatedLaunchOp(std::string Name, std::vector<at::Tensor> Buffers) {
   guarded("simulated launch", /*Record=*/true, [&] {
     ekka::KernelLaunch L;
-    L.Name = Name;
+    L.Name = Name.c_str();
     L.Grid[0] = L.Block[0] = 1;
     std::vector<ekka::PointerArgument> Pointers;
     for (size_t I = 0; I < Buffers.size(); ++I)

@@ -227,6 +227,13 @@ struct TextHash {
   size_t operator()(std::string_view Text) const { return std::hash<std::string_view>()(Text); }
 };
 
+/// A kernel's name a thread launched last from the same address, interned
+/// by the session whose serial is InternedIn.
+struct KernelNameEntry {
+  const std::string *Name = nullptr;
+  uint64_t InternedIn = 0;
+};
+
 struct ThreadState;
 
 struct OpContext : at::ObserverContext {
@@ -292,6 +299,9 @@ struct ThreadState {
   OpKind Unnamed; ///< A named scope's, made anew at each (opKind).
   /// By module path: a module is entered again at every forward.
   std::unordered_map<std::string, ModuleTextEntry, TextHash, std::equal_to<>> ModuleTexts;
+  /// By the address of the name CUPTI reports for a kernel (its module's
+  /// symbol, the same at every launch of the kernel).
+  std::unordered_map<const char *, KernelNameEntry> KernelNames;
   /// Freed OpContexts' memory, for the next ops (at most SpareKept).
   std::vector<void *> Spare;
   static constexpr size_t SpareKept = 64;
@@ -1012,6 +1022,15 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
   if (!S || Flags.InsideEkka || Flags.StateGone)
     return 0;
   ThreadState &TS = thisThread(Flags);
+  // Interned once per kernel: a copy of its mangled name at every launch,
+  // made here and freed on the writer's thread, would cost more than the
+  // rest of the record. A hit is checked against the text, as a module
+  // unloaded may leave its address to another kernel's name.
+  KernelNameEntry &Name = TS.KernelNames[L.Name];
+  if (Name.InternedIn != S->Serial || std::strcmp(Name.Name->c_str(), L.Name) != 0) {
+    Name.Name = S->Writer->internKernelName(L.Name);
+    Name.InternedIn = S->Serial;
+  }
   KernelRecord R;
   R.Id = S->Writer->nextKernelId();
   OpContext *Op = TS.OpStack.empty() ? nullptr : TS.OpStack.back();
@@ -1020,7 +1039,6 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
   if (int64_t Call = openCall(TS))
     R.ModuleCallId = Call;
   R.Seq = S->KernelSeq++;
-  R.Name = L.Name;
   for (int I = 0; I < 3; ++I) {
     R.Grid[I] = L.Grid[I];
     R.Block[I] = L.Block[I];
@@ -1029,7 +1047,7 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
   R.Stream = L.Stream;
   R.CorrelationId = L.CorrelationId;
   int64_t Id = R.Id;
-  S->Writer->addKernel(std::move(R));
+  S->Writer->addKernel(R, Name.Name);
   TS.PendingSnapshots.clear();
   TS.LastLaunch = {Op, Id, L.Stream};
   if (Op && Op->Capture) {

@@ -11,6 +11,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <cassert>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -54,9 +55,11 @@ void dim3(const uint32_t D[3], std::string &Out) {
 class TableRows {
 public:
   static constexpr unsigned MaxRows = 32;
+  /// In row(): the column's own text, filled through own() before.
+  struct Owned {};
 
   explicit TableRows(unsigned Width)
-      : Width(Width), Cells(MaxRows * Width), Owned(MaxRows * Width) {}
+      : Width(Width), Cells(MaxRows * Width), OwnTexts(MaxRows * Width) {}
 
   /// Prepares its statements: \p Insert is `INSERT INTO t(a, b, ...)`,
   /// naming Width columns.
@@ -94,7 +97,7 @@ public:
   void setText(unsigned Column, StringRef Text) { cell(Column) = Cell::text(Text); }
   /// The row's own text for \p Column, to fill; it keeps its capacity.
   std::string &own(unsigned Column) {
-    std::string &T = Owned[Rows * Width + Column - 1];
+    std::string &T = OwnTexts[Rows * Width + Column - 1];
     Cell &C = cell(Column);
     C.Kind = Cell::OwnText;
     C.AsOwn = &T;
@@ -102,9 +105,10 @@ public:
   }
 
   /// A row of these values, by column in order: numbers, NULL where an
-  /// optional has none, texts (valid until flush()).
+  /// optional has none, texts (valid until flush()), and Owned{} for a
+  /// column whose own text own() gave.
   template <typename... Values> Error row(const Values &...V) {
-    static_assert(sizeof...(Values) > 0);
+    assert(sizeof...(Values) == Width && "a value for every column");
     unsigned Column = 0;
     (put(++Column, V), ...);
     return add();
@@ -176,6 +180,7 @@ private:
   void put(unsigned Column, int64_t V) { set(Column, V); }
   void put(unsigned Column, const std::optional<int64_t> &V) { set(Column, V); }
   void put(unsigned Column, StringRef V) { setText(Column, V); }
+  void put(unsigned, Owned) {}
 
   struct Cell {
     enum Kind : uint8_t { Null, Integer, Real, Text, OwnText, Unbound };
@@ -228,7 +233,7 @@ private:
 
   const unsigned Width;
   std::vector<Cell> Cells;         ///< MaxRows rows of Width.
-  std::vector<std::string> Owned;  ///< The cells' own texts, where they have one.
+  std::vector<std::string> OwnTexts; ///< The cells' own texts, where they have one.
   unsigned Rows = 0;               ///< Filled so far.
   SQLiteStatement Statements[6];   ///< Of 1, 2, 4, ..., MaxRows rows.
   std::vector<Cell> Bound[6];      ///< What each one's parameters hold.
@@ -243,7 +248,7 @@ constexpr size_t PooledChunks = 64;
 /// The small records a chunk holds, each a header (its first byte the
 /// kind) and, for a tensor, its statistics if it has them, then its shape
 /// and strides.
-enum class SmallKind : uint8_t { Op, Tensor, ModuleCall };
+enum class SmallKind : uint8_t { Op, Tensor, ModuleCall, Kernel };
 struct SmallOp {
   SmallKind Kind = SmallKind::Op;
   bool HasCall = false;
@@ -256,6 +261,14 @@ struct SmallModuleCall {
   int64_t Id, ParentId, Seq, Step;
   const TraceWriter::ModuleText *Text;
 };
+struct SmallKernel {
+  SmallKind Kind = SmallKind::Kernel;
+  bool HasOp = false, HasCall = false;
+  uint32_t Grid[3], Block[3];
+  int64_t Id, OpId, ModuleCallId, Seq;
+  uint64_t SharedMem, Stream, CorrelationId;
+  const std::string *Name;
+};
 struct SmallTensor {
   SmallKind Kind = SmallKind::Tensor;
   uint8_t Owner, Role, Type, Rank, StrideRank;
@@ -265,6 +278,7 @@ struct SmallTensor {
 };
 static_assert(std::is_trivially_copyable_v<SmallOp> &&
               std::is_trivially_copyable_v<SmallModuleCall> &&
+              std::is_trivially_copyable_v<SmallKernel> &&
               std::is_trivially_copyable_v<SmallTensor> &&
               std::is_trivially_copyable_v<TensorStats>);
 
@@ -380,16 +394,16 @@ public:
   Error write(std::vector<Item> &Items, TraceCounts &Counts) {
     if (Error E = Db->exec("BEGIN"))
       return E;
-    Error Failed = Error::success();
-    for (Item &I : Items)
-      if ((Failed = std::visit([&](auto &R) { return add(R, Counts); }, I)))
-        break;
-    if (!Failed)
-      Failed = flushRows(); // their texts are the batch's: before it goes
-    if (Failed) {
+    auto AddAll = [&]() -> Error {
+      for (Item &I : Items)
+        if (Error E = std::visit([&](auto &R) { return add(R, Counts); }, I))
+          return E;
+      return flushRows(); // their texts are the batch's: before it goes
+    };
+    if (Error E = AddAll()) {
       clearRows();
       consumeError(Db->exec("ROLLBACK"));
-      return Failed;
+      return E;
     }
     if (Error E = Db->exec("COMMIT"))
       return E;
@@ -415,13 +429,19 @@ public:
       Owner.recycle(std::move(Buffer));
     if (Error E = Db->exec("BEGIN"))
       return E;
-    for (TensorRecord &R : Pending) {
-      R.Shard = Name;
-      if (Error E = insertTensor(R, R.Role, R.Device))
-        return E;
-    }
-    if (Error E = Tensors.flush()) // before the records their texts are in go
+    auto AddAll = [&]() -> Error {
+      for (TensorRecord &R : Pending) {
+        R.Shard = Name;
+        if (Error E = insertTensor(R, R.Role, R.Device))
+          return E;
+      }
+      return Tensors.flush(); // before the records their texts are in go
+    };
+    if (Error E = AddAll()) {
+      Tensors.clear();
+      consumeError(Db->exec("ROLLBACK")); // the shard stays, unnamed by any row
       return E;
+    }
     Pending.clear();
     return Db->exec("COMMIT");
   }
@@ -503,6 +523,20 @@ private:
           return E;
         continue;
       }
+      if (Kind == SmallKind::Kernel) {
+        SmallKernel K;
+        std::memcpy(&K, P, sizeof K);
+        P += sizeof K;
+        std::optional<int64_t> Op, Call;
+        if (K.HasOp)
+          Op = K.OpId;
+        if (K.HasCall)
+          Call = K.ModuleCallId;
+        if (Error E = insertKernel(K.Id, Op, Call, K.Seq, *K.Name, K.Grid, K.Block, K.SharedMem,
+                                   K.Stream, K.CorrelationId, Counts))
+          return E;
+        continue;
+      }
       SmallTensor H;
       std::memcpy(&H, P, sizeof H);
       P += sizeof H;
@@ -531,6 +565,8 @@ private:
       if (H.HasSource)
         R.SourceId = H.SourceId;
       ++Counts.Tensors;
+      assert(R.Shard.empty() && R.Key.empty() && R.Layout.empty() &&
+             "a small record's row binds NULL there, not Scratch's texts");
       if (Error E = insertTensor(R, SmallRoles[H.Role], *H.Device))
         return E;
     }
@@ -544,18 +580,18 @@ private:
   }
 
   Error add(KernelRecord &R, TraceCounts &Counts) {
+    return insertKernel(R.Id, R.OpId, R.ModuleCallId, R.Seq, R.Name, R.Grid, R.Block,
+                        R.SharedMem, R.Stream, R.CorrelationId, Counts);
+  }
+  Error insertKernel(int64_t Id, std::optional<int64_t> OpId,
+                     std::optional<int64_t> ModuleCallId, int64_t Seq, StringRef Name,
+                     const uint32_t Grid[3], const uint32_t Block[3], uint64_t SharedMem,
+                     uint64_t Stream, uint64_t CorrelationId, TraceCounts &Counts) {
     ++Counts.Kernels;
-    Kernels.set(1, R.Id);
-    Kernels.set(2, R.OpId);
-    Kernels.set(3, R.ModuleCallId);
-    Kernels.set(4, R.Seq);
-    Kernels.setText(5, R.Name);
-    dim3(R.Grid, Kernels.own(6));
-    dim3(R.Block, Kernels.own(7));
-    Kernels.set(8, int64_t(R.SharedMem));
-    Kernels.set(9, int64_t(R.Stream));
-    Kernels.set(10, int64_t(R.CorrelationId));
-    return Kernels.add();
+    dim3(Grid, Kernels.own(6));
+    dim3(Block, Kernels.own(7));
+    return Kernels.row(Id, OpId, ModuleCallId, Seq, Name, TableRows::Owned{}, TableRows::Owned{},
+                       int64_t(SharedMem), int64_t(Stream), int64_t(CorrelationId));
   }
 
   Error add(TensorItem &T, TraceCounts &Counts) {
@@ -1019,6 +1055,26 @@ void TraceWriter::addOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t
     addOp(OpRecord{Id, ModuleCallId, Seq, Text->Name, Text->Schema});
 }
 void TraceWriter::addKernel(KernelRecord R) { enqueue<KernelRecord>(0, std::move(R)); }
+void TraceWriter::addKernel(const KernelRecord &R, const std::string *Name) {
+  SmallKernel K;
+  K.HasOp = R.OpId.has_value();
+  K.HasCall = R.ModuleCallId.has_value();
+  std::copy(R.Grid, R.Grid + 3, K.Grid);
+  std::copy(R.Block, R.Block + 3, K.Block);
+  K.Id = R.Id;
+  K.OpId = R.OpId.value_or(0);
+  K.ModuleCallId = R.ModuleCallId.value_or(0);
+  K.Seq = R.Seq;
+  K.SharedMem = R.SharedMem;
+  K.Stream = R.Stream;
+  K.CorrelationId = R.CorrelationId;
+  K.Name = Name;
+  if (!appendSmall(sizeof K, [&](ThreadBuffer &, char *To) { std::memcpy(To, &K, sizeof K); })) {
+    KernelRecord Whole = R;
+    Whole.Name = *Name;
+    addKernel(std::move(Whole));
+  }
+}
 bool TraceWriter::packTensor(const TensorMetadata &M, const TensorStats *Stats) {
   std::optional<uint8_t> Role = smallRole(M.Role);
   if (!Role || M.Shape.size() > 255 || M.Strides.size() > 255)

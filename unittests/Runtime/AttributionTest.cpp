@@ -70,6 +70,38 @@ TEST(Attribution, KernelsGoToTheOpenOpAndModuleCall) {
   sys::fs::remove_directories(Dir);
 }
 
+// A kernel's name is interned once per thread and address (CUPTI reports
+// a kernel's symbol at the same address at every launch); a name at that
+// address later that reads otherwise (a module unloaded, another loaded
+// there) is another kernel's, and a second trace interns its names anew.
+TEST(Attribution, KernelNamesAreInternedByAddressAndChecked) {
+  SmallString<128> Dir;
+  ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-names", Dir));
+  char Symbol[32];
+  std::vector<std::string> Expected;
+  for (int Trace = 0; Trace < 2; ++Trace) {
+    std::string Path = (Dir + "/trace" + Twine(Trace)).str();
+    ASSERT_EQ(startTrace(Path, "gpu=synthetic test;", "test"), "");
+    for (const char *Name : {"_Z5firstPf", "_Z5firstPf", "_Z6secondPf", "_Z5firstPf"}) {
+      std::strcpy(Symbol, Name);
+      recordKernelLaunch(launch(Symbol));
+    }
+    recordKernelLaunch(launch("_Z7literalPf")); // another address
+    stopTrace();
+    auto R = TraceReader::open(Path);
+    ASSERT_TRUE(bool(R)) << toString(R.takeError());
+    auto Kernels = (*R)->kernels();
+    ASSERT_TRUE(bool(Kernels));
+    std::vector<std::string> Names;
+    for (const KernelRecord &K : *Kernels)
+      Names.push_back(K.Name);
+    EXPECT_EQ(Names, (std::vector<std::string>{"_Z5firstPf", "_Z5firstPf", "_Z6secondPf",
+                                                "_Z5firstPf", "_Z7literalPf"}))
+        << "trace " << Trace;
+  }
+  sys::fs::remove_directories(Dir);
+}
+
 // A captured op's kernels: each pointer parameter that points into a tensor
 // the op was given has that tensor copied when the launch returns, so the
 // trace holds the buffer as each kernel left it. Host tensors stand in for

@@ -53,7 +53,7 @@ TEST(KernelLaunch, RuntimeLaunchKernel) {
   auto L = decodeLaunch(LaunchDomain::RuntimeApi, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
                         &P, "_Z6kernelPf", 77);
   ASSERT_TRUE(L.has_value());
-  EXPECT_EQ(L->Name, "_Z6kernelPf");
+  EXPECT_STREQ(L->Name, "_Z6kernelPf");
   EXPECT_EQ(L->Grid[0], 4u);
   EXPECT_EQ(L->Grid[1], 2u);
   EXPECT_EQ(L->Block[0], 128u);

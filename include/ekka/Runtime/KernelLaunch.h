@@ -28,7 +28,10 @@ enum class KernelHandle {
 
 /// What CUPTI tells about one kernel launch.
 struct KernelLaunch {
-  std::string Name; ///< The kernel's symbol, mangled, as CUPTI reports it.
+  /// The kernel's symbol, mangled, as CUPTI reports it: valid while the
+  /// launch's callback runs (not copied: a launch is recorded with the
+  /// name interned once per kernel).
+  const char *Name = "";
   uint32_t Grid[3] = {0, 0, 0}, Block[3] = {0, 0, 0};
   uint64_t SharedMem = 0, Stream = 0, CorrelationId = 0;
   /// The function launched and its parameter values (`kernelParams`: one

@@ -114,6 +114,13 @@ public:
   /// An op whose name and schema are \p Text's (from internOp).
   void addOp(int64_t Id, std::optional<int64_t> ModuleCallId, int64_t Seq, const OpText *Text);
   void addKernel(KernelRecord R);
+  /// A kernel's name, kept as long as the writer, as OpText is an
+  /// operator's: a launch then hands over no copy of its (mangled, long)
+  /// name, nor waits for the queue.
+  const std::string *internKernelName(llvm::StringRef Name) { return internText(Name); }
+  /// A kernel launch named \p Name (from internKernelName): the row
+  /// addKernel writes for \p R with that name. R's own Name is not read.
+  void addKernel(const KernelRecord &R, const std::string *Name);
   /// What to do with a tensor's bytes.
   enum class BytesUse {
     Capture,   ///< Store them in a shard (and compute the statistics).
@@ -269,7 +276,8 @@ private:
   std::mutex TextMutex; ///< Guards OpTexts, ModuleTexts and Texts.
   std::set<OpText> OpTexts; ///< Its nodes never move: internOp's pointers hold.
   std::set<ModuleText> ModuleTexts; ///< As OpTexts, for internModule.
-  std::set<std::string, std::less<>> Texts; ///< Device names, as small records name them.
+  /// Device and kernel names, as small records name them.
+  std::set<std::string, std::less<>> Texts;
   /// The one copy of \p Text in Texts.
   const std::string *internText(llvm::StringRef Text);
 
