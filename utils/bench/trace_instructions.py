@@ -26,6 +26,12 @@ With --writer it counts the trace writer's thread instead: the
 instructions `TraceWriter::run` takes (SQLite's inserts, the shards) for
 the rows of a metadata-only trace of the same forwards, per row.
 
+With --launches it counts what recording a kernel launch costs the
+program's thread, without a GPU: `ekka::recordKernelLaunch` (the record
+CUPTI's launch callback makes) over simulated launches
+(`torch.ops.ekka.simulated_launch`, a long mangled name) under one module
+call, per launch.
+
 Needs valgrind (Debian: `apt-get install valgrind`).
 """
 import argparse
@@ -45,13 +51,54 @@ parser.add_argument("--size", default="tiny", choices=("tiny", "bench"),
                     help="tiny: hidden 32, 4 tokens (default); bench: hidden 512, 256 tokens")
 parser.add_argument("--writer", action="store_true",
                     help="count the trace writer's thread, per row written, instead")
-parser.add_argument("--variant", choices=VARIANTS + ("writer",),
+parser.add_argument("--launches", action="store_true",
+                    help="count recordKernelLaunch's instructions per simulated kernel launch")
+parser.add_argument("--variant", choices=VARIANTS + ("writer", "launches"),
                     help=argparse.SUPPRESS)  # one, in-process
 args = parser.parse_args()
 
 
+# A kernel's mangled name as CUPTI reports it, of a usual length.
+KERNEL = ("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1"
+          "EEEEviT0_T1_")
+
+
+def run_launches():
+    """Simulated kernel launches under one module call of a trace (which
+    starts at the first module call): 100 first, then args.forwards * 500
+    while starmap runs them."""
+    import itertools
+
+    import torch
+
+    import ekka.trace
+
+    launches = args.forwards * 500
+
+    class Launcher(torch.nn.Module):
+        def forward(self, n, counted):
+            launch = torch.ops.ekka.simulated_launch.default
+            if counted:
+                list(itertools.starmap(launch, [(KERNEL, [])] * n))
+            else:
+                for _ in range(n):
+                    launch(KERNEL, [])
+            return torch.zeros(1)
+
+    tmp = tempfile.mkdtemp(prefix="ekka-bench-")
+    try:
+        with ekka.trace.Trace(os.path.join(tmp, "launches"), capture="none"):
+            Launcher()(100, False)
+            Launcher()(launches, True)
+        print("launches=%d" % launches)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def run_variant(variant):
     """Runs the forwards of one variant in this process (under valgrind)."""
+    if variant == "launches":
+        return run_launches()
     import itertools
 
     import torch
@@ -135,6 +182,19 @@ def under_callgrind(variant, collect):
         sys.exit(2)
     return int(found.group(1)), done.stdout
 
+
+if args.launches:
+    print("simulated kernel launches under callgrind ...", file=sys.stderr, flush=True)
+    instructions, stdout = under_callgrind("launches", "ekka::recordKernelLaunch*")
+    launches = re.search(r"launches=(\d+)", stdout)
+    launches = int(launches.group(1)) if launches else 0
+    if not launches:
+        print("trace_instructions.py: error: no launch was simulated", file=sys.stderr)
+        sys.exit(2)
+    # The 100 launches before the counted ones are counted too.
+    print(f"recordKernelLaunch (the program's thread): {instructions / (launches + 100):.0f} "
+          f"instructions a launch, over {launches + 100} simulated launches")
+    sys.exit(0)
 
 if args.writer:
     print(f"the writer's thread: {args.forwards + 3} forwards under callgrind ...",
