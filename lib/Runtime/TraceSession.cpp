@@ -302,6 +302,7 @@ struct ThreadState {
   /// By the address of the name CUPTI reports for a kernel (its module's
   /// symbol, the same at every launch of the kernel).
   std::unordered_map<const char *, KernelNameEntry> KernelNames;
+  static constexpr size_t MaxKernelNames = 4096;
   /// Freed OpContexts' memory, for the next ops (at most SpareKept).
   std::vector<void *> Spare;
   static constexpr size_t SpareKept = 64;
@@ -1025,8 +1026,15 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
   // Interned once per kernel: a copy of its mangled name at every launch,
   // made here and freed on the writer's thread, would cost more than the
   // rest of the record. A hit is checked against the text, as a module
-  // unloaded may leave its address to another kernel's name.
-  KernelNameEntry &Name = TS.KernelNames[L.Name];
+  // unloaded may leave its address to another kernel's name. Should the
+  // names come at ever new addresses, the cache starts over now and then.
+  auto Found = TS.KernelNames.find(L.Name);
+  if (Found == TS.KernelNames.end()) {
+    if (TS.KernelNames.size() >= ThreadState::MaxKernelNames)
+      TS.KernelNames.clear();
+    Found = TS.KernelNames.emplace(L.Name, KernelNameEntry()).first;
+  }
+  KernelNameEntry &Name = Found->second;
   if (Name.InternedIn != S->Serial || std::strcmp(Name.Name->c_str(), L.Name) != 0) {
     Name.Name = S->Writer->internKernelName(L.Name);
     Name.InternedIn = S->Serial;
