@@ -183,14 +183,19 @@ def under_callgrind(variant, collect):
     return int(found.group(1)), done.stdout
 
 
+def printed_count(stdout, key, missing):
+    """The `key=N` a variant's run printed (N > 0); exits where it did not."""
+    found = re.search(rf"{key}=(\d+)", stdout)
+    if not found or not int(found.group(1)):
+        print(f"trace_instructions.py: error: {missing}", file=sys.stderr)
+        sys.exit(2)
+    return int(found.group(1))
+
+
 if args.launches:
     print("simulated kernel launches under callgrind ...", file=sys.stderr, flush=True)
     instructions, stdout = under_callgrind("launches", "ekka::recordKernelLaunch*")
-    launches = re.search(r"launches=(\d+)", stdout)
-    launches = int(launches.group(1)) if launches else 0
-    if not launches:
-        print("trace_instructions.py: error: no launch was simulated", file=sys.stderr)
-        sys.exit(2)
+    launches = printed_count(stdout, "launches", "no launch was simulated")
     # The 100 launches before the counted ones are counted too.
     print(f"recordKernelLaunch (the program's thread): {instructions / (launches + 100):.0f} "
           f"instructions a launch, over {launches + 100} simulated launches")
@@ -200,11 +205,7 @@ if args.writer:
     print(f"the writer's thread: {args.forwards + 3} forwards under callgrind ...",
           file=sys.stderr, flush=True)
     instructions, stdout = under_callgrind("writer", "ekka::TraceWriter::run()")
-    rows = re.search(r"rows=(\d+)", stdout)
-    rows = int(rows.group(1)) if rows else 0
-    if not rows:
-        print("trace_instructions.py: error: the writer's run wrote no rows", file=sys.stderr)
-        sys.exit(2)
+    rows = printed_count(stdout, "rows", "the writer's run wrote no rows")
     print(f"the trace writer's thread ({args.size} Llama, metadata only): {rows} rows, "
           f"{instructions / 1e6:.1f}M instructions, {instructions / rows:.0f} a row")
     sys.exit(0)
