@@ -9,10 +9,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include <sys/wait.h>
@@ -777,19 +779,52 @@ TEST_F(TraceTest, SmallShardsRollOver) {
 // meta tracer_time. Each capture here is a shard's size: every one after
 // the first waits unless the writer took the queue in between, which 50
 // shard writes in a row give it no time to do every time.
+// Captured bytes queue up to twice a shard's size; a capture beyond that
+// waits for the writer's thread to take the queue. That thread is held up
+// here inside a meta value it computes, so the third 16-byte capture must
+// wait, whatever the machine's speed, until it is let go.
 TEST_F(TraceTest, WaitsForRoomAreCounted) {
   TraceWriterOptions O;
   O.ShardBytes = 16;
   auto W = TraceWriter::create(Dir, O);
   ASSERT_TRUE(bool(W));
   EXPECT_EQ((*W)->counts().RoomWaits, 0u);
-  for (int I = 0; I < 50; ++I)
-    writeSmallTrace(**W, float(I));
+  std::mutex M;
+  std::condition_variable Changed;
+  bool Held = false, Go = false;
+  (*W)->setMeta("held", [&] {
+    std::unique_lock<std::mutex> Lock(M);
+    Held = true;
+    Changed.notify_all();
+    Changed.wait(Lock, [&] { return Go; });
+    return std::string("yes");
+  });
+  {
+    std::unique_lock<std::mutex> Lock(M);
+    Changed.wait(Lock, [&] { return Held; }); // the writer's thread took the queue
+  }
+  std::atomic<int> Added{0};
+  std::thread Program([&] {
+    for (int I = 0; I < 3; ++I) {
+      writeSmallTrace(**W, float(I));
+      ++Added;
+    }
+  });
+  while (Added.load() < 2)
+    std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(Added.load(), 2) << "a third capture found room while the writer was held";
+  {
+    std::lock_guard<std::mutex> Lock(M);
+    Go = true;
+  }
+  Changed.notify_all();
+  Program.join();
   ASSERT_FALSE(bool((*W)->close()));
   TraceCounts C = (*W)->counts();
-  EXPECT_GE(C.RoomWaits, 1u);
+  EXPECT_EQ(C.RoomWaits, 1u);
   EXPECT_GT(C.RoomWaitNanos, 0u);
-  EXPECT_EQ(C.CapturedTensors, 50u);
+  EXPECT_EQ(C.CapturedTensors, 3u);
 }
 
 // A captured tensor's buffer, once its shard is written, is handed out
