@@ -1028,15 +1028,16 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
   // rest of the record. A hit is checked against the text, as a module
   // unloaded may leave its address to another kernel's name. Should the
   // names come at ever new addresses, the cache starts over now and then.
-  auto Found = TS.KernelNames.find(L.Name);
+  const char *Text = L.Name ? L.Name : "";
+  auto Found = TS.KernelNames.find(Text);
   if (Found == TS.KernelNames.end()) {
     if (TS.KernelNames.size() >= ThreadState::MaxKernelNames)
       TS.KernelNames.clear();
-    Found = TS.KernelNames.emplace(L.Name, KernelNameEntry()).first;
+    Found = TS.KernelNames.emplace(Text, KernelNameEntry()).first;
   }
   KernelNameEntry &Name = Found->second;
-  if (Name.InternedIn != S->Serial || std::strcmp(Name.Name->c_str(), L.Name) != 0) {
-    Name.Name = S->Writer->internKernelName(L.Name);
+  if (Name.InternedIn != S->Serial || std::strcmp(Name.Name->c_str(), Text) != 0) {
+    Name.Name = S->Writer->internKernelName(Text);
     Name.InternedIn = S->Serial;
   }
   KernelRecord R;

@@ -108,7 +108,10 @@ public:
   /// optional has none, texts (valid until flush()), and Owned{} for a
   /// column whose own text own() gave.
   template <typename... Values> Error row(const Values &...V) {
-    assert(sizeof...(Values) == Width && "a value for every column");
+    static_assert(sizeof...(Values) > 0);
+    if (sizeof...(Values) != Width) // else an earlier row's cells would stay
+      return makeError("internal error: a row of " + Twine(sizeof...(Values)) +
+                       " values for a table of " + Twine(Width) + " columns");
     unsigned Column = 0;
     (put(++Column, V), ...);
     return add();
