@@ -285,6 +285,19 @@ static_assert(std::is_trivially_copyable_v<SmallOp> &&
               std::is_trivially_copyable_v<SmallTensor> &&
               std::is_trivially_copyable_v<TensorStats>);
 
+/// The small record of type \p T at \p P (any alignment), and P past it.
+template <typename T> T takeSmall(const char *&P) {
+  T Record;
+  std::memcpy(&Record, P, sizeof Record);
+  P += sizeof Record;
+  return Record;
+}
+
+/// A small record's optional id: its value where its flag says it has one.
+std::optional<int64_t> presentIf(bool Present, int64_t Id) {
+  return Present ? std::optional<int64_t>(Id) : std::nullopt;
+}
+
 /// The roles a small record names by number.
 constexpr StringLiteral SmallRoles[] = {"input", "output", "mutated", "argument"};
 std::optional<uint8_t> smallRole(StringRef Role) {
@@ -503,46 +516,30 @@ private:
       SmallKind Kind;
       std::memcpy(&Kind, P, sizeof Kind);
       if (Kind == SmallKind::Op) {
-        SmallOp O;
-        std::memcpy(&O, P, sizeof O);
-        P += sizeof O;
-        std::optional<int64_t> Call;
-        if (O.HasCall)
-          Call = O.ModuleCallId;
-        if (Error E = insertOp(O.Id, Call, O.Seq, O.Text->Name, O.Text->Schema, Counts))
+        auto O = takeSmall<SmallOp>(P);
+        if (Error E = insertOp(O.Id, presentIf(O.HasCall, O.ModuleCallId), O.Seq,
+                               O.Text->Name, O.Text->Schema, Counts))
           return E;
         continue;
       }
       if (Kind == SmallKind::ModuleCall) {
-        SmallModuleCall M;
-        std::memcpy(&M, P, sizeof M);
-        P += sizeof M;
+        auto M = takeSmall<SmallModuleCall>(P);
         const TraceWriter::ModuleText &T = *M.Text;
-        std::optional<int64_t> Parent;
-        if (M.HasParent)
-          Parent = M.ParentId;
-        if (Error E = insertModuleCall(M.Id, Parent, M.Seq, M.Step, T.Path, T.ClassName,
-                                       T.ClassQualname, T.SourceFile, T.SourceLine, Counts))
+        if (Error E = insertModuleCall(M.Id, presentIf(M.HasParent, M.ParentId), M.Seq, M.Step,
+                                       T.Path, T.ClassName, T.ClassQualname, T.SourceFile,
+                                       T.SourceLine, Counts))
           return E;
         continue;
       }
       if (Kind == SmallKind::Kernel) {
-        SmallKernel K;
-        std::memcpy(&K, P, sizeof K);
-        P += sizeof K;
-        std::optional<int64_t> Op, Call;
-        if (K.HasOp)
-          Op = K.OpId;
-        if (K.HasCall)
-          Call = K.ModuleCallId;
-        if (Error E = insertKernel(K.Id, Op, Call, K.Seq, *K.Name, K.Grid, K.Block, K.SharedMem,
-                                   K.Stream, K.CorrelationId, Counts))
+        auto K = takeSmall<SmallKernel>(P);
+        if (Error E = insertKernel(K.Id, presentIf(K.HasOp, K.OpId),
+                                   presentIf(K.HasCall, K.ModuleCallId), K.Seq, *K.Name, K.Grid,
+                                   K.Block, K.SharedMem, K.Stream, K.CorrelationId, Counts))
           return E;
         continue;
       }
-      SmallTensor H;
-      std::memcpy(&H, P, sizeof H);
-      P += sizeof H;
+      auto H = takeSmall<SmallTensor>(P);
       // Scratch holds what the row copies; its role and device are the
       // small record's, which outlive the row (a name, an interned text).
       TensorRecord &R = Scratch;
@@ -564,9 +561,7 @@ private:
       };
       Dims(R.Shape, H.Rank);
       Dims(R.Strides, H.StrideRank);
-      R.SourceId.reset();
-      if (H.HasSource)
-        R.SourceId = H.SourceId;
+      R.SourceId = presentIf(H.HasSource, H.SourceId);
       ++Counts.Tensors;
       assert(R.Shard.empty() && R.Key.empty() && R.Layout.empty() &&
              "a small record's row binds NULL there, not Scratch's texts");
