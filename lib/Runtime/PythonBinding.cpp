@@ -547,6 +547,132 @@ PyObject *after(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   return owned(Py_True);
 }
 
+/// What the hooks in C ask of Python beyond their common case, set once by
+/// set_hook_fallbacks: the shim's globals (its `_before`, `_after`,
+/// `_pre_hook`, `_post_hook` and `_hook_failed`, looked up where they are
+/// needed, so that what replaces one there is what is called),
+/// torch.compiler's (is_compiling()'s flag), and Dynamo's question whether
+/// it is at work on this thread (torch._C._dynamo.eval_frame's
+/// get_eval_frame_callback).
+PyObject *ShimGlobals, *CompilerGlobals, *DynamoCallback;
+PyObject *BeforeName, *AfterName, *PreHookName, *PostHookName, *HookFailedName, *CompilingName;
+
+/// torch.compiler.is_compiling() as code that runs sees it: its flag, set
+/// while Dynamo compiles and while torch.export traces without it (the
+/// function's other question, torch.jit.is_scripting(), is False in code
+/// that runs as Python). 1, 0, or -1 with an exception set.
+int compiling() {
+  PyObject *Flag = PyDict_GetItemWithError(CompilerGlobals, CompilingName);
+  if (!Flag)
+    return PyErr_Occurred() ? -1 : 0;
+  return PyObject_IsTrue(Flag);
+}
+
+/// Whether this thread runs under torch.compile's frame evaluation (a
+/// compiled function, or code it let run as it is): 1, 0, or -1 with an
+/// exception set.
+int underDynamo() {
+  Ref Callback(PyObject_CallNoArgs(DynamoCallback));
+  return Callback ? Callback.get() != Py_None : -1;
+}
+
+/// The shim's global \p Name, called with the hook's arguments.
+PyObject *callShim(PyObject *Name, PyObject *const *Args, Py_ssize_t N) {
+  PyObject *Function = PyDict_GetItemWithError(ShimGlobals, Name);
+  if (!Function) {
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_AttributeError, "ekka_runtime_python: the shim has no %U", Name);
+    return nullptr;
+  }
+  Ref Held(owned(Function));
+  return PyObject_Vectorcall(Function, Args, size_t(N), nullptr);
+}
+
+using Hook = PyObject *(*)(PyObject *, PyObject *const *, Py_ssize_t);
+
+/// The shim's _pre_hook or _post_hook (\p Whole), in C: nothing while torch
+/// compiles; \p Fast, the common case, or where it declines the shim's \p
+/// Slow, as the Python hook would. Under torch.compile's frame evaluation,
+/// the Python hook itself: Dynamo compiles a Python function that starts
+/// there (the hook, or `_before` called from here), and the hook's first
+/// question, is_compiling(), it answers True, so nothing is recorded there,
+/// as before there were hooks in C. (Tracing a module's call, Dynamo does not
+/// run the hooks at all: it traces the shim's stand-ins for them, which do
+/// nothing; see the shim's _hooks_in_graph.) An Exception of theirs is the
+/// shim's `_hook_failed`'s (said once, the call is not recorded, the
+/// program goes on); anything else (a KeyboardInterrupt) is the program's.
+PyObject *runHook(Hook Fast, PyObject *Slow, PyObject *Whole, const char *Where,
+                  PyObject *const *Args, Py_ssize_t N) {
+  if (!ShimGlobals) {
+    PyErr_SetString(PyExc_RuntimeError, "ekka_runtime_python: set_hook_fallbacks not called");
+    return nullptr;
+  }
+  int Compiling = compiling();
+  if (Compiling > 0)
+    Py_RETURN_NONE;
+  int Dynamo = Compiling < 0 ? -1 : underDynamo();
+  if (Dynamo > 0)
+    return callShim(Whole, Args, N);
+  Ref Done(Dynamo < 0 ? nullptr : Fast(nullptr, Args, N));
+  if (Done && Done.get() == Py_False)
+    Done.reset(callShim(Slow, Args, N));
+  if (Done)
+    Py_RETURN_NONE;
+  if (!PyErr_ExceptionMatches(PyExc_Exception))
+    return nullptr;
+  PyObject *Type, *Value, *Traceback;
+  PyErr_Fetch(&Type, &Value, &Traceback);
+  PyErr_NormalizeException(&Type, &Value, &Traceback);
+  Ref TypeRef(Type), ValueRef(Value), TracebackRef(Traceback);
+  if (Value && Traceback)
+    PyException_SetTraceback(Value, Traceback);
+  Ref Text(PyUnicode_FromString(Where));
+  if (!Text)
+    return nullptr;
+  PyObject *FailedArgs[] = {Text.get(), Value ? Value : Py_None};
+  Ref Said(callShim(HookFailedName, FailedArgs, 2));
+  if (!Said)
+    return nullptr;
+  Py_RETURN_NONE;
+}
+
+/// pre_hook(module, args, kwargs=None) -> None: the shim's _pre_hook.
+PyObject *preHook(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+  return runHook(before, BeforeName, PreHookName, "hook before the call", Args, N);
+}
+
+/// post_hook(module, args, kwargs, output) or, for a forward that raised,
+/// post_hook(module, args, output) -> None: the shim's _post_hook.
+PyObject *postHook(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+  return runHook(after, AfterName, PostHookName, "hook after the call", Args, N);
+}
+
+/// set_hook_fallbacks(shim_globals, compiler_globals, dynamo_callback): what
+/// pre_hook and post_hook read: the shim's module globals, torch.compiler's,
+/// and torch._C._dynamo.eval_frame.get_eval_frame_callback.
+PyObject *setHookFallbacks(PyObject *, PyObject *const *Args, Py_ssize_t N) {
+  if (!arity("set_hook_fallbacks", N, 3))
+    return nullptr;
+  PyObject **Names[] = {&BeforeName,   &AfterName,      &PreHookName,
+                        &PostHookName, &HookFailedName, &CompilingName};
+  const char *Texts[] = {"_before",    "_after",       "_pre_hook",
+                         "_post_hook", "_hook_failed", "_is_compiling_flag"};
+  for (int I = 0; I < 6; ++I)
+    if (!*Names[I] && !(*Names[I] = PyUnicode_InternFromString(Texts[I])))
+      return nullptr;
+  if (!PyDict_CheckExact(Args[0]) || !PyDict_CheckExact(Args[1]) || !PyCallable_Check(Args[2])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "set_hook_fallbacks(): expected two dicts and a callable");
+    return nullptr;
+  }
+  PyObject **Slots[] = {&ShimGlobals, &CompilerGlobals, &DynamoCallback};
+  for (int I = 0; I < 3; ++I) {
+    Py_INCREF(Args[I]);
+    Py_XSETREF(*Slots[I], Args[I]);
+  }
+  Py_RETURN_NONE;
+}
+
 /// set_hooks(state, functorch_level): the shim's `_State`, whose `active`
 /// and `started` before() reads and whose `sources` and `local`, made once,
 /// it keeps, and torch._C._functorch.maybe_current_level.
@@ -596,6 +722,20 @@ PyMethodDef Methods[] = {
     {"after", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(after)), METH_FASTCALL,
      "after(module, args, kwargs, output) -> bool: the shim's _after for the last call open; "
      "False: ask _after"},
+    {"pre_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(preHook)),
+     METH_FASTCALL,
+     "pre_hook(module, args, kwargs=None): the shim's _pre_hook (a global forward pre-hook), "
+     "with before() for its common case"},
+    {"post_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(postHook)),
+     METH_FASTCALL,
+     "post_hook(module, args, kwargs, output): the shim's _post_hook (a global forward hook), "
+     "with after() for its common case"},
+    {"set_hook_fallbacks",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setHookFallbacks)),
+     METH_FASTCALL,
+     "set_hook_fallbacks(shim_globals, compiler_globals, dynamo_callback): where pre_hook and "
+     "post_hook find the shim's Python, torch.compiler's _is_compiling_flag, and Dynamo's "
+     "get_eval_frame_callback"},
     {"traced_otherwise", tracedOtherwisePy, METH_NOARGS,
      "traced_otherwise() -> bool: the shim's _traced_otherwise (torch.jit's tracer or a "
      "torch.func transform at work)"},

@@ -286,6 +286,71 @@ def _post_hook(module, args, *rest):
 _fast_before = _fast_after = None
 
 
+# With the binding, the global hooks are its `pre_hook` and `post_hook`:
+# _pre_hook and _post_hook in C, which PyTorch calls without a Python frame
+# of the shim's at all (two or three fewer a hook; about a tenth of a
+# module call's cost). Dynamo cannot trace a C function: it would break the
+# graph at every module call. Once torch._dynamo is imported, each has a
+# stand-in registered that Dynamo traces instead (substitute_in_graph), and
+# that, like _pre_hook and _post_hook under it, does nothing. Where the
+# stand-ins cannot be registered, the Python hooks take the C ones' places
+# before anything compiles.
+def _pre_hook_in_graph(module, args, kwargs=None):
+    return None
+
+
+def _post_hook_in_graph(module, args, *rest):
+    return None
+
+
+def _hooks_in_graph(pre, post, _dynamo):
+    try:
+        from torch.compiler import substitute_in_graph
+        substitute_in_graph(pre, skip_signature_check=True)(_pre_hook_in_graph)
+        substitute_in_graph(post, skip_signature_check=True)(_post_hook_in_graph)
+    except Exception:
+        hooks = torch.nn.modules.module
+        hooks._global_forward_pre_hooks[_pre_hook_id] = _pre_hook
+        hooks._global_forward_hooks[_post_hook_id] = _post_hook
+
+
+def _when_imported(name, action):
+    """Calls action(module) once the module `name` is imported: now if it
+    is, or as soon as its import has run (the way sitecustomize installs
+    the shim after torch's). An error of the action's is not the import's:
+    it is said on stderr."""
+    def act(module):
+        try:
+            action(module)
+        except Exception as error:
+            print(f"ekka-trace: warning: after importing {name}: {type(error).__name__}: "
+                  f"{error}", file=sys.stderr)
+
+    if name in sys.modules:
+        act(sys.modules[name])
+        return
+
+    class Finder:
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            import importlib.util
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            original = spec.loader.exec_module
+
+            def exec_module(module):
+                original(module)
+                act(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Finder())
+
+
 def _before(module, args, kwargs=None):
     """Before a module's forward. PyTorch passes the keyword arguments too
     for the modules of a named root's tree (see _names_of); otherwise only
@@ -521,7 +586,7 @@ def _close_direct(stack, outputs=()):
     _exit(call_id, list(outputs), [], positional)
 
 
-_pre_hook_id = None  # the global pre-hook's handle id
+_pre_hook_id = _post_hook_id = None  # the global hooks' handle ids
 
 
 class _Tree:
@@ -831,9 +896,18 @@ def install(trace_dir, options="", runtime_library=None):
                 _fast_before, _fast_after = binding.before, binding.after
                 _traced_otherwise = binding.traced_otherwise
     _state = state
-    global _pre_hook_id
-    _pre_hook_id = register_module_forward_pre_hook(_pre_hook).id
-    register_module_forward_hook(_post_hook, with_kwargs=True, always_call=True)
+    pre, post = _pre_hook, _post_hook
+    dynamo_callback = getattr(getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None),
+                              "get_eval_frame_callback", None)
+    if _fast_before is not None and hasattr(binding, "pre_hook") and dynamo_callback and \
+            isinstance(vars(torch.compiler).get("_is_compiling_flag"), bool):
+        binding.set_hook_fallbacks(globals(), vars(torch.compiler), dynamo_callback)
+        pre, post = binding.pre_hook, binding.post_hook
+    global _pre_hook_id, _post_hook_id
+    _pre_hook_id = register_module_forward_pre_hook(pre).id
+    _post_hook_id = register_module_forward_hook(post, with_kwargs=True, always_call=True).id
+    if pre is not _pre_hook:
+        _when_imported("torch._dynamo", functools.partial(_hooks_in_graph, pre, post))
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _wrap_exec()
 
