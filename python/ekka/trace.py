@@ -315,9 +315,8 @@ def _hooks_in_graph(pre, post, _dynamo):
 
 
 def _when_imported(name, action):
-    """Calls action(module) once the module `name` is imported: now if it
-    is, or as soon as its import has run (the way sitecustomize installs
-    the shim after torch's). An error of the action's is not the import's:
+    """Calls action(module) once the module `name` is imported (now if it
+    is; see ekka._imports). An error of the action's is not the import's:
     it is said on stderr."""
     def act(module):
         try:
@@ -326,29 +325,8 @@ def _when_imported(name, action):
             print(f"ekka-trace: warning: after importing {name}: {type(error).__name__}: "
                   f"{error}", file=sys.stderr)
 
-    if name in sys.modules:
-        act(sys.modules[name])
-        return
-
-    class Finder:
-        def find_spec(self, fullname, path=None, target=None):
-            if fullname != name:
-                return None
-            sys.meta_path.remove(self)
-            import importlib.util
-            spec = importlib.util.find_spec(name)
-            if spec is None or spec.loader is None:
-                return spec
-            original = spec.loader.exec_module
-
-            def exec_module(module):
-                original(module)
-                act(module)
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, Finder())
+    from ekka._imports import when_imported
+    when_imported(name, act)
 
 
 def _before(module, args, kwargs=None):

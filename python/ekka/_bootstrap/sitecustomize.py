@@ -5,29 +5,16 @@ import os
 import sys
 
 if os.environ.get("EKKA_TRACE_DIR"):
-    class _EkkaFinder:
+    def _install(torch):
         """Installs the hooks right after the program imports torch."""
+        try:
+            import ekka.trace
+            ekka.trace.install_from_environment()
+        except Exception as e:  # never break the traced program
+            print(f"ekka-trace: error: could not install hooks: {e}", file=sys.stderr)
 
-        def find_spec(self, name, path=None, target=None):
-            if name != "torch":
-                return None
-            sys.meta_path.remove(self)
-            import importlib.util
-            spec = importlib.util.find_spec("torch")
-            if spec is None or spec.loader is None:
-                return spec
-            loader = spec.loader
-            original = loader.exec_module
-
-            def exec_module(module):
-                original(module)
-                try:
-                    import ekka.trace
-                    ekka.trace.install_from_environment()
-                except Exception as e:  # never break the traced program
-                    print(f"ekka-trace: error: could not install hooks: {e}", file=sys.stderr)
-
-            loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _EkkaFinder())
+    try:
+        from ekka._imports import when_imported
+        when_imported("torch", _install)
+    except Exception as e:
+        print(f"ekka-trace: error: could not install hooks: {e}", file=sys.stderr)

@@ -2,12 +2,15 @@
 pre_hook and post_hook): a model compiled whole with fullgraph=True, its
 first call compiled (no eager call before), a compiled function that calls
 it, and both again after torch._dynamo.reset() and the trace rules'
-caches cleared (as torch.distributed's init_process_group does). Prints
+caches cleared (as torch.distributed's init_process_group does), with
+torch._dynamo looked for (importlib.util.find_spec) before it is
+imported. Prints
 which hooks PyTorch holds, before and after torch._dynamo's import, and
 whether each compiled result equals the eager one. With `no-substitute`,
 torch.compiler.substitute_in_graph fails, as in a torch without it: the
 Python hooks take the C ones' places when torch._dynamo is imported. Run
 under ekka-trace."""
+import importlib.util
 import sys
 
 import torch
@@ -29,6 +32,9 @@ if sys.argv[1:] == ["no-substitute"]:
     torch.compiler.substitute_in_graph = refuse
 
 print("before dynamo:", held())
+# Asked first whether it is there (as libraries check): its import still
+# brings the stand-ins.
+print("dynamo there:", importlib.util.find_spec("torch._dynamo") is not None)
 import torch._dynamo  # noqa: E402
 print("after dynamo:", held())
 
