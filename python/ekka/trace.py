@@ -839,6 +839,35 @@ def _writing_out_first(real):
     return exec_after_writing_out
 
 
+def _wrap_export():
+    """torch.export.export, strict, fails on any global module hook (its
+    Dynamo then traces the module's __call__, which reaches a wrapper of its
+    own that it will not trace): the shim's hooks are taken out of PyTorch's
+    while a program exports. Nothing is lost: under export, strict or not,
+    the hooks record nothing (it compiles). A module call on another thread
+    meanwhile is not recorded."""
+    export = getattr(torch.export, "export", None)
+    if export is None or getattr(export, "_ekka_wrapped", False):
+        return
+
+    @functools.wraps(export)
+    def export_without_hooks(*args, **kwargs):
+        hooks = torch.nn.modules.module
+        tables = (hooks._global_forward_pre_hooks, hooks._global_forward_hooks,
+                  getattr(hooks, "_global_forward_hooks_with_kwargs", {}),
+                  getattr(hooks, "_global_forward_hooks_always_called", {}))
+        ids = (_pre_hook_id, _post_hook_id, _post_hook_id, _post_hook_id)
+        taken = [(table, key, table.pop(key)) for table, key in zip(tables, ids) if key in table]
+        try:
+            return export(*args, **kwargs)
+        finally:
+            for table, key, value in taken:
+                table.setdefault(key, value)
+
+    export_without_hooks._ekka_wrapped = True
+    torch.export.export = export_without_hooks
+
+
 def _wrap_exec():
     import posix  # os's own: a program may call posix.execv directly
 
@@ -888,6 +917,7 @@ def install(trace_dir, options="", runtime_library=None):
         _when_imported("torch._dynamo", functools.partial(_hooks_in_graph, pre, post))
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _wrap_exec()
+    _wrap_export()
 
 
 def _python_binding(library):

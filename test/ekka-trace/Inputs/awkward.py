@@ -1,5 +1,5 @@
 """Programs that tracing must not change: a module that raises (caught),
-torch.jit.trace, torch.compile, meta tensors, a tensor subclass, a
+torch.jit.trace, torch.compile, torch.export, meta tensors, a tensor subclass, a
 negated view and a uint16 tensor, complex tensors, the float8 and float4
 types of quantized inference, torch.inference_mode, torch.func's vmap
 and grad, an output the hooks cannot walk, a keyword input written in
@@ -70,6 +70,22 @@ elif kind == "fullgraph":
     net = Net()
     compiled = torch.compile(net, fullgraph=True, backend="eager")
     assert torch.equal(compiled(x), net(x))
+elif kind == "export":
+    # torch.export.export, strict (whose Dynamo fails on any global module
+    # hook) and not, of a model called before and after.
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    net = Net()
+    net(x)
+    for strict in (True, False):
+        exported = torch.export.export(net, (x,), strict=strict)
+        assert torch.equal(exported.module()(x), net(x)), strict
 elif kind == "meta":
     torch.nn.Linear(4, 4, device="meta")(torch.empty(2, 4, device="meta"))
 elif kind == "inference":
