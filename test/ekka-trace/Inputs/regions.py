@@ -39,6 +39,12 @@ with torch.no_grad():
         model.forward(x)
         model.forward(x)
         print("direct forward during:", type(model).forward is not sequential_forward)
+    # Each region's own op filter: what the runtime remembers of an op
+    # (whether the filter takes it, its interned name) is its trace's.
+    with ekka.trace.Trace(os.path.join(out, "ops-addmm"), capture_ops="^aten::addmm$"):
+        model(x)
+    with ekka.trace.Trace(os.path.join(out, "ops-relu"), capture_ops="^aten::relu$"):
+        model(x)
 print("kept:", open(os.path.join(out, "first", "notes.txt")).read())
 # After its regions the model carries no mark of the tracer's hook, and its
 # class has its own forward again.
