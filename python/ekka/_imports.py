@@ -4,55 +4,73 @@ Dynamo traces in place of the hooks in C once torch._dynamo is imported
 (ekka.trace). Standard library only: every Python process that
 ekka-trace starts imports this at its start."""
 import sys
+import threading
+
+# The modules waited for: name -> the actions to run once it has run.
+_pending = {}
 
 
 def when_imported(name, action):
     """Calls action(module) once the module `name` has run: now if it is
     imported, else right after its import. Asking whether it could be
     imported (importlib.util.find_spec, as transformers asks whether torch
-    is there) changes nothing; the action runs once, when the module
+    is there) changes nothing; each action runs once, when the module
     itself has run."""
     module = sys.modules.get(name)
     if module is not None:
         action(module)
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, action))
+        return
+    if name not in _pending:
+        _pending[name] = []
+        sys.meta_path.insert(0, _AfterImport(name))
+    _pending[name].append(action)
+
+
+def _ran(module):
+    """A module waited for has run: its actions, once."""
+    for action in _pending.pop(getattr(module, "__name__", None), ()):
+        action(module)
 
 
 class _AfterImport:
     """A finder for one module name: it answers with the spec the finders
-    after it find, whose loader runs the module, then the action. Once the
-    action has run it answers nothing; it stays on sys.meta_path (taking
-    itself off while another thread walks the list could make that thread
-    miss a finder)."""
+    after it find, whose loader runs the module, then the actions waiting
+    for it. Once they have run it answers nothing; it stays on
+    sys.meta_path (taking itself off while another thread walks the list
+    could make that thread miss a finder). While it asks the others, it
+    answers nothing itself: a finder that asks importlib again, or another
+    such finder for the same name, does not bring it back."""
 
-    def __init__(self, name, action):
+    def __init__(self, name):
         self.name = name
-        self.action = action
-        self.done = False
+        self.local = threading.local()
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name or self.done:
+        if fullname != self.name or fullname not in _pending or \
+                getattr(self.local, "asking", False):
             return None
-        spec = None
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                break
+        self.local.asking = True
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self.local.asking = False
         loader = getattr(spec, "loader", None)
         original = getattr(loader, "exec_module", None)
+        # A loader patched already (one that serves several modules, as
+        # zipimport does) runs the actions of whichever module it ran.
         if original is None or getattr(original, "_ekka_after_import", False):
             return spec
 
         def exec_module(module):
             original(module)
-            # A loader may serve other modules too (zipimport): only this one.
-            if module.__name__ == self.name and not self.done:
-                self.done = True
-                self.action(module)
+            _ran(module)
 
         exec_module._ekka_after_import = True
         try:

@@ -840,32 +840,49 @@ def _writing_out_first(real):
 
 
 def _wrap_export():
-    """torch.export.export, strict, fails on any global module hook (its
-    Dynamo then traces the module's __call__, which reaches a wrapper of its
-    own that it will not trace): the shim's hooks are taken out of PyTorch's
-    while a program exports. Nothing is lost: under export, strict or not,
-    the hooks record nothing (it compiles). A module call on another thread
+    """torch.export's export and draft_export, strict, fail on any global
+    module hook (their Dynamo then traces the module's __call__, which
+    reaches a wrapper of torch's own that it will not trace): the shim's
+    hooks are taken out of PyTorch's while a program exports, and put back
+    where they were. Nothing is lost: under export, strict or not, the
+    hooks record nothing (it compiles). A module call on another thread
     meanwhile is not recorded."""
-    export = getattr(torch.export, "export", None)
-    if export is None or getattr(export, "_ekka_wrapped", False):
-        return
+    for name in ("export", "draft_export"):
+        export = getattr(torch.export, name, None)
+        if export is not None and not getattr(export, "_ekka_wrapped", False):
+            setattr(torch.export, name, _without_hooks(export))
 
+
+def _without_hooks(export):
     @functools.wraps(export)
     def export_without_hooks(*args, **kwargs):
+        # Imported first: the Python hooks may take the C ones' places then
+        # (_hooks_in_graph), which must happen before they are taken out.
+        import torch._dynamo  # noqa: F401
         hooks = torch.nn.modules.module
-        tables = (hooks._global_forward_pre_hooks, hooks._global_forward_hooks,
-                  getattr(hooks, "_global_forward_hooks_with_kwargs", {}),
-                  getattr(hooks, "_global_forward_hooks_always_called", {}))
-        ids = (_pre_hook_id, _post_hook_id, _post_hook_id, _post_hook_id)
-        taken = [(table, key, table.pop(key)) for table, key in zip(tables, ids) if key in table]
+        tables = [(table, key, list(table)) for table, key in (
+            (hooks._global_forward_pre_hooks, _pre_hook_id),
+            (hooks._global_forward_hooks, _post_hook_id),
+            (getattr(hooks, "_global_forward_hooks_with_kwargs", {}), _post_hook_id),
+            (getattr(hooks, "_global_forward_hooks_always_called", {}), _post_hook_id))]
+        taken = [table.pop(key, _MISSING) for table, key, _ in tables]
         try:
             return export(*args, **kwargs)
         finally:
-            for table, key, value in taken:
-                table.setdefault(key, value)
+            for (table, key, order), value in zip(tables, taken):
+                if value is not _MISSING and key not in table:
+                    now = dict(table)
+                    now[key] = value
+                    table.clear()
+                    for k in order + [k for k in now if k not in order]:
+                        if k in now:
+                            table[k] = now[k]
 
     export_without_hooks._ekka_wrapped = True
-    torch.export.export = export_without_hooks
+    return export_without_hooks
+
+
+_MISSING = object()
 
 
 def _wrap_exec():

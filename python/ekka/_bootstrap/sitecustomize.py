@@ -4,7 +4,9 @@
 import os
 import sys
 
-if os.environ.get("EKKA_TRACE_DIR"):
+# Once per process: a sitecustomize that imports the next one may run this
+# file again.
+if os.environ.get("EKKA_TRACE_DIR") and not sys.__dict__.get("_ekka_sitecustomize_ran"):
     def _install(torch):
         """Installs the hooks right after the program imports torch."""
         try:
@@ -25,24 +27,33 @@ def _run_theirs():
     directory first on PYTHONPATH): the next one on sys.path, the
     environment's or the program's own, runs too, as Python would have run
     it, and is then the `sitecustomize` module. An error in it is said as
-    Python's site says one and does not stop the program."""
+    Python's site says one and does not stop the program. A sitecustomize
+    that imports the next one itself (ddtrace's does) finds this one again:
+    each file runs once, so this one then runs the one after."""
     import importlib.machinery
     import importlib.util
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
-    if spec is None or spec.loader is None:
+    ran = sys.__dict__.setdefault("_ekka_sitecustomize_ran", set())
+    ran.add(os.path.realpath(__file__))
+    for entry in list(sys.path):
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [entry])
+        if spec is None or spec.loader is None or not spec.origin:
+            continue
+        origin = os.path.realpath(spec.origin)
+        if origin in ran:
+            continue
+        ran.add(origin)
+        module = importlib.util.module_from_spec(spec)
+        before = sys.modules.get("sitecustomize")
+        sys.modules["sitecustomize"] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as error:
+            if before is not None:
+                sys.modules["sitecustomize"] = before
+            print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
+                  f"{type(error).__name__}: {error}", file=sys.stderr)
         return
-    module = importlib.util.module_from_spec(spec)
-    ours = sys.modules.get("sitecustomize")
-    sys.modules["sitecustomize"] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as error:
-        sys.modules["sitecustomize"] = ours
-        print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
-              f"{type(error).__name__}: {error}", file=sys.stderr)
 
 
 _run_theirs()

@@ -86,6 +86,25 @@ elif kind == "export":
     for strict in (True, False):
         exported = torch.export.export(net, (x,), strict=strict)
         assert torch.equal(exported.module()(x), net(x)), strict
+    assert torch.equal(torch.export.draft_export(net, (x,), strict=True).module()(x), net(x))
+    # A global hook of the program's (strict export fails on it, traced or
+    # not), after the shim's: still after them once the program has exported.
+    from torch.nn.modules import module as hooks
+    theirs = hooks.register_module_forward_pre_hook(lambda module, args: None).id
+    first = list(hooks._global_forward_pre_hooks)
+    torch.export.export(net, (x,), strict=False)
+    assert list(hooks._global_forward_pre_hooks) == first and first[-1] == theirs, first
+elif kind == "export-fallback":
+    # As in a torch without substitute_in_graph: the Python hooks take the
+    # C ones' places as export imports torch._dynamo, before the shim's are
+    # taken out for it.
+    def refuse(*args, **kwargs):
+        raise TypeError("no substitute_in_graph here")
+
+    torch.compiler.substitute_in_graph = refuse
+    assert "torch._dynamo" not in sys.modules
+    linear = torch.nn.Linear(4, 4)
+    assert torch.equal(torch.export.export(linear, (x,), strict=True).module()(x), linear(x))
 elif kind == "meta":
     torch.nn.Linear(4, 4, device="meta")(torch.empty(2, 4, device="meta"))
 elif kind == "inference":
