@@ -45,6 +45,15 @@ class InPlace(torch.nn.Module):
         return hidden_states + 1
 
 
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
 x = torch.ones(2, 4)
 if kind == "raise":
     m = Outer()
@@ -59,28 +68,12 @@ elif kind == "compile":
 elif kind == "fullgraph":
     # The hooks add no graph break: a program that compiles its model whole
     # still does, and computes what it computes untraced.
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.lin(x).relu()
-
     net = Net()
     compiled = torch.compile(net, fullgraph=True, backend="eager")
     assert torch.equal(compiled(x), net(x))
 elif kind == "export":
     # torch.export.export, strict (whose Dynamo fails on any global module
     # hook) and not, of a model called before and after.
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.lin(x).relu()
-
     net = Net()
     net(x)
     for strict in (True, False):
