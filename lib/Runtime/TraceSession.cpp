@@ -7,6 +7,7 @@
 #include <ATen/record_function.h>
 #include <ATen/core/function_schema.h>
 #include <ATen/ops/empty_like.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
 #include <dlfcn.h>
@@ -482,6 +483,12 @@ int64_t recordTensor(Session &S, const at::Tensor &Given, TensorOwner Owner, int
       return 0;
   }
   const at::Tensor &T = Packed.defined() ? Packed : Given;
+  // A tensor of symbolic sizes (torch.compile's, torch.export's) has no
+  // row: asking a fake one for its sizes would make them constants. (A
+  // jagged tensor's ragged size is symbolic too: it is recorded by its
+  // packed values, above.)
+  if (T.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+    return 0;
   // The common record, an op's output: a strided tensor's metadata alone,
   // packed from the tensor's own arrays.
   if (!Stats && !Capture && !Packed.defined() && T.layout() == at::kStrided &&
@@ -753,6 +760,19 @@ bool pythonRunning() {
   return IsInitialized && IsInitialized();
 }
 
+/// Whether torch.compile or torch.export is tracing the program on this
+/// thread: FakeTensorMode or make_fx's proxy mode is on. Their ops run on
+/// fake tensors: not what the program computed, and reading a symbolic
+/// size would make it a constant (a dimension marked dynamic fails the
+/// compile; one that would have become dynamic recompiles).
+bool tracingWithFakes() {
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  return TorchDispatchModeTLS::stack_len() > 0 &&
+         (TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FAKE) ||
+          TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::PROXY));
+}
+
 std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn) {
   Session *S = Current;
   if (!S) {
@@ -766,7 +786,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     return nullptr;
   ThreadState &TS = thisThread(Flags);
   std::string_view Name = Fn.name();
-  if (Name.substr(0, 6) == "ekka::")
+  if (Name.substr(0, 6) == "ekka::" || tracingWithFakes())
     return nullptr;
   ++TS.OpsBegun;
   ++TS.OpStarts;

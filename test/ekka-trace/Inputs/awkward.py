@@ -87,6 +87,38 @@ elif kind == "export":
     first = list(hooks._global_forward_pre_hooks)
     torch.export.export(net, (x,), strict=False)
     assert list(hooks._global_forward_pre_hooks) == first and first[-1] == theirs, first
+elif kind == "dynamic":
+    # Dynamic shapes under torch.compile and torch.export: a tensor of
+    # symbolic sizes is not asked for them (that made them constants: a
+    # dimension marked dynamic failed the compile, dynamic=True compiled
+    # once per size).
+    net = Net()
+    net(x)  # the trace starts
+
+    @torch.compile(backend="eager")
+    def marked(t):
+        return (t * 2).relu().sum(0)
+
+    t = torch.randn(5, 4)
+    torch._dynamo.mark_dynamic(t, 0)
+    assert torch.equal(marked(t), (t * 2).relu().sum(0))
+
+    @torch.compile(backend="eager", dynamic=True)
+    def sized(t):
+        return net(t).sum(0)
+
+    for n in range(2, 8):
+        t = torch.randn(n, 4)
+        assert torch.allclose(sized(t), net(t).sum(0))
+    import torch._dynamo.utils
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs == 2, graphs  # marked's and sized's
+    batch = torch.export.Dim("batch")
+    for strict in (True, False):
+        exported = torch.export.export(net, (torch.randn(5, 4),), strict=strict,
+                                       dynamic_shapes={"x": {0: batch}})
+        t = torch.randn(7, 4)
+        assert torch.equal(exported.module()(t), net(t)), strict
 elif kind == "export-fallback":
     # As in a torch without substitute_in_graph: the Python hooks take the
     # C ones' places as export imports torch._dynamo, before the shim's are
