@@ -18,6 +18,7 @@
 #include <torch/csrc/jit/frontend/tracer.h>
 
 #include <exception>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -315,16 +316,34 @@ PyObject *tensors(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   return tensorsOf(Args[0], Outputs != 0);
 }
 
+/// Each of \p Slots holds its value of \p Values from now on (a new
+/// reference; the one it held is released).
+template <size_t N> void keep(PyObject **const (&Slots)[N], PyObject *const *Values) {
+  for (size_t I = 0; I < N; ++I) {
+    Py_INCREF(Values[I]);
+    Py_XSETREF(*Slots[I], Values[I]);
+  }
+}
+
+/// Each of \p Names, unless made already, the interned str of its text in
+/// \p Texts; false with an exception set where one could not be made.
+template <size_t N>
+bool intern(PyObject **const (&Names)[N], const char *const (&Texts)[N]) {
+  for (size_t I = 0; I < N; ++I)
+    if (!*Names[I] && !(*Names[I] = PyUnicode_InternFromString(Texts[I])))
+      return false;
+  return true;
+}
+
 /// set_tensor_helpers(tensor_type, parameter_type, opaque, tensors_of_any,
 /// tensors_py, scalar_types)
 PyObject *setTensorHelpers(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   if (!arity("set_tensor_helpers", N, HelperCount))
     return nullptr;
-  PyObject **Slots[] = {&TensorType, &ParameterType, &OpaqueFn, &OfAnyFn, &PythonFn, &ScalarTypes};
-  for (int I = 0; I < HelperCount; ++I) {
-    Py_INCREF(Args[I]);
-    Py_XSETREF(*Slots[I], Args[I]);
-  }
+  PyObject **const Slots[] = {&TensorType, &ParameterType, &OpaqueFn,
+                              &OfAnyFn,    &PythonFn,      &ScalarTypes};
+  static_assert(std::size(Slots) == HelperCount);
+  keep(Slots, Args);
   Py_RETURN_NONE;
 }
 
@@ -653,23 +672,17 @@ PyObject *postHook(PyObject *, PyObject *const *Args, Py_ssize_t N) {
 PyObject *setHookFallbacks(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   if (!arity("set_hook_fallbacks", N, 3))
     return nullptr;
-  PyObject **Names[] = {&BeforeName,   &AfterName,      &PreHookName,
-                        &PostHookName, &HookFailedName, &CompilingName};
-  const char *Texts[] = {"_before",    "_after",       "_pre_hook",
-                         "_post_hook", "_hook_failed", "_is_compiling_flag"};
-  for (int I = 0; I < 6; ++I)
-    if (!*Names[I] && !(*Names[I] = PyUnicode_InternFromString(Texts[I])))
-      return nullptr;
+  if (!intern({&BeforeName, &AfterName, &PreHookName, &PostHookName, &HookFailedName,
+               &CompilingName},
+              {"_before", "_after", "_pre_hook", "_post_hook", "_hook_failed",
+               "_is_compiling_flag"}))
+    return nullptr;
   if (!PyDict_CheckExact(Args[0]) || !PyDict_CheckExact(Args[1]) || !PyCallable_Check(Args[2])) {
     PyErr_SetString(PyExc_TypeError,
                     "set_hook_fallbacks(): expected two dicts and a callable");
     return nullptr;
   }
-  PyObject **Slots[] = {&ShimGlobals, &CompilerGlobals, &DynamoCallback};
-  for (int I = 0; I < 3; ++I) {
-    Py_INCREF(Args[I]);
-    Py_XSETREF(*Slots[I], Args[I]);
-  }
+  keep({&ShimGlobals, &CompilerGlobals, &DynamoCallback}, Args);
   Py_RETURN_NONE;
 }
 
@@ -679,11 +692,9 @@ PyObject *setHookFallbacks(PyObject *, PyObject *const *Args, Py_ssize_t N) {
 PyObject *setHooks(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   if (!arity("set_hooks", N, 2))
     return nullptr;
-  PyObject **Names[] = {&ActiveName, &StartedName, &StackName, &NamesName, &NameName};
-  const char *Texts[] = {"active", "started", "stack", "names", "__name__"};
-  for (int I = 0; I < 5; ++I)
-    if (!*Names[I] && !(*Names[I] = PyUnicode_InternFromString(Texts[I])))
-      return nullptr;
+  if (!intern({&ActiveName, &StartedName, &StackName, &NamesName, &NameName},
+              {"active", "started", "stack", "names", "__name__"}))
+    return nullptr;
   Ref Dict(PyObject_GenericGetDict(Args[0], nullptr));
   Ref SourcesObject(Dict ? PyObject_GetAttrString(Args[0], "sources") : nullptr);
   Ref LocalObject(SourcesObject ? PyObject_GetAttrString(Args[0], "local") : nullptr);
@@ -693,12 +704,8 @@ PyObject *setHooks(PyObject *, PyObject *const *Args, Py_ssize_t N) {
     PyErr_SetString(PyExc_TypeError, "set_hooks(): the state's sources is no dict");
     return nullptr;
   }
-  PyObject **Slots[] = {&StateDict, &Sources, &Local, &FunctorchLevel};
   PyObject *Values[] = {Dict.get(), SourcesObject.get(), LocalObject.get(), Args[1]};
-  for (int I = 0; I < 4; ++I) {
-    Py_INCREF(Values[I]);
-    Py_XSETREF(*Slots[I], Values[I]);
-  }
+  keep({&StateDict, &Sources, &Local, &FunctorchLevel}, Values);
   Py_RETURN_NONE;
 }
 
