@@ -350,6 +350,7 @@ def _before(module, args, kwargs=None):
     if trees is None:
         trees = local.trees = {}
     tree = None
+    named = _compiled(module)
     direct = _direct_forward(module) if is_root else None
     if direct is not None:
         # The outermost module's forward was called directly: its call is
@@ -357,21 +358,21 @@ def _before(module, args, kwargs=None):
         tree = _open_direct(state, local, trees, stack, *direct)
         is_root = False
     elif is_root:
-        tree = trees.get(id(module))
-        if tree is not None and tree.root() is not module:
-            del trees[id(module)]  # a dead root's id, reused
+        tree = trees.get(id(named))
+        if tree is not None and tree.root() is not named:
+            del trees[id(named)]  # a dead root's id, reused
             tree = None
         if tree is None:
             # A submodule of a root called on its own, after the root's
             # forward (vLLM's compute_logits calls the logits processor so):
             # it keeps its path in the root's tree, and is no new step.
-            tree = _tree_holding(local, module)
+            tree = _tree_holding(local, named)
             if tree is not None:
                 is_root = False
         if is_root:
             local.forwards = getattr(local, "forwards", 0) + 1
             if tree is None:
-                tree = trees[id(module)] = _new_tree(trees, module)
+                tree = trees[id(named)] = _new_tree(trees, named)
             local.current = tree
     else:
         # The tree of the outermost call open on this thread: a submodule
@@ -379,22 +380,43 @@ def _before(module, args, kwargs=None):
         tree = stack[0][4]
     path = None
     if tree is not None:
-        path = tree.path(module)
+        path = tree.path(named)
         if path is None and stack and tree.named_in != local.forwards:
             tree.rename(local.forwards)  # a module added since it was named
-            path = tree.path(module)
+            path = tree.path(named)
     if path is None:
         # A module outside the root's tree (created on the fly): named under
         # its caller.
         parent = tree.path(stack[-1][0]) if stack and tree is not None else None
         parent = parent or ""
-        path = f"{parent}.<{type(module).__name__}>" if parent else type(module).__name__
-    qualname, file, line = _class_source(state, type(module))
+        path = f"{parent}.<{type(named).__name__}>" if parent else type(named).__name__
+    cls = type(named)
+    qualname, file, line = _class_source(state, cls)
     inputs = _tensors(args)
     if kwargs:
         inputs += _tensors(kwargs)
-    call_id = _enter(path, type(module).__name__, qualname, file, line, is_root, inputs)
+    call_id = _enter(path, cls.__name__, qualname, file, line, is_root, inputs)
     stack.append((module, call_id, len(inputs), kwargs is not None, tree, None))
+
+
+def _compiled(module):
+    """The module that a module call runs: torch.compile(module)'s
+    OptimizedModule's is the module it compiled (its ``_orig_mod``), whose
+    compiled call it is; it is recorded as that module's call, with that
+    module's path and class. (The binding's hooks know no OptimizedModule's
+    class, state.sources holds the compiled module's: its calls come to
+    _before and _after.)"""
+    while _is_optimized(module):
+        inner = module._modules.get("_orig_mod")
+        if inner is None:
+            break
+        module = inner
+    return module
+
+
+def _is_optimized(module):
+    cls = type(module)
+    return cls.__name__ == "OptimizedModule" and cls.__module__ == "torch._dynamo.eval_frame"
 
 
 def _direct_forward(module):
@@ -634,9 +656,19 @@ def _names_of(root):
     pre-hook its keyword arguments: PyTorch's global pre-hooks get only the
     positional ones, unless a module lists the hook among its own
     with-kwargs hooks. So HF's `hidden_states=` is recorded at the call's
-    entry, before the module can change it in place."""
+    entry, before the module can change it in place. An OptimizedModule
+    (torch.compile(module)) and the module it compiled share a path: its
+    own, `layers.0`, not `layers.0._orig_mod`."""
     names = {}
+    optimized = []  # the paths of OptimizedModules: theirs is their module's
     for name, m in root.named_modules(remove_duplicate=False):
+        for path in optimized:
+            inner = f"{path}._orig_mod" if path else "_orig_mod"
+            if name == inner or name.startswith(inner + "."):
+                rest = name[len(inner):]
+                name = path + rest if path else rest[1:]
+        if _is_optimized(m):
+            optimized.append(name)
         names[id(m)] = name
         with_kwargs = getattr(m, "_forward_pre_hooks_with_kwargs", None)
         if _pre_hook_id is not None and isinstance(with_kwargs, dict):
@@ -885,6 +917,57 @@ def _without_hooks(export):
 _MISSING = object()
 
 
+def _wrap_module_compile():
+    """Module.compile() compiles the module's whole call, the global hooks
+    in it: traced by Dynamo, they record nothing, and a program whose model
+    was compiled so ran "no module". Its compiled call is recorded around
+    it, as the hooks record an uncompiled call; within it, its ops (as under
+    torch.compile(module), whose OptimizedModule's call the hooks see)."""
+    compile = torch.nn.Module.__dict__.get("compile")
+    if compile is None or getattr(compile, "_ekka_wrapped", False):
+        return
+
+    @functools.wraps(compile)
+    def compile_recorded(self, *args, **kwargs):
+        result = compile(self, *args, **kwargs)
+        compiled = self.__dict__.get("_compiled_call_impl")
+        if compiled is not None:
+            self._compiled_call_impl = _recorded_call(self, compiled)
+        return result
+
+    compile_recorded._ekka_wrapped = True
+    torch.nn.Module.compile = compile_recorded
+
+
+def _recorded_call(module, compiled):
+    """`compiled`, a module's compiled call, with the global hooks' calls
+    around it, as PyTorch's _call_impl makes them (where a compiling caller
+    traces it, they record nothing)."""
+    def call(*args, **kwargs):
+        _pre_hook(module, args, kwargs)
+        try:
+            result = compiled(*args, **kwargs)
+        except Exception:
+            _post_hook(module, args, None)
+            raise
+        _post_hook(module, args, kwargs, result)
+        return result
+
+    return call
+
+
+def _quiet_compile_warning(_dynamo):
+    """torch.compile(module) warns every program that has global module
+    hooks that they are called for its OptimizedModule too: a warning the
+    untraced program does not print, and an error under -W error. The
+    shim's record the OptimizedModule's call as the module it compiled
+    (_class_of), and nothing is recorded twice. A filter the program sets
+    after torch._dynamo's import comes first."""
+    import warnings
+    warnings.filterwarnings("ignore", category=UserWarning,
+                            message=r"Using `torch\.compile\(module\)` when there are global hooks")
+
+
 def _wrap_exec():
     import posix  # os's own: a program may call posix.execv directly
 
@@ -933,8 +1016,10 @@ def install(trace_dir, options="", runtime_library=None):
     if pre is not _pre_hook:
         _when_imported("torch._dynamo", functools.partial(_hooks_in_graph, pre, post))
     os.register_at_fork(after_in_child=_after_fork_in_child)
+    _when_imported("torch._dynamo", _quiet_compile_warning)
     _wrap_exec()
     _wrap_export()
+    _wrap_module_compile()
 
 
 def _python_binding(library):

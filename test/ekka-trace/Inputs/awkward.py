@@ -1,5 +1,6 @@
 """Programs that tracing must not change: a module that raises (caught),
-torch.jit.trace, torch.compile, torch.export, meta tensors, a tensor subclass, a
+torch.jit.trace, torch.compile (of functions, of modules and in place),
+torch.export, meta tensors, a tensor subclass, a
 negated view and a uint16 tensor, complex tensors, the float8 and float4
 types of quantized inference, torch.inference_mode, torch.func's vmap
 and grad, an output the hooks cannot walk, a keyword input written in
@@ -71,6 +72,29 @@ elif kind == "fullgraph":
     net = Net()
     compiled = torch.compile(net, fullgraph=True, backend="eager")
     assert torch.equal(compiled(x), net(x))
+elif kind == "compiled-modules":
+    # Modules compiled whole: torch.compile(module)'s OptimizedModule is
+    # recorded as the module it compiled, with its path; Module.compile()
+    # (in place) was not recorded at all. Run under -W error: PyTorch's
+    # warning about global hooks and OptimizedModule is the shim's.
+    class Parent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = Net(), torch.compile(Net(), backend="eager"), Net()
+            self.c.compile(backend="eager")
+
+        def forward(self, x):
+            return self.c(self.b(self.a(x)))
+
+    with torch.no_grad():
+        parent = Parent()
+        y = parent(x)
+        whole = torch.compile(parent, fullgraph=True, backend="eager")
+        assert torch.equal(whole(x), y)
+        net = Net()
+        net.compile(backend="eager")
+        assert torch.equal(net(x), net.lin(x).relu())
+        net(x + 1)
 elif kind == "export":
     # torch.export.export, strict (whose Dynamo fails on any global module
     # hook) and not, of a model called before and after.
