@@ -294,11 +294,55 @@ std::vector<std::string> processTraces(StringRef Dir) {
   return Found;
 }
 
-void printSummary(StringRef Dir, double Seconds) {
+/// Why a Python that \p Command runs directly cannot load the shim, which
+/// comes in through PYTHONPATH and site's import of sitecustomize: the
+/// options that keep it out (-I, -E, -S, alone or among others, before the
+/// script, -c or -m), said as a sentence; empty where there are none.
+std::string shimKeptOutBy(const std::vector<std::string> &Command) {
+  if (!sys::path::filename(Command[0]).starts_with("python"))
+    return "";
+  std::string Said;
+  auto Say = [&](char Flag) {
+    std::string Line = std::string("python's -") + Flag;
+    if (Said.find(Line + " ") != std::string::npos)
+      return;
+    Line += Flag == 'S' ? " skips site, which imports it"
+                        : " ignores PYTHONPATH, through which ekka-trace gives it";
+    Said += (Said.empty() ? "" : "; ") + Line;
+  };
+  for (size_t I = 1; I < Command.size(); ++I) {
+    StringRef A = Command[I];
+    if (A == "--check-hash-based-pycs") {
+      ++I;
+      continue;
+    }
+    if (A.starts_with("--"))
+      continue;
+    if (A.size() < 2 || A[0] != '-')
+      break; // the script, or - for standard input
+    for (size_t J = 1; J < A.size(); ++J) {
+      char C = A[J];
+      if (C == 'I' || C == 'E' || C == 'S')
+        Say(C);
+      if (C == 'c' || C == 'm')
+        return Said; // what follows is the command or the module's
+      if (C == 'W' || C == 'X') {
+        I += J + 1 == A.size(); // its argument, where it is the next one
+        break;
+      }
+    }
+  }
+  return Said;
+}
+
+void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> &Command) {
   auto Ranks = TraceReader::openRanks(Dir);
   if (!Ranks) {
     consumeError(Ranks.takeError());
     errs() << Tool << ": the program ran no torch.nn.Module: nothing was traced\n";
+    if (std::string Why = shimKeptOutBy(Command); !Why.empty())
+      errs() << Tool << ": note: the program's Python could not load ekka-trace's shim: " << Why
+             << "\n";
     return;
   }
   Totals Main, Others;
@@ -415,7 +459,7 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   int Code = runProgram(Command, Env);
   double Seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - Start).count();
-  printSummary(Dir, Seconds);
+  printSummary(Dir, Seconds, Command);
   return Code;
 }
 
