@@ -1179,13 +1179,20 @@ void snapshotKernelBuffers() {
   TS.PendingSnapshots.clear();
 }
 
+/// The fork handlers are registered when the library is loaded, before any
+/// thread of the program can be inside the runtime. Not at the first start:
+/// glibc runs the prepare handlers holding the lock that pthread_atfork
+/// takes, so a fork on one thread (its prepare handler waiting for
+/// SessionMutex) and the first start on another (registering the writer's
+/// handler under SessionMutex) waited for each other; and a child forked
+/// while a thread was inside the registration found it forever under way.
+[[gnu::constructor]] static void installForkHandlers() {
+  TraceWriter::installForkHandler();
+  pthread_atfork(pauseWriterForFork, resumeWriterInParent, forgetSessionInChild);
+}
+
 std::string startTrace(const std::string &Dir, const std::string &OptionsText,
                        const std::string &CommandLine) {
-  static bool AtForkInstalled = [] {
-    pthread_atfork(pauseWriterForFork, resumeWriterInParent, forgetSessionInChild);
-    return true;
-  }();
-  (void)AtForkInstalled;
   std::lock_guard<std::mutex> Lock(SessionMutex);
   if (Current) {
     // A LibTorch program that embeds Python: the shim's module calls go

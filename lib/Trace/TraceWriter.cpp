@@ -696,6 +696,10 @@ void removeTrace(StringRef Dir) {
 
 TraceWriter::TraceWriter(std::string Dir, TraceWriterOptions Options)
     : Dir(std::move(Dir)), Options(Options), Serial(++NextWriterSerial) {
+  installForkHandler();
+}
+
+void TraceWriter::installForkHandler() {
   static std::once_flag AtFork;
   std::call_once(AtFork, [] {
     pthread_atfork(nullptr, nullptr, [] { ForkGeneration.fetch_add(1); });

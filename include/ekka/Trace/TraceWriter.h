@@ -183,6 +183,12 @@ public:
   /// on, in the parent and in the child.
   void pauseForFork();
   void resumeAfterFork();
+  /// Registers the writer's own fork handler (once per process; every
+  /// writer does at its construction). A program that creates writers
+  /// while another thread may fork, holding a lock that its own prepare
+  /// handler takes, calls this first: glibc runs the prepare handlers
+  /// holding the lock that pthread_atfork takes.
+  static void installForkHandler();
   llvm::StringRef directory() const { return Dir; }
 
 private:
