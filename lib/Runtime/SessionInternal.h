@@ -23,6 +23,9 @@ struct ThreadFlags {
   /// Set once the session's state of this thread is destroyed (at the
   /// thread's exit): an op of the thread's last destructors is not seen.
   bool StateGone = false;
+  /// Set while torch.compile compiles on this thread (setThreadCompiling):
+  /// its ops and launches are not the program's.
+  bool Compiling = false;
   /// That state (TraceSession.cpp's ThreadState) while it lives.
   void *State = nullptr;
 };

@@ -80,6 +80,8 @@ std::string stopOp() {
   }, std::string("error: stopping failed"));
 }
 
+void compilingOp(bool Compiling) { ekka::setThreadCompiling(Compiling); }
+
 /// A kernel launch as CUPTI would report it, made from inside a program:
 /// for tests on machines without a GPU. The kernel gets one pointer
 /// parameter per buffer, pointing at its data, and is recorded under the op
@@ -141,4 +143,5 @@ TORCH_LIBRARY(ekka, m) {
   m.def("stop() -> str", stopOp);
   m.def("flush() -> str", flushOp);
   m.def("exec_failed() -> ()", execFailedOp);
+  m.def("compiling(bool compiling) -> ()", compilingOp);
 }

@@ -782,7 +782,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   }
   // An op of the thread's last destructors, after its state's: not seen.
   ThreadFlags &Flags = threadFlags();
-  if (Flags.InsideEkka || Flags.StateGone)
+  if (Flags.InsideEkka || Flags.StateGone || Flags.Compiling)
     return nullptr;
   ThreadState &TS = thisThread(Flags);
   std::string_view Name = Fn.name();
@@ -1040,7 +1040,7 @@ void setDeviceMemoryOps(DeviceMemoryOps Ops) { DeviceMemory = Ops; }
 int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgument> &Pointers) {
   Session *S = Current;
   ThreadFlags &Flags = threadFlags();
-  if (!S || Flags.InsideEkka || Flags.StateGone)
+  if (!S || Flags.InsideEkka || Flags.StateGone || Flags.Compiling)
     return 0;
   ThreadState &TS = thisThread(Flags);
   // Interned once per kernel: a copy of its mangled name at every launch,
@@ -1132,7 +1132,7 @@ void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
 
 bool kernelSnapshotsWanted() {
   ThreadFlags &Flags = threadFlags();
-  if (!Current || Flags.InsideEkka || Flags.StateGone)
+  if (!Current || Flags.InsideEkka || Flags.StateGone || Flags.Compiling)
     return false;
   ThreadState &TS = thisThread(Flags);
   return !TS.OpStack.empty() && TS.OpStack.back()->Capture &&
@@ -1483,6 +1483,8 @@ std::string flushTrace() {
     return "error: " + llvm::toString(std::move(E));
   return "";
 }
+
+void setThreadCompiling(bool Compiling) { threadFlags().Compiling = Compiling; }
 
 void reopenAfterFailedExec() {
   std::unique_lock<std::mutex> Lock(SessionMutex);

@@ -968,6 +968,45 @@ def _quiet_compile_warning(_dynamo):
                             message=r"Using `torch\.compile\(module\)` when there are global hooks")
 
 
+def _watch_compiles(dynamo):
+    """While Dynamo compiles, the ops it runs on real tensors (detaching the
+    inputs to make fakes of them, guards) and the kernels it launches
+    (Inductor's autotuning) are its own, not the program's: the runtime
+    records none of the compiling thread's meanwhile (its compile start and
+    end callbacks say when; compiles are serialised by Dynamo's lock). The
+    callbacks are registered again after torch._dynamo.reset(), which
+    clears them."""
+    handler = getattr(dynamo, "callback_handler", None)
+    if handler is None or not hasattr(handler, "register_start_callback"):
+        return
+
+    def watch():
+        if _compile_started not in handler.start_callbacks:
+            handler.register_start_callback(_compile_started)
+        if _compile_ended not in handler.end_callbacks:
+            handler.register_end_callback(_compile_ended)
+
+    watch()
+    reset = dynamo.reset
+
+    @functools.wraps(reset)
+    def reset_watching(*args, **kwargs):
+        try:
+            return reset(*args, **kwargs)
+        finally:
+            watch()
+
+    dynamo.reset = reset_watching
+
+
+def _compile_started(_args=None):
+    _unseen(torch.ops.ekka.compiling, True)
+
+
+def _compile_ended(_args=None):
+    _unseen(torch.ops.ekka.compiling, False)
+
+
 def _wrap_exec():
     import posix  # os's own: a program may call posix.execv directly
 
@@ -1017,6 +1056,7 @@ def install(trace_dir, options="", runtime_library=None):
         _when_imported("torch._dynamo", functools.partial(_hooks_in_graph, pre, post))
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _when_imported("torch._dynamo", _quiet_compile_warning)
+    _when_imported("torch._dynamo", _watch_compiles)
     _wrap_exec()
     _wrap_export()
     _wrap_module_compile()

@@ -81,6 +81,12 @@ std::string flushTrace();
 /// tracing stops, so that a program that then ends without stopping leaves
 /// a trace that reads as not closed.
 void reopenAfterFailedExec();
+/// Whether torch.compile compiles on this thread (Dynamo's compile start
+/// and end callbacks say so): the ops it runs on real tensors meanwhile
+/// (making fakes of the inputs, checking guards) and the kernels it
+/// launches (autotuning) are its own, not the program's, and are not
+/// recorded.
+void setThreadCompiling(bool Compiling);
 
 } // namespace ekka
 
