@@ -124,6 +124,14 @@ std::string kernelTracingMisses();
 /// memory without a launch (copies, sets, graph launches) too.
 bool kernelTracingSeesWrites();
 
+/// While a trace runs, a SIGTERM writes it out first (TerminationFlush.cpp),
+/// unless the program handles or ignores SIGTERM itself. Installed when a
+/// trace starts, taken back when it stops, and forgotten in a forked child
+/// (which has no thread to write with).
+void installTerminationFlush();
+void uninstallTerminationFlush();
+void forgetTerminationFlushInChild();
+
 } // namespace ekka
 
 #endif

@@ -973,6 +973,7 @@ void forgetSessionInChild() {
   TS.PendingSnapshots.clear();
   TS.LastLaunch = {};
   new (&SessionMutex) std::mutex();
+  forgetTerminationFlushInChild();
 }
 
 /// A module call's input: as the earlier output it is, or with statistics
@@ -1249,6 +1250,7 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
           .needsInputs(true)
           .needsOutputs(true)
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
+  installTerminationFlush();
   return "";
 }
 
@@ -1462,7 +1464,9 @@ std::string stopTrace() {
   // hold it; the writer is closed and drops what they enqueue now. The last
   // tensors held (all settled: none were taken since stop()) are released
   // without the lock: a release may wait for the GIL, whose holder may wait
-  // for the lock (a fork).
+  // for the lock (a fork). A SIGTERM during the close waited for it (its
+  // flush takes the lock): only now is SIGTERM the program's again.
+  uninstallTerminationFlush();
   Lock.unlock();
   S->Deferred.releaseSettled();
   S->DeviceDeferred.releaseSettled();

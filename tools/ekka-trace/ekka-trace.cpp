@@ -25,6 +25,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <map>
 #include <regex>
@@ -197,6 +198,20 @@ std::string findProgram(const std::vector<std::string> &Command) {
   return Program;
 }
 
+/// The program's process while ekka-trace waits for it.
+volatile sig_atomic_t ProgramPid = 0;
+
+/// A SIGTERM or SIGHUP that ekka-trace gets (kill, timeout, a closed
+/// terminal) goes to the program, which ends as it would, writing its trace
+/// out first (the runtime's SIGTERM handler); ekka-trace then reports it
+/// and returns its status. SIGINT and SIGQUIT from the terminal reach the
+/// program (its process group) already: ekka-trace ignores them meanwhile,
+/// as system() does.
+void forwardSignal(int Signal) {
+  if (ProgramPid > 0)
+    ::kill(ProgramPid, Signal);
+}
+
 /// Runs Command with Env added; returns its exit code, 128+N for signal N.
 int runProgram(const std::vector<std::string> &Command,
                const std::map<std::string, std::string> &Env) {
@@ -220,13 +235,24 @@ int runProgram(const std::vector<std::string> &Command,
   if (Pid < 0)
     exitWithError(Tool, makeError("cannot start '" + Command[0] + "'"));
   if (Pid == 0) {
+    std::signal(SIGINT, SIG_DFL); // ignored below, in the parent only
+    std::signal(SIGQUIT, SIG_DFL);
     execve(Program.c_str(), Argv.data(), Envp.data());
     errs() << Tool << ": error: cannot run '" << Command[0] << "'\n";
     _exit(127);
   }
+  ProgramPid = Pid;
+  struct sigaction Forward = {};
+  Forward.sa_handler = forwardSignal;
+  sigemptyset(&Forward.sa_mask);
+  sigaction(SIGTERM, &Forward, nullptr);
+  sigaction(SIGHUP, &Forward, nullptr);
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGQUIT, SIG_IGN);
   int Status = 0;
   while (waitpid(Pid, &Status, 0) < 0) {
   }
+  ProgramPid = 0;
   if (WIFEXITED(Status))
     return WEXITSTATUS(Status);
   if (WIFSIGNALED(Status))

@@ -1,0 +1,62 @@
+"""Programs that SIGTERM ends, run under ekka-trace. Modes:
+  self      runs a model, then SIGTERMs itself
+  parent    runs a model, then SIGTERMs its parent (ekka-trace), which
+            passes it on
+  theirs    runs a model, then sets a SIGTERM handler of its own (exit 7)
+  before    sets that handler before it runs any model
+  ignored   ignores SIGTERM, runs a model, SIGTERMs itself, ends on its own
+  pool      a multiprocessing Pool (fork) whose `with` ends its workers
+            with SIGTERM (Pool.terminate) once they have run the model
+  child     forks a child that runs no model and SIGTERMs it: the child
+            ends by the signal, as untraced
+"""
+import multiprocessing
+import os
+import signal
+import sys
+import time
+
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+
+
+def work(i):
+    return model(torch.full((1, 4), float(i))).sum().item()
+
+
+def wait_for_the_end():
+    time.sleep(60)
+    print("not ended")
+    sys.exit(1)
+
+
+mode = sys.argv[1]
+if mode == "before":
+    signal.signal(signal.SIGTERM, lambda *args: sys.exit(7))
+if mode == "ignored":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+model(torch.ones(2, 4))
+if mode == "theirs":
+    signal.signal(signal.SIGTERM, lambda *args: sys.exit(7))
+if mode in ("self", "theirs", "before"):
+    os.kill(os.getpid(), signal.SIGTERM)
+    wait_for_the_end()
+elif mode == "parent":
+    os.kill(os.getppid(), signal.SIGTERM)
+    wait_for_the_end()
+elif mode == "ignored":
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("ignored")
+elif mode == "pool":
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        print(pool.map(work, range(4)))
+elif mode == "child":
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    os.kill(pid, signal.SIGTERM)
+    _, status = os.waitpid(pid, 0)
+    print("child ended by signal", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
