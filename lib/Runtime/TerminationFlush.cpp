@@ -17,6 +17,7 @@
 
 #include "SessionInternal.h"
 #include "ekka/Runtime/TraceSession.h"
+#include "ekka/Support/QuietThread.h"
 
 #include <atomic>
 #include <cerrno>
@@ -25,6 +26,7 @@
 #include <csignal>
 #include <cstdio>
 #include <mutex>
+#include <pthread.h>
 #include <new>
 #include <semaphore.h>
 #include <system_error>
@@ -73,6 +75,7 @@ bool installedIsOurs(const struct sigaction &Now) {
 /// Writes the trace out, for FlushBound at most, then ends the process with
 /// SIGTERM.
 void waitForTermination() {
+  pthread_setname_np(pthread_self(), "ekka-sigterm");
   while (sem_wait(&Wake) != 0 && errno == EINTR) {
   }
   struct Flush {
@@ -82,7 +85,7 @@ void waitForTermination() {
   };
   // Shared with the writing thread, which may outlive the wait: leaked.
   auto *F = new Flush();
-  std::thread([F] {
+  startQuietThread([F] {
     std::string Error = flushTrace();
     if (!Error.empty())
       std::fprintf(stderr, "ekka-trace: %s\n", Error.c_str());
@@ -118,7 +121,7 @@ void installTerminationFlush() {
     if (sem_init(&Wake, /*pshared=*/0, 0) != 0)
       return;
     try {
-      std::thread(waitForTermination).detach();
+      startQuietThread(waitForTermination).detach();
     } catch (const std::system_error &) {
       return;
     }

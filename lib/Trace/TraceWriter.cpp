@@ -1,6 +1,7 @@
 //===- TraceWriter.cpp ----------------------------------------------------===//
 #include "ekka/Trace/TraceWriter.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/QuietThread.h"
 #include "ekka/Support/SQLite.h"
 #include "ekka/Trace/SafeTensors.h"
 
@@ -736,7 +737,7 @@ Expected<std::unique_ptr<TraceWriter>> TraceWriter::create(StringRef Dir,
   W->Storage = std::make_unique<Backend>(*W, Dir.str(), std::move(*Db), Options.ShardBytes);
   if (Error E = W->Storage->prepare())
     return E;
-  W->Worker = std::thread([Raw = W.get()] {
+  W->Worker = startQuietThread([Raw = W.get()] {
     // Named, so that top and perf tell the writer from the program.
     pthread_setname_np(pthread_self(), "ekka-writer");
     Raw->run();

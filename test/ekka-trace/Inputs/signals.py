@@ -9,6 +9,7 @@
             with SIGTERM (Pool.terminate) once they have run the model
   child     forks a child that runs no model and SIGTERMs it: the child
             ends by the signal, as untraced
+  threads   runs a model, then says which signals ekka's threads block
 """
 import multiprocessing
 import os
@@ -52,6 +53,15 @@ elif mode == "ignored":
 elif mode == "pool":
     with multiprocessing.get_context("fork").Pool(2) as pool:
         print(pool.map(work, range(4)))
+elif mode == "threads":
+    for task in sorted(os.listdir("/proc/self/task")):
+        with open(f"/proc/self/task/{task}/comm") as f:
+            name = f.read().strip()
+        if name.startswith("ekka-"):
+            with open(f"/proc/self/task/{task}/status") as f:
+                blocked = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+            print(name, "blocks", *(s.name for s in (signal.SIGTERM, signal.SIGINT, signal.SIGSEGV)
+                                   if blocked >> (s - 1) & 1))
 elif mode == "child":
     pid = os.fork()
     if pid == 0:
