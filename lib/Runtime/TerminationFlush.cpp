@@ -8,10 +8,11 @@
 // as before an exec), then ends the process with SIGTERM as it would have
 // ended: its exit status is the signal's.
 //
-// The handler only posts a semaphore (async-signal-safe); the writing
-// happens on the waiting thread, bounded in time: a trace whose writing
-// does not finish (a lock held by a thread that never lets go) still ends
-// the process, valid up to what was written.
+// The handler only writes to a pipe and waits on another (async-signal-
+// safe); the writing happens on the waiting thread, bounded in time: a
+// trace whose writing does not finish (a lock held by the thread the
+// signal interrupted) still ends the process, valid up to what was
+// written.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,6 +20,7 @@
 #include "ekka/Runtime/TraceSession.h"
 #include "ekka/Support/QuietThread.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -28,7 +30,7 @@
 #include <mutex>
 #include <pthread.h>
 #include <new>
-#include <semaphore.h>
+#include <fcntl.h>
 #include <system_error>
 #include <thread>
 #include <unistd.h>
@@ -36,10 +38,12 @@
 namespace ekka {
 namespace {
 
-/// Posted by the handler; the waiting thread of the process that
-/// installed it waits on it.
-sem_t Wake;
-/// The process whose thread waits on Wake: a forked child's handler (the
+/// The handler writes a byte to Wake and waits for one on Done; the
+/// waiting thread of the process that made them reads Wake, writes the
+/// trace out, and answers on Done. (Pipes: read and write are
+/// async-signal-safe, a semaphore's wait is not.)
+int Wake[2] = {-1, -1}, Done[2] = {-1, -1};
+/// The process whose thread reads Wake: a forked child's handler (the
 /// parent's, inherited) ends the child at once, as the default would.
 std::atomic<pid_t> WaiterPid{0};
 std::mutex InstallMutex;
@@ -55,53 +59,74 @@ void restoreDefault() {
   sigaction(SIGTERM, &Default, nullptr);
 }
 
-void onTerminate(int Signal, siginfo_t *, void *) {
-  int Saved = errno;
-  if (::getpid() == WaiterPid.load(std::memory_order_relaxed)) {
-    sem_post(&Wake);
-  } else {
-    // No thread here to write anything: end as the default would (the
-    // signal is blocked inside its handler, and delivered on its return).
-    restoreDefault();
-    raise(Signal);
-  }
-  errno = Saved;
-}
+void onTerminate(int Signal, siginfo_t *, void *);
 
 bool installedIsOurs(const struct sigaction &Now) {
   return (Now.sa_flags & SA_SIGINFO) && Now.sa_sigaction == onTerminate;
 }
 
-/// Writes the trace out, for FlushBound at most, then ends the process with
-/// SIGTERM.
+/// The thread that got the signal waits here until the trace is written:
+/// where it ran the program's Python it holds the GIL, and the program
+/// stands still meanwhile (its other threads, if they run, run on). Then
+/// the signal ends the process as it would have: raised again at this
+/// thread (not at the process, where a thread waiting for it with sigwait
+/// would take it), blocked until the handler returns.
+void onTerminate(int Signal, siginfo_t *, void *) {
+  int Saved = errno;
+  if (::getpid() == WaiterPid.load(std::memory_order_relaxed)) {
+    char Byte = 0;
+    ssize_t N;
+    while ((N = write(Wake[1], &Byte, 1)) < 0 && errno == EINTR) {
+    }
+    if (N == 1)
+      while (read(Done[0], &Byte, 1) < 0 && errno == EINTR) {
+      }
+  }
+  struct sigaction Now = {};
+  if (sigaction(Signal, nullptr, &Now) == 0 && installedIsOurs(Now))
+    restoreDefault();
+  raise(Signal);
+  errno = Saved;
+}
+
+/// Writes the trace out at the first SIGTERM, for FlushBound at most, and
+/// answers every handler that waits.
 void waitForTermination() {
   pthread_setname_np(pthread_self(), "ekka-sigterm");
-  while (sem_wait(&Wake) != 0 && errno == EINTR) {
+  bool Written = false;
+  for (;;) {
+    char Byte;
+    ssize_t N;
+    while ((N = read(Wake[0], &Byte, 1)) < 0 && errno == EINTR) {
+    }
+    if (N != 1)
+      return;
+    if (!Written) {
+      Written = true;
+      struct Flush {
+        std::mutex M;
+        std::condition_variable Done;
+        bool Finished = false;
+      };
+      // Shared with the writing thread, which may outlive the wait: leaked.
+      auto *F = new Flush();
+      startQuietThread([F] {
+        std::string Error = flushTrace();
+        if (!Error.empty())
+          std::fprintf(stderr, "ekka-trace: %s\n", Error.c_str());
+        std::lock_guard<std::mutex> Lock(F->M);
+        F->Finished = true;
+        F->Done.notify_all();
+      }).detach();
+      std::unique_lock<std::mutex> Lock(F->M);
+      if (!F->Done.wait_for(Lock, FlushBound, [F] { return F->Finished; }))
+        std::fprintf(stderr, "ekka-trace: warning: the trace was not written out within %lld s "
+                             "of SIGTERM: it holds what was written before\n",
+                     static_cast<long long>(FlushBound.count()));
+    }
+    while (write(Done[1], &Byte, 1) < 0 && errno == EINTR) {
+    }
   }
-  struct Flush {
-    std::mutex M;
-    std::condition_variable Done;
-    bool Finished = false;
-  };
-  // Shared with the writing thread, which may outlive the wait: leaked.
-  auto *F = new Flush();
-  startQuietThread([F] {
-    std::string Error = flushTrace();
-    if (!Error.empty())
-      std::fprintf(stderr, "ekka-trace: %s\n", Error.c_str());
-    std::lock_guard<std::mutex> Lock(F->M);
-    F->Finished = true;
-    F->Done.notify_all();
-  }).detach();
-  {
-    std::unique_lock<std::mutex> Lock(F->M);
-    if (!F->Done.wait_for(Lock, FlushBound, [F] { return F->Finished; }))
-      std::fprintf(stderr, "ekka-trace: warning: the trace was not written out within %lld s "
-                           "of SIGTERM: it holds what was written before\n",
-                   static_cast<long long>(FlushBound.count()));
-  }
-  restoreDefault();
-  ::kill(::getpid(), SIGTERM);
 }
 
 } // namespace
@@ -116,10 +141,18 @@ void installTerminationFlush() {
     return; // the program's own handler, or SIGTERM ignored: theirs to keep
   pid_t Pid = ::getpid();
   if (WaiterPid.load() != Pid) {
-    // In a forked child, a semaphore of its own: the parent's copy may have
-    // been posted.
-    if (sem_init(&Wake, /*pshared=*/0, 0) != 0)
+    // In a forked child, pipes and a thread of its own (the parent's
+    // pipes are the parent's).
+    int NewWake[2], NewDone[2];
+    if (pipe2(NewWake, O_CLOEXEC) != 0)
       return;
+    if (pipe2(NewDone, O_CLOEXEC) != 0) {
+      close(NewWake[0]);
+      close(NewWake[1]);
+      return;
+    }
+    std::copy(NewWake, NewWake + 2, Wake);
+    std::copy(NewDone, NewDone + 2, Done);
     try {
       startQuietThread(waitForTermination).detach();
     } catch (const std::system_error &) {
@@ -131,9 +164,7 @@ void installTerminationFlush() {
     return;
   struct sigaction Handler = {};
   Handler.sa_sigaction = onTerminate;
-  // SA_RESTART: the program's interrupted system calls go on as if no
-  // signal had come, which, untraced, would have ended it.
-  Handler.sa_flags = SA_SIGINFO | SA_RESTART;
+  Handler.sa_flags = SA_SIGINFO;
   sigemptyset(&Handler.sa_mask);
   sigaction(SIGTERM, &Handler, nullptr);
 }
@@ -147,7 +178,8 @@ void uninstallTerminationFlush() {
 
 void forgetTerminationFlushInChild() {
   // In a fork handler: no lock (another thread of the parent may have held
-  // it), and sigaction alone.
+  // it), and sigaction alone. The parent's pipes stay open here, unused
+  // (closed at an exec).
   new (&InstallMutex) std::mutex();
   struct sigaction Now = {};
   if (sigaction(SIGTERM, nullptr, &Now) == 0 && installedIsOurs(Now))
