@@ -4,6 +4,7 @@
 
 #include "ekka/Runtime/KernelLaunch.h"
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -23,12 +24,16 @@ struct ThreadFlags {
   /// Set once the session's state of this thread is destroyed (at the
   /// thread's exit): an op of the thread's last destructors is not seen.
   bool StateGone = false;
-  /// Set while torch.compile compiles on this thread (setThreadCompiling):
-  /// its ops and launches are not the program's.
-  bool Compiling = false;
   /// That state (TraceSession.cpp's ThreadState) while it lives.
   void *State = nullptr;
 };
+/// The flags of the thread on which torch.compile compiles (setCompiling),
+/// or null: its ops and launches meanwhile are not the program's.
+extern std::atomic<const ThreadFlags *> CompilingThread;
+inline bool compilingOn(const ThreadFlags &Flags) {
+  return CompilingThread.load(std::memory_order_relaxed) == &Flags;
+}
+
 /// This thread's flags, looked up once by the caller: a thread_local's
 /// address the compiler would find again (a call of __tls_get_addr) after
 /// every call the function makes.

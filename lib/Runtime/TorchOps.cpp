@@ -80,7 +80,7 @@ std::string stopOp() {
   }, std::string("error: stopping failed"));
 }
 
-void compilingOp(bool Compiling) { ekka::setThreadCompiling(Compiling); }
+void compilingOp(bool Compiling) { ekka::setCompiling(Compiling); }
 
 /// A kernel launch as CUPTI would report it, made from inside a program:
 /// for tests on machines without a GPU. The kernel gets one pointer

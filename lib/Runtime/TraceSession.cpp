@@ -782,7 +782,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   }
   // An op of the thread's last destructors, after its state's: not seen.
   ThreadFlags &Flags = threadFlags();
-  if (Flags.InsideEkka || Flags.StateGone || Flags.Compiling)
+  if (Flags.InsideEkka || Flags.StateGone || compilingOn(Flags))
     return nullptr;
   ThreadState &TS = thisThread(Flags);
   std::string_view Name = Fn.name();
@@ -974,6 +974,7 @@ void forgetSessionInChild() {
   TS.LastLaunch = {};
   new (&SessionMutex) std::mutex();
   forgetTerminationFlushInChild();
+  CompilingThread = nullptr; // the parent's compile, if one was under way
 }
 
 /// A module call's input: as the earlier output it is, or with statistics
@@ -1041,7 +1042,7 @@ void setDeviceMemoryOps(DeviceMemoryOps Ops) { DeviceMemory = Ops; }
 int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgument> &Pointers) {
   Session *S = Current;
   ThreadFlags &Flags = threadFlags();
-  if (!S || Flags.InsideEkka || Flags.StateGone || Flags.Compiling)
+  if (!S || Flags.InsideEkka || Flags.StateGone || compilingOn(Flags))
     return 0;
   ThreadState &TS = thisThread(Flags);
   // Interned once per kernel: a copy of its mangled name at every launch,
@@ -1133,7 +1134,7 @@ void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
 
 bool kernelSnapshotsWanted() {
   ThreadFlags &Flags = threadFlags();
-  if (!Current || Flags.InsideEkka || Flags.StateGone || Flags.Compiling)
+  if (!Current || Flags.InsideEkka || Flags.StateGone || compilingOn(Flags))
     return false;
   ThreadState &TS = thisThread(Flags);
   return !TS.OpStack.empty() && TS.OpStack.back()->Capture &&
@@ -1488,7 +1489,9 @@ std::string flushTrace() {
   return "";
 }
 
-void setThreadCompiling(bool Compiling) { threadFlags().Compiling = Compiling; }
+std::atomic<const ThreadFlags *> CompilingThread{nullptr};
+
+void setCompiling(bool Compiling) { CompilingThread = Compiling ? &threadFlags() : nullptr; }
 
 void reopenAfterFailedExec() {
   std::unique_lock<std::mutex> Lock(SessionMutex);

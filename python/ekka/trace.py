@@ -972,19 +972,23 @@ def _watch_compiles(dynamo):
     """While Dynamo compiles, the ops it runs on real tensors (detaching the
     inputs to make fakes of them, guards) and the kernels it launches
     (Inductor's autotuning) are its own, not the program's: the runtime
-    records none of the compiling thread's meanwhile (its compile start and
-    end callbacks say when; compiles are serialised by Dynamo's lock). The
-    callbacks are registered again after torch._dynamo.reset(), which
-    clears them."""
+    records none of the compiling thread's meanwhile. Dynamo's compile
+    start and end callbacks say when: the start on the thread where the
+    first of overlapping compiles starts, the end where the last ends
+    (torch.ops.ekka.compiling). Only a compile's start counts, not a CUDA
+    graph's recording, whose first replay is the program's. Registered
+    first, so that another callback that raises does not keep them from
+    running; again after torch._dynamo.reset(), which clears them."""
     handler = getattr(dynamo, "callback_handler", None)
-    if handler is None or not hasattr(handler, "register_start_callback"):
+    if handler is None or not isinstance(getattr(handler, "start_callbacks", None), list) or \
+            not isinstance(getattr(handler, "end_callbacks", None), list):
         return
 
     def watch():
         if _compile_started not in handler.start_callbacks:
-            handler.register_start_callback(_compile_started)
+            handler.start_callbacks.insert(0, _compile_started)
         if _compile_ended not in handler.end_callbacks:
-            handler.register_end_callback(_compile_ended)
+            handler.end_callbacks.insert(0, _compile_ended)
 
     watch()
     reset = dynamo.reset
@@ -999,12 +1003,20 @@ def _watch_compiles(dynamo):
     dynamo.reset = reset_watching
 
 
-def _compile_started(_args=None):
-    _unseen(torch.ops.ekka.compiling, True)
+def _compile_started(args=None):
+    trigger = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO")
+    if trigger in ("DYNAMO", "LAZY_BACKWARD"):
+        try:
+            _unseen(torch.ops.ekka.compiling, True)
+        except Exception:  # never into the compile
+            pass
 
 
-def _compile_ended(_args=None):
-    _unseen(torch.ops.ekka.compiling, False)
+def _compile_ended(args=None):
+    try:
+        _unseen(torch.ops.ekka.compiling, False)
+    except Exception:
+        pass
 
 
 def _wrap_exec():

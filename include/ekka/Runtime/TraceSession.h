@@ -81,12 +81,15 @@ std::string flushTrace();
 /// tracing stops, so that a program that then ends without stopping leaves
 /// a trace that reads as not closed.
 void reopenAfterFailedExec();
-/// Whether torch.compile compiles on this thread (Dynamo's compile start
-/// and end callbacks say so): the ops it runs on real tensors meanwhile
-/// (making fakes of the inputs, checking guards) and the kernels it
-/// launches (autotuning) are its own, not the program's, and are not
-/// recorded.
-void setThreadCompiling(bool Compiling);
+/// That torch.compile starts compiling on this thread, or that compiling
+/// has ended (on whichever thread): Dynamo's compile start and end
+/// callbacks, which it calls when the first of its compiles starts and the
+/// last ends, on any thread. The ops the compiling thread runs on real
+/// tensors meanwhile (making fakes of the inputs, checking guards) and the
+/// kernels it launches (autotuning) are Dynamo's, not the program's, and
+/// are not recorded. One thread at most: a compile that overlaps (a lazy
+/// backward compile on another thread) records its ops; none is lost.
+void setCompiling(bool Compiling);
 
 } // namespace ekka
 

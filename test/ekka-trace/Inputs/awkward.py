@@ -95,6 +95,52 @@ elif kind == "compiled-modules":
         net.compile(backend="eager")
         assert torch.equal(net(x), net.lin(x).relu())
         net(x + 1)
+elif kind == "compile-threads":
+    # Two compiles that overlap on two threads: one thread's lazy backward
+    # compile starts first, the other's forward compile ends last. Dynamo
+    # calls its compile callbacks at the first start and the last end only:
+    # the first thread's ops after its compile are still the program's.
+    import threading
+    import time
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    compiling_backward, forward_compiled = threading.Event(), threading.Event()
+
+    def slow(seconds, event=None):
+        def compiler(gm, example_inputs):
+            if event is not None:
+                event.set()
+            time.sleep(seconds)
+            return gm.forward
+        return compiler
+
+    def fast(gm, example_inputs):
+        return gm.forward
+
+    first = torch.nn.Linear(4, 4)
+
+    def backward_first():
+        f = torch.compile(lambda t: (t.sin() * 2).sum(),
+                          backend=aot_autograd(fw_compiler=fast,
+                                               bw_compiler=slow(0.5, compiling_backward)))
+        f(torch.randn(8, 4, requires_grad=True)).backward()  # compiled lazily, here
+        forward_compiled.wait()
+        with torch.no_grad():
+            first(x)
+
+    def forward_last():
+        compiling_backward.wait()
+        g = torch.compile(lambda t: (t.cos() * 3).sum(),
+                          backend=aot_autograd(fw_compiler=slow(1.0), bw_compiler=fast))
+        g(torch.randn(8, 4))
+        forward_compiled.set()
+
+    threads = [threading.Thread(target=backward_first), threading.Thread(target=forward_last)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 elif kind == "export":
     # torch.export.export, strict (whose Dynamo fails on any global module
     # hook) and not, of a model called before and after.
