@@ -956,16 +956,29 @@ def _recorded_call(module, compiled):
     return call
 
 
-def _quiet_compile_warning(_dynamo):
+def _hide_hooks_from_compile_warning():
     """torch.compile(module) warns every program that has global module
     hooks that they are called for its OptimizedModule too: a warning the
-    untraced program does not print, and an error under -W error. The
-    shim's record the OptimizedModule's call as the module it compiled
-    (_class_of), and nothing is recorded twice. A filter the program sets
-    after torch._dynamo's import comes first."""
-    import warnings
-    warnings.filterwarnings("ignore", category=UserWarning,
-                            message=r"Using `torch\.compile\(module\)` when there are global hooks")
+    untraced program does not print (an error under -W error or pytest's
+    filterwarnings = error). The shim's record the OptimizedModule's call as
+    the module it compiled (_compiled), and nothing is recorded twice: the
+    question PyTorch asks before it warns, its only use, leaves the shim's
+    hooks out (a hook of the program's is still warned about)."""
+    hooks = torch.nn.modules.module
+    theirs = getattr(hooks, "_has_any_global_hook", None)
+    if theirs is None or getattr(theirs, "_ekka_wrapped", False):
+        return
+    tables = ("_global_backward_pre_hooks", "_global_backward_hooks",
+              "_global_forward_pre_hooks", "_global_forward_hooks",
+              "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
+
+    @functools.wraps(theirs)
+    def has_any_global_hook_but_ekkas():
+        ours = (_pre_hook_id, _post_hook_id)
+        return any(key not in ours for name in tables for key in getattr(hooks, name, ()))
+
+    has_any_global_hook_but_ekkas._ekka_wrapped = True
+    hooks._has_any_global_hook = has_any_global_hook_but_ekkas
 
 
 def _watch_compiles(dynamo):
@@ -1067,7 +1080,7 @@ def install(trace_dir, options="", runtime_library=None):
     if pre is not _pre_hook:
         _when_imported("torch._dynamo", functools.partial(_hooks_in_graph, pre, post))
     os.register_at_fork(after_in_child=_after_fork_in_child)
-    _when_imported("torch._dynamo", _quiet_compile_warning)
+    _hide_hooks_from_compile_warning()
     _when_imported("torch._dynamo", _watch_compiles)
     _wrap_exec()
     _wrap_export()

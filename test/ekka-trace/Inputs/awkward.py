@@ -75,8 +75,15 @@ elif kind == "fullgraph":
 elif kind == "compiled-modules":
     # Modules compiled whole: torch.compile(module)'s OptimizedModule is
     # recorded as the module it compiled, with its path; Module.compile()
-    # (in place) was not recorded at all. Run under -W error: PyTorch's
-    # warning about global hooks and OptimizedModule is the shim's.
+    # (in place) was not recorded at all. Run under -W error, and with
+    # warnings made errors again once torch._dynamo is imported (as
+    # pytest's filterwarnings = error does): PyTorch's warning about global
+    # hooks and OptimizedModule is not the program's; with a global hook of
+    # its own, it is.
+    import warnings
+
+    import torch._dynamo  # noqa: F401
+    warnings.simplefilter("error")
     class Parent(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -95,6 +102,13 @@ elif kind == "compiled-modules":
         net.compile(backend="eager")
         assert torch.equal(net(x), net.lin(x).relu())
         net(x + 1)
+        from torch.nn.modules import module as hooks
+        theirs = hooks.register_module_forward_hook(lambda module, args, output: None)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            parent.b(x)
+        theirs.remove()
+        assert any("global hooks" in str(w.message) for w in said), said
 elif kind == "compile-threads":
     # Two compiles that overlap on two threads: one thread's lazy backward
     # compile starts first, the other's forward compile ends last. Dynamo
