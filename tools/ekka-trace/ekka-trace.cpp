@@ -201,16 +201,19 @@ std::string findProgram(const std::vector<std::string> &Command) {
 /// The program's process while ekka-trace waits for it.
 volatile sig_atomic_t ProgramPid = 0;
 
-/// A SIGTERM or SIGHUP that ekka-trace gets (kill, timeout, a closed
-/// terminal) goes to the program, which ends as it would, writing its trace
-/// out first (the runtime's SIGTERM handler); ekka-trace then reports it
-/// and returns its status. SIGINT and SIGQUIT from the terminal reach the
-/// program (its process group) already: ekka-trace ignores them meanwhile,
-/// as system() does.
-void forwardSignal(int Signal) {
-  if (ProgramPid > 0)
+/// A signal that ekka-trace gets while the program runs goes to the
+/// program, which ends or not as it would (a SIGTERM writes its trace out
+/// first: the runtime's handler); ekka-trace reports when it has ended and
+/// returns its status. Not a SIGINT or SIGQUIT that the terminal sent (not
+/// a process's kill): the program, in the same process group, has it
+/// already.
+void forwardSignal(int Signal, siginfo_t *Info, void *) {
+  bool FromTerminal = (Signal == SIGINT || Signal == SIGQUIT) && Info && Info->si_code > 0;
+  if (ProgramPid > 0 && !FromTerminal)
     ::kill(ProgramPid, Signal);
 }
+
+constexpr int ForwardedSignals[] = {SIGTERM, SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2};
 
 /// Runs Command with Env added; returns its exit code, 128+N for signal N.
 int runProgram(const std::vector<std::string> &Command,
@@ -235,24 +238,28 @@ int runProgram(const std::vector<std::string> &Command,
   if (Pid < 0)
     exitWithError(Tool, makeError("cannot start '" + Command[0] + "'"));
   if (Pid == 0) {
-    std::signal(SIGINT, SIG_DFL); // ignored below, in the parent only
-    std::signal(SIGQUIT, SIG_DFL);
     execve(Program.c_str(), Argv.data(), Envp.data());
     errs() << Tool << ": error: cannot run '" << Command[0] << "'\n";
     _exit(127);
   }
+  // Set after the fork: the program starts with ekka-trace's own
+  // dispositions (a background job's ignored SIGINT stays ignored). One
+  // that ekka-trace ignores stays ignored.
   ProgramPid = Pid;
-  struct sigaction Forward = {};
-  Forward.sa_handler = forwardSignal;
+  struct sigaction Forward = {}, Before[std::size(ForwardedSignals)];
+  Forward.sa_sigaction = forwardSignal;
+  Forward.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&Forward.sa_mask);
-  sigaction(SIGTERM, &Forward, nullptr);
-  sigaction(SIGHUP, &Forward, nullptr);
-  std::signal(SIGINT, SIG_IGN);
-  std::signal(SIGQUIT, SIG_IGN);
+  for (size_t I = 0; I < std::size(ForwardedSignals); ++I)
+    if (sigaction(ForwardedSignals[I], nullptr, &Before[I]) == 0 &&
+        !(!(Before[I].sa_flags & SA_SIGINFO) && Before[I].sa_handler == SIG_IGN))
+      sigaction(ForwardedSignals[I], &Forward, nullptr);
   int Status = 0;
   while (waitpid(Pid, &Status, 0) < 0) {
   }
   ProgramPid = 0;
+  for (size_t I = 0; I < std::size(ForwardedSignals); ++I)
+    sigaction(ForwardedSignals[I], &Before[I], nullptr);
   if (WIFEXITED(Status))
     return WEXITSTATUS(Status);
   if (WIFSIGNALED(Status))

@@ -10,6 +10,9 @@
   child     forks a child that runs no model and SIGTERMs it: the child
             ends by the signal, as untraced
   threads   runs a model, then says which signals ekka's threads block
+  interrupt runs a model, then sends SIGINT to its parent (ekka-trace),
+            which passes it on: KeyboardInterrupt, exit 5
+  inherited says whether SIGINT is ignored, as a background job's is
 """
 import multiprocessing
 import os
@@ -54,6 +57,15 @@ elif mode == "ignored":
 elif mode == "pool":
     with multiprocessing.get_context("fork").Pool(2) as pool:
         print(pool.map(work, range(4)))
+elif mode == "interrupt":
+    try:
+        os.kill(os.getppid(), signal.SIGINT)
+        wait_for_the_end()
+    except KeyboardInterrupt:
+        print("interrupted")
+        sys.exit(5)
+elif mode == "inherited":
+    print("SIGINT ignored:", signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
 elif mode == "threads":
     for task in sorted(os.listdir("/proc/self/task")):
         with open(f"/proc/self/task/{task}/comm") as f:
