@@ -135,6 +135,8 @@ bool kernelTracingSeesWrites();
 /// (which has no thread to write with).
 void installTerminationFlush();
 void uninstallTerminationFlush();
+/// Around stopTrace: a SIGTERM on the stopping thread lets the stop finish.
+void setStoppingThread(bool Stopping);
 void forgetTerminationFlushInChild();
 
 } // namespace ekka

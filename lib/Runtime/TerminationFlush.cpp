@@ -33,6 +33,7 @@
 #include <fcntl.h>
 #include <system_error>
 #include <thread>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace ekka {
@@ -47,6 +48,16 @@ int Wake[2] = {-1, -1}, Done[2] = {-1, -1};
 /// parent's, inherited) ends the child at once, as the default would.
 std::atomic<pid_t> WaiterPid{0};
 std::mutex InstallMutex;
+/// The thread that is stopping the trace (stopTrace holds the session's lock
+/// while it closes the writer): a SIGTERM there must not wait for a flush
+/// that waits for that lock. Its handler returns, the stop goes on, and the
+/// waiting thread ends the process once the flush has found it done.
+std::atomic<pid_t> StoppingThread{0};
+/// Whether the handler waits on Done (else the waiting thread ends the
+/// process).
+std::atomic<bool> HandlerWaits{true};
+
+pid_t threadId() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
 /// How long a SIGTERM waits for the trace to be written before it ends the
 /// process anyway.
@@ -74,9 +85,15 @@ bool installedIsOurs(const struct sigaction &Now) {
 void onTerminate(int Signal, siginfo_t *, void *) {
   int Saved = errno;
   if (::getpid() == WaiterPid.load(std::memory_order_relaxed)) {
+    bool Wait = StoppingThread.load() != threadId();
+    HandlerWaits = Wait;
     char Byte = 0;
     ssize_t N;
     while ((N = write(Wake[1], &Byte, 1)) < 0 && errno == EINTR) {
+    }
+    if (N == 1 && !Wait) {
+      errno = Saved;
+      return;
     }
     if (N == 1)
       while (read(Done[0], &Byte, 1) < 0 && errno == EINTR) {
@@ -124,6 +141,14 @@ void waitForTermination() {
                              "of SIGTERM: it holds what was written before\n",
                      static_cast<long long>(FlushBound.count()));
     }
+    if (!HandlerWaits) {
+      // The handler returned to a stop under way, now done (the flush
+      // waited for it): SIGTERM ends the process, as it would have.
+      struct sigaction Now = {};
+      if (sigaction(SIGTERM, nullptr, &Now) == 0 && installedIsOurs(Now))
+        restoreDefault();
+      ::kill(::getpid(), SIGTERM);
+    }
     while (write(Done[1], &Byte, 1) < 0 && errno == EINTR) {
     }
   }
@@ -168,6 +193,8 @@ void installTerminationFlush() {
   sigemptyset(&Handler.sa_mask);
   sigaction(SIGTERM, &Handler, nullptr);
 }
+
+void setStoppingThread(bool Stopping) { StoppingThread = Stopping ? threadId() : 0; }
 
 void uninstallTerminationFlush() {
   std::lock_guard<std::mutex> Lock(InstallMutex);

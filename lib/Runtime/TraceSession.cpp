@@ -3,6 +3,7 @@
 #include "SessionInternal.h"
 #include "TensorRecording.h"
 #include "ekka/Trace/TraceWriter.h"
+#include "llvm/ADT/ScopeExit.h"
 
 #include <ATen/record_function.h>
 #include <ATen/core/function_schema.h>
@@ -1433,6 +1434,8 @@ std::string writeClosingMeta(Session &S, const std::string &Missed) {
 } // namespace
 
 std::string stopTrace() {
+  setStoppingThread(true);
+  auto Stopped = llvm::make_scope_exit([] { setStoppingThread(false); });
   std::unique_lock<std::mutex> Lock(SessionMutex);
   Session *S = Current;
   if (!S)
