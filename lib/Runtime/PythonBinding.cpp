@@ -463,6 +463,14 @@ PyObject *before(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   if (!isEntry(Outer) || PyTuple_GET_ITEM(Outer, 5) != Py_None ||
       PyTuple_GET_ITEM(Outer, 4) == Py_None)
     return owned(Py_False);
+  // The module's own call open around it, or an OptimizedModule's (whose
+  // class alone Sources never holds): a compiled call that may be running
+  // the call it compiled. _before decides.
+  PyObject *Top = PyList_GET_ITEM(Stack.get(), PyList_GET_SIZE(Stack.get()) - 1);
+  if (!isEntry(Top) || PyTuple_GET_ITEM(Top, 0) == Module)
+    return owned(Py_False);
+  if (!PyDict_GetItemWithError(Sources, (PyObject *)Py_TYPE(PyTuple_GET_ITEM(Top, 0))))
+    return PyErr_Occurred() ? nullptr : owned(Py_False);
   // Held: finding the tensors may run Python (pytree), which may change the
   // stack or the tree.
   Ref Tree(owned(PyTuple_GET_ITEM(Outer, 4)));

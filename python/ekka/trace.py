@@ -345,6 +345,8 @@ def _before(module, args, kwargs=None):
     # Only a root whose forward was called directly is open: has it returned?
     if len(stack) == 1 and stack[0][5] is not None and not _running(stack[0][5]):
         _close_direct(stack)
+    if stack and _runs_compiled(local, stack[-1][0], module):
+        return
     is_root = not stack
     trees = getattr(local, "trees", None)
     if trees is None:
@@ -397,6 +399,17 @@ def _before(module, args, kwargs=None):
         inputs += _tensors(kwargs)
     call_id = _enter(path, cls.__name__, qualname, file, line, is_root, inputs)
     stack.append((module, call_id, len(inputs), kwargs is not None, tree, None))
+
+
+def _runs_compiled(local, top, module):
+    """Whether `module`'s call is the one that the compiled call open around
+    it runs, not a call of its own: where the compiled code runs as it is
+    (TORCH_COMPILE_DISABLE=1, or Dynamo falling back to the frame) the
+    hooks fire again inside, for the OptimizedModule's `_orig_mod`, or for
+    a module compiled in place (`_recorded_call`). Recorded once."""
+    if top is module:
+        return getattr(local, "compiled_call", None) is module
+    return _is_optimized(top) and _compiled(top) is module
 
 
 def _compiled(module):
@@ -684,7 +697,10 @@ def _after(module, args, *rest):
     stack = getattr(_state.local, "stack", None)
     if not stack or _traced_otherwise():  # _post_hook asked of torch.compile
         return
-    # Unwind to this module: a call that raised left without its exit.
+    # Unwind to this module: a call that raised left without its exit. One
+    # not open at all (a compiled call's own, recorded once) unwinds nothing.
+    if not any(entry[0] is module for entry in stack):
+        return
     while stack and stack[-1][0] is not module:
         stack.pop()
     if not stack:
@@ -945,11 +961,18 @@ def _recorded_call(module, compiled):
     traces it, they record nothing)."""
     def call(*args, **kwargs):
         _pre_hook(module, args, kwargs)
+        local = _state.local if _state is not None else None
+        outer = getattr(local, "compiled_call", None)
+        if local is not None:
+            local.compiled_call = module
         try:
             result = compiled(*args, **kwargs)
         except Exception:
             _post_hook(module, args, None)
             raise
+        finally:
+            if local is not None:
+                local.compiled_call = outer
         _post_hook(module, args, kwargs, result)
         return result
 

@@ -109,6 +109,14 @@ elif kind == "compiled-modules":
             parent.b(x)
         theirs.remove()
         assert any("global hooks" in str(w.message) for w in said), said
+elif kind == "compile-disabled":
+    # Run with TORCH_COMPILE_DISABLE=1 (as one checks whether a bug needs
+    # compile): compiled modules run their calls as they are, hooks and all,
+    # and each call is recorded once, with its submodules.
+    outer = torch.nn.Sequential(torch.compile(Net()), Net())
+    outer[1].compile()
+    y = outer(x)
+    assert torch.equal(y, outer[1].lin(outer[0]._orig_mod.lin(x).relu()).relu())
 elif kind == "compile-threads":
     # Two compiles that overlap on two threads: one thread's lazy backward
     # compile starts first, the other's forward compile ends last. Dynamo
