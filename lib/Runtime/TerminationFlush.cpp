@@ -27,13 +27,13 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
-#include <mutex>
-#include <pthread.h>
-#include <new>
 #include <fcntl.h>
+#include <mutex>
+#include <new>
+#include <pthread.h>
+#include <sys/syscall.h>
 #include <system_error>
 #include <thread>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace ekka {
@@ -63,17 +63,22 @@ pid_t threadId() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 /// process anyway.
 constexpr std::chrono::seconds FlushBound(10);
 
-void restoreDefault() {
-  struct sigaction Default = {};
-  Default.sa_handler = SIG_DFL;
-  sigemptyset(&Default.sa_mask);
-  sigaction(SIGTERM, &Default, nullptr);
-}
-
 void onTerminate(int Signal, siginfo_t *, void *);
 
 bool installedIsOurs(const struct sigaction &Now) {
   return (Now.sa_flags & SA_SIGINFO) && Now.sa_sigaction == onTerminate;
+}
+
+/// SIGTERM's default again, where the handler is still the runtime's (not
+/// one the program set since). Async-signal-safe: sigaction alone.
+void restoreDefaultIfOurs() {
+  struct sigaction Now = {};
+  if (sigaction(SIGTERM, nullptr, &Now) != 0 || !installedIsOurs(Now))
+    return;
+  struct sigaction Default = {};
+  Default.sa_handler = SIG_DFL;
+  sigemptyset(&Default.sa_mask);
+  sigaction(SIGTERM, &Default, nullptr);
 }
 
 /// The thread that got the signal waits here until the trace is written:
@@ -99,9 +104,7 @@ void onTerminate(int Signal, siginfo_t *, void *) {
       while (read(Done[0], &Byte, 1) < 0 && errno == EINTR) {
       }
   }
-  struct sigaction Now = {};
-  if (sigaction(Signal, nullptr, &Now) == 0 && installedIsOurs(Now))
-    restoreDefault();
+  restoreDefaultIfOurs();
   raise(Signal);
   errno = Saved;
 }
@@ -144,9 +147,7 @@ void waitForTermination() {
     if (!HandlerWaits) {
       // The handler returned to a stop under way, now done (the flush
       // waited for it): SIGTERM ends the process, as it would have.
-      struct sigaction Now = {};
-      if (sigaction(SIGTERM, nullptr, &Now) == 0 && installedIsOurs(Now))
-        restoreDefault();
+      restoreDefaultIfOurs();
       ::kill(::getpid(), SIGTERM);
     }
     while (write(Done[1], &Byte, 1) < 0 && errno == EINTR) {
@@ -198,9 +199,7 @@ void setStoppingThread(bool Stopping) { StoppingThread = Stopping ? threadId() :
 
 void uninstallTerminationFlush() {
   std::lock_guard<std::mutex> Lock(InstallMutex);
-  struct sigaction Now = {};
-  if (sigaction(SIGTERM, nullptr, &Now) == 0 && installedIsOurs(Now))
-    restoreDefault();
+  restoreDefaultIfOurs();
 }
 
 void forgetTerminationFlushInChild() {
@@ -208,9 +207,7 @@ void forgetTerminationFlushInChild() {
   // it), and sigaction alone. The parent's pipes stay open here, unused
   // (closed at an exec).
   new (&InstallMutex) std::mutex();
-  struct sigaction Now = {};
-  if (sigaction(SIGTERM, nullptr, &Now) == 0 && installedIsOurs(Now))
-    restoreDefault();
+  restoreDefaultIfOurs();
 }
 
 } // namespace ekka

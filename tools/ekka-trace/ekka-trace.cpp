@@ -250,10 +250,13 @@ int runProgram(const std::vector<std::string> &Command,
   Forward.sa_sigaction = forwardSignal;
   Forward.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&Forward.sa_mask);
-  for (size_t I = 0; I < std::size(ForwardedSignals); ++I)
-    if (sigaction(ForwardedSignals[I], nullptr, &Before[I]) == 0 &&
-        !(!(Before[I].sa_flags & SA_SIGINFO) && Before[I].sa_handler == SIG_IGN))
+  for (size_t I = 0; I < std::size(ForwardedSignals); ++I) {
+    if (sigaction(ForwardedSignals[I], nullptr, &Before[I]) != 0)
+      continue;
+    bool Ignored = !(Before[I].sa_flags & SA_SIGINFO) && Before[I].sa_handler == SIG_IGN;
+    if (!Ignored)
       sigaction(ForwardedSignals[I], &Forward, nullptr);
+  }
   int Status = 0;
   while (waitpid(Pid, &Status, 0) < 0) {
   }
