@@ -618,8 +618,10 @@ PyObject *callShim(PyObject *Name, PyObject *const *Args, Py_ssize_t N) {
 using Hook = PyObject *(*)(PyObject *, PyObject *const *, Py_ssize_t);
 
 /// The shim's _pre_hook or _post_hook (\p Whole), in C: nothing while torch
-/// compiles; \p Fast, the common case, or where it declines the shim's \p
-/// Slow, as the Python hook would. Under torch.compile's frame evaluation,
+/// compiles; while it compiles on another thread (its flag is the whole
+/// process's), the Python hook, which asks whether this one compiles too;
+/// \p Fast, the common case, or where it declines the shim's \p Slow, as
+/// the Python hook would. Under torch.compile's frame evaluation,
 /// the Python hook itself: Dynamo compiles a Python function that starts
 /// there (the hook, or `_before` called from here), and the hook's first
 /// question, is_compiling(), it answers True, so nothing is recorded there,
@@ -635,8 +637,11 @@ PyObject *runHook(Hook Fast, PyObject *Slow, PyObject *Whole, const char *Where,
     return nullptr;
   }
   int Compiling = compiling();
-  if (Compiling > 0)
-    Py_RETURN_NONE;
+  if (Compiling > 0) {
+    if (!ekka::compilingElsewhere())
+      Py_RETURN_NONE;
+    return callShim(Whole, Args, N); // whether this thread compiles too, it asks
+  }
   int Dynamo = Compiling < 0 ? -1 : underDynamo();
   if (Dynamo > 0)
     return callShim(Whole, Args, N);

@@ -82,6 +82,8 @@ std::string stopOp() {
 
 void compilingOp(bool Compiling) { ekka::setCompiling(Compiling); }
 
+bool compilingElsewhereOp() { return ekka::compilingElsewhere(); }
+
 /// A kernel launch as CUPTI would report it, made from inside a program:
 /// for tests on machines without a GPU. The kernel gets one pointer
 /// parameter per buffer, pointing at its data, and is recorded under the op
@@ -144,4 +146,5 @@ TORCH_LIBRARY(ekka, m) {
   m.def("flush() -> str", flushOp);
   m.def("exec_failed() -> ()", execFailedOp);
   m.def("compiling(bool compiling) -> ()", compilingOp);
+  m.def("compiling_elsewhere() -> bool", compilingElsewhereOp);
 }

@@ -1496,6 +1496,11 @@ std::atomic<const ThreadFlags *> CompilingThread{nullptr};
 
 void setCompiling(bool Compiling) { CompilingThread = Compiling ? &threadFlags() : nullptr; }
 
+bool compilingElsewhere() {
+  const ThreadFlags *Compiling = CompilingThread.load(std::memory_order_relaxed);
+  return Compiling && Compiling != &threadFlags();
+}
+
 void reopenAfterFailedExec() {
   std::unique_lock<std::mutex> Lock(SessionMutex);
   Session *S = Current;

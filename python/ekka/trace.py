@@ -58,10 +58,27 @@ class _State:
 
 
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+_is_dynamo_compiling = getattr(getattr(torch, "compiler", None), "is_dynamo_compiling",
+                               _is_compiling)
+_compiling_elsewhere = bool  # install's: the runtime's compiling_elsewhere
+_compile_context = getattr(getattr(getattr(torch, "_guards", None), "CompileContext", None),
+                           "try_get", None)
 _tracing_state = torch._C._get_tracing_state
 _is_scripting = torch.jit.is_scripting
 _functorch_level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level",
                            lambda: None)
+
+
+def _compiling_here():
+    """torch.compiler.is_compiling(), for this thread. Its flag is the whole
+    process's: while one thread compiles, another's module calls are the
+    program's. The runtime knows on which thread Dynamo started compiling
+    (see _watch_compiles); a compile that overlaps it on this thread (Dynamo
+    calls no callback for it) has set this thread's compile context. Dynamo,
+    tracing the hooks, answers True at once: is_dynamo_compiling() is a
+    constant to it, so nothing goes into the graph."""
+    return _is_compiling() and (_is_dynamo_compiling() or not _compiling_elsewhere() or
+                                _compile_context() is not None)
 
 
 def _not_traceable():
@@ -70,7 +87,7 @@ def _not_traceable():
     Inside a torch.func transform (vmap, grad) the tensors are the
     transform's wrappers, which the ekka ops take no batching rule for: the
     modules called there are not recorded (their calls, as the whole, are)."""
-    return _is_compiling() or _traced_otherwise()
+    return _compiling_here() or _traced_otherwise()
 
 
 def _traced_otherwise():
@@ -260,7 +277,7 @@ _hook_error_said = False
 # compiles with fullgraph=True still does). The modules it compiled are not
 # recorded; the ops of the compiled code are, as any op.
 def _pre_hook(module, args, kwargs=None):
-    if _is_compiling():
+    if _compiling_here():
         return
     try:
         if _fast_before is None or not _fast_before(module, args, kwargs):
@@ -270,7 +287,7 @@ def _pre_hook(module, args, kwargs=None):
 
 
 def _post_hook(module, args, *rest):
-    if _is_compiling():
+    if _compiling_here():
         return
     try:
         if _fast_after is None or not _fast_after(module, args, *rest):
@@ -565,7 +582,7 @@ def _hook_direct_calls(owner):
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
-        if _is_compiling() or type(self) is not cls:
+        if _compiling_here() or type(self) is not cls:
             return original(self, *args, **kwargs)
         state = _state
         stack = getattr(state.local, "stack", None) if state is not None else None
@@ -1077,6 +1094,10 @@ def install(trace_dir, options="", runtime_library=None):
     torch.ops.load_library(library)
     global _enter, _exit, _tensors, _fast_before, _fast_after, _traced_otherwise
     _enter, _exit = torch.ops.ekka.enter.default, torch.ops.ekka.exit.default
+    global _compiling_elsewhere
+    if _compile_context is not None:  # else is_compiling() is every thread's, as it says
+        _compiling_elsewhere = functools.partial(_unseen,
+                                                 torch.ops.ekka.compiling_elsewhere.default)
     state = _State(trace_dir, options)
     binding = _python_binding(library)
     if binding is not None:

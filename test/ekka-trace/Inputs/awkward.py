@@ -163,6 +163,36 @@ elif kind == "compile-threads":
         t.start()
     for t in threads:
         t.join()
+elif kind == "compile-elsewhere":
+    # One thread compiles (torch.compiler.is_compiling() is True for the
+    # whole process meanwhile) while another runs its model eagerly: that
+    # thread's calls are the program's, and recorded.
+    import threading
+
+    compiling, ran = threading.Event(), threading.Event()
+
+    def waiting(gm, example_inputs):
+        compiling.set()
+        assert ran.wait(60)
+        return gm.forward
+
+    def compiles():
+        torch.compile(lambda t: t.sin() * 2, backend=waiting)(torch.randn(4))
+
+    def runs():
+        assert compiling.wait(60)
+        assert torch.compiler.is_compiling()
+        net = Net()
+        with torch.no_grad():
+            for _ in range(3):
+                net(x)
+        ran.set()
+
+    threads = [threading.Thread(target=compiles), threading.Thread(target=runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 elif kind == "export":
     # torch.export.export, strict (whose Dynamo fails on any global module
     # hook) and not, of a model called before and after.
