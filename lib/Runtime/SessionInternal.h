@@ -138,6 +138,17 @@ void uninstallTerminationFlush();
 /// Around stopTrace: a SIGTERM on the stopping thread lets the stop finish.
 void setStoppingThread(bool Stopping);
 void forgetTerminationFlushInChild();
+/// Set while a SIGTERM's flush goes on without the thread the signal landed
+/// on, whose handler returned (it may hold what the flush waits for): the
+/// program's threads stand still at their next step into the runtime, and
+/// the process ends once the trace is written, as the signal would have
+/// ended it.
+extern std::atomic<bool> TerminationPending;
+[[gnu::cold]] void standStillForTermination();
+inline void standStillIfTerminating(const ThreadFlags &Flags) {
+  if (TerminationPending.load(std::memory_order_relaxed) && !Flags.InsideEkka)
+    standStillForTermination();
+}
 
 } // namespace ekka
 

@@ -9,10 +9,13 @@
 // ended: its exit status is the signal's.
 //
 // The handler only writes to a pipe and waits on another (async-signal-
-// safe); the writing happens on the waiting thread, bounded in time: a
-// trace whose writing does not finish (a lock held by the thread the
-// signal interrupted) still ends the process, valid up to what was
-// written.
+// safe); the writing happens on the waiting thread, bounded in time. The
+// thread the signal interrupted may hold what the writing waits for (its
+// buffer's lock, while it waits for room in the writer's queue): after a
+// second, its handler returns, and the program's threads stand still at
+// their next step into the runtime instead, until the trace is written. A
+// trace whose writing does not finish still ends the process, valid up to
+// what was written.
 //
 //===----------------------------------------------------------------------===//
 
@@ -62,6 +65,9 @@ pid_t threadId() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 /// How long a SIGTERM waits for the trace to be written before it ends the
 /// process anyway.
 constexpr std::chrono::seconds FlushBound(10);
+/// How long the handler waits before it returns, so that its thread lets go
+/// of what the flush may wait for (TerminationPending).
+constexpr std::chrono::seconds HandlerBound(1);
 
 void onTerminate(int Signal, siginfo_t *, void *);
 
@@ -103,6 +109,10 @@ void onTerminate(int Signal, siginfo_t *, void *) {
     if (N == 1)
       while (read(Done[0], &Byte, 1) < 0 && errno == EINTR) {
       }
+    if (N == 1 && TerminationPending.load()) {
+      errno = Saved; // the flush goes on without this thread (see HandlerBound)
+      return;
+    }
   }
   restoreDefaultIfOurs();
   raise(Signal);
@@ -121,6 +131,7 @@ void waitForTermination() {
     }
     if (N != 1)
       return;
+    bool Answered = false;
     if (!Written) {
       Written = true;
       struct Flush {
@@ -131,6 +142,7 @@ void waitForTermination() {
       // Shared with the writing thread, which may outlive the wait: leaked.
       auto *F = new Flush();
       startQuietThread([F] {
+        InsideEkkaScope Inside; // never stands still (TerminationPending)
         std::string Error = flushTrace();
         if (!Error.empty())
           std::fprintf(stderr, "ekka-trace: %s\n", Error.c_str());
@@ -139,19 +151,33 @@ void waitForTermination() {
         F->Done.notify_all();
       }).detach();
       std::unique_lock<std::mutex> Lock(F->M);
-      if (!F->Done.wait_for(Lock, FlushBound, [F] { return F->Finished; }))
+      auto Finished = [F] { return F->Finished; };
+      if (!F->Done.wait_for(Lock, HandlerBound, Finished) && HandlerWaits) {
+        // The handler's thread may hold what the flush waits for: its
+        // handler returns, and the program's threads stand still at their
+        // next step into the runtime, until this thread ends the process.
+        TerminationPending = true;
+        HandlerWaits = false;
+        Answered = true;
+        while (write(Done[1], &Byte, 1) < 0 && errno == EINTR) {
+        }
+      }
+      if (!F->Done.wait_for(Lock, FlushBound - HandlerBound, Finished))
         std::fprintf(stderr, "ekka-trace: warning: the trace was not written out within %lld s "
                              "of SIGTERM: it holds what was written before\n",
                      static_cast<long long>(FlushBound.count()));
     }
     if (!HandlerWaits) {
-      // The handler returned to a stop under way, now done (the flush
-      // waited for it): SIGTERM ends the process, as it would have.
+      // The handler returned (to a stop under way, now done: the flush
+      // waited for it; or after HandlerBound): SIGTERM ends the process, as
+      // it would have.
       restoreDefaultIfOurs();
       ::kill(::getpid(), SIGTERM);
+      TerminationPending = false; // a handler the program set since took it
     }
-    while (write(Done[1], &Byte, 1) < 0 && errno == EINTR) {
-    }
+    if (!Answered)
+      while (write(Done[1], &Byte, 1) < 0 && errno == EINTR) {
+      }
   }
 }
 
@@ -197,6 +223,13 @@ void installTerminationFlush() {
 
 void setStoppingThread(bool Stopping) { StoppingThread = Stopping ? threadId() : 0; }
 
+std::atomic<bool> TerminationPending{false};
+
+void standStillForTermination() {
+  while (TerminationPending.load())
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
 void uninstallTerminationFlush() {
   std::lock_guard<std::mutex> Lock(InstallMutex);
   restoreDefaultIfOurs();
@@ -207,6 +240,7 @@ void forgetTerminationFlushInChild() {
   // it), and sigaction alone. The parent's pipes stay open here, unused
   // (closed at an exec).
   new (&InstallMutex) std::mutex();
+  TerminationPending = false; // the parent's threads stand still, not the child's
   restoreDefaultIfOurs();
 }
 

@@ -785,6 +785,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   ThreadFlags &Flags = threadFlags();
   if (Flags.InsideEkka || Flags.StateGone || compilingOn(Flags))
     return nullptr;
+  standStillIfTerminating(Flags);
   ThreadState &TS = thisThread(Flags);
   std::string_view Name = Fn.name();
   if (Name.substr(0, 6) == "ekka::" || tracingWithFakes())
@@ -1263,6 +1264,7 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
   if (!S)
     return 0;
   ThreadFlags &Flags = threadFlags();
+  standStillIfTerminating(Flags);
   InsideEkkaScope Inside(Flags);
   TracerTimer Timer(TracerPart::Modules);
   S->Deferred.releaseSettled();
@@ -1307,6 +1309,7 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
   if (!S || Id == 0)
     return;
   ThreadFlags &Flags = threadFlags();
+  standStillIfTerminating(Flags);
   InsideEkkaScope Inside(Flags);
   TracerTimer Timer(TracerPart::Modules, /*NewCall=*/false);
   ThreadState &TS = thisThread(Flags);
@@ -1434,6 +1437,7 @@ std::string writeClosingMeta(Session &S, const std::string &Missed) {
 } // namespace
 
 std::string stopTrace() {
+  standStillIfTerminating(threadFlags()); // a program that would have ended meanwhile
   setStoppingThread(true);
   auto Stopped = llvm::make_scope_exit([] { setStoppingThread(false); });
   std::unique_lock<std::mutex> Lock(SessionMutex);

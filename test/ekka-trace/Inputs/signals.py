@@ -15,6 +15,10 @@
   inherited says whether SIGINT is ignored, as a background job's is
   stopping  captures tens of MB, and SIGTERMs itself once its main thread
             is in the runtime's stop (at exit), which closes the writer
+  waiting   records ops faster than the writer takes them; a watcher
+            process SIGTERMs it once its main thread sleeps: inside the
+            runtime, waiting for room in the writer's queue, with its
+            buffer's lock held
 """
 import multiprocessing
 import os
@@ -89,6 +93,28 @@ elif mode == "stopping":
             time.sleep(0.0002)
 
     threading.Thread(target=when_stopping, daemon=True).start()
+elif mode == "waiting":
+    # The main thread is the program's only Python thread: where it sleeps
+    # in a loop of ops, it waits for the tracer's writer.
+    watcher = """
+import os, signal, sys, time
+pid = int(sys.argv[1])
+deadline, asleep = time.monotonic() + 60, 0
+while time.monotonic() < deadline and asleep < 3:  # a wait, not a moment's
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        asleep = asleep + 1 if f.read().rsplit(")", 1)[1].split()[0] == "S" else 0
+    time.sleep(0.0005)
+os.kill(pid, signal.SIGTERM)
+"""
+    import subprocess
+    x = torch.ones(2, 4)
+    with torch.no_grad():
+        model(x)
+        subprocess.Popen([sys.executable, "-I", "-c", watcher, str(os.getpid())])
+        while True:
+            for _ in range(100):
+                x = torch.add(x, 1e-6)
+            model(x)
 elif mode == "inherited":
     print("SIGINT ignored:", signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
 elif mode == "threads":
