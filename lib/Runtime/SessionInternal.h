@@ -26,6 +26,9 @@ struct ThreadFlags {
   bool StateGone = false;
   /// That state (TraceSession.cpp's ThreadState) while it lives.
   void *State = nullptr;
+  /// How many scopes of work a library does for itself on this thread are
+  /// open (setAside: an autotuner's benchmark runs).
+  unsigned Aside = 0;
 };
 /// The flags of the thread on which torch.compile compiles (setCompiling),
 /// or null: its ops and launches meanwhile are not the program's.
@@ -33,6 +36,11 @@ extern std::atomic<const ThreadFlags *> CompilingThread;
 inline bool compilingOn(const ThreadFlags &Flags) {
   return CompilingThread.load(std::memory_order_relaxed) == &Flags;
 }
+/// Whether the thread's ops and launches are not the program's now: torch
+/// compiles on it, or a library works for itself (setAside). Not recorded;
+/// what they write is still watched for (statistics waiting for their
+/// launch are launched before it).
+inline bool setAsideOn(const ThreadFlags &Flags) { return Flags.Aside || compilingOn(Flags); }
 
 /// This thread's flags, looked up once by the caller: a thread_local's
 /// address the compiler would find again (a call of __tls_get_addr) after

@@ -84,6 +84,8 @@ void compilingOp(bool Compiling) { ekka::setCompiling(Compiling); }
 
 bool compilingElsewhereOp() { return ekka::compilingElsewhere(); }
 
+void asideOp(bool Begin) { ekka::setAside(Begin); }
+
 /// A kernel launch as CUPTI would report it, made from inside a program:
 /// for tests on machines without a GPU. The kernel gets one pointer
 /// parameter per buffer, pointing at its data, and is recorded under the op
@@ -147,4 +149,5 @@ TORCH_LIBRARY(ekka, m) {
   m.def("exec_failed() -> ()", execFailedOp);
   m.def("compiling(bool compiling) -> ()", compilingOp);
   m.def("compiling_elsewhere() -> bool", compilingElsewhereOp);
+  m.def("aside(bool begin) -> ()", asideOp);
 }

@@ -783,7 +783,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   }
   // An op of the thread's last destructors, after its state's: not seen.
   ThreadFlags &Flags = threadFlags();
-  if (Flags.InsideEkka || Flags.StateGone || compilingOn(Flags))
+  if (Flags.InsideEkka || Flags.StateGone || setAsideOn(Flags))
     return nullptr;
   standStillIfTerminating(Flags);
   ThreadState &TS = thisThread(Flags);
@@ -1044,7 +1044,7 @@ void setDeviceMemoryOps(DeviceMemoryOps Ops) { DeviceMemory = Ops; }
 int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgument> &Pointers) {
   Session *S = Current;
   ThreadFlags &Flags = threadFlags();
-  if (!S || Flags.InsideEkka || Flags.StateGone || compilingOn(Flags))
+  if (!S || Flags.InsideEkka || Flags.StateGone || setAsideOn(Flags))
     return 0;
   ThreadState &TS = thisThread(Flags);
   // Interned once per kernel: a copy of its mangled name at every launch,
@@ -1136,7 +1136,7 @@ void matchKernelPointers(const std::vector<PointerArgument> &Pointers) {
 
 bool kernelSnapshotsWanted() {
   ThreadFlags &Flags = threadFlags();
-  if (!Current || Flags.InsideEkka || Flags.StateGone || compilingOn(Flags))
+  if (!Current || Flags.InsideEkka || Flags.StateGone || setAsideOn(Flags))
     return false;
   ThreadState &TS = thisThread(Flags);
   return !TS.OpStack.empty() && TS.OpStack.back()->Capture &&
@@ -1499,6 +1499,14 @@ std::string flushTrace() {
 std::atomic<const ThreadFlags *> CompilingThread{nullptr};
 
 void setCompiling(bool Compiling) { CompilingThread = Compiling ? &threadFlags() : nullptr; }
+
+void setAside(bool Begin) {
+  ThreadFlags &Flags = threadFlags();
+  if (Begin)
+    ++Flags.Aside;
+  else if (Flags.Aside)
+    --Flags.Aside;
+}
 
 bool compilingElsewhere() {
   const ThreadFlags *Compiling = CompilingThread.load(std::memory_order_relaxed);

@@ -1072,6 +1072,39 @@ def _compile_ended(args=None):
         pass
 
 
+# The autotuners' benchmark runs, method by module: Triton's own
+# (@triton.autotune, in kernel libraries) and Inductor's (the kernels
+# torch.compile generates, tuned at their first launch).
+_AUTOTUNER_BENCHMARKS = {
+    "triton.runtime.autotuner": ("Autotuner", "_bench"),
+    "torch._inductor.runtime.triton_heuristics": ("CachingAutotuner", "bench"),
+}
+
+
+def _set_aside(owner, name, module):
+    """An autotuner's benchmark runs a configuration of a kernel on the
+    program's thread, cloning, zeroing and restoring its arguments around
+    each launch: work the library does for itself, whose ops and launches
+    are not recorded (torch.ops.ekka.aside). The configuration it then
+    launches for the program is."""
+    cls = getattr(module, owner, None)
+    method = vars(cls).get(name) if isinstance(cls, type) else None
+    if not callable(method) or getattr(method, "_ekka_aside", False):
+        return
+    aside = torch.ops.ekka.aside.default
+
+    @functools.wraps(method)
+    def benchmark(*args, **kwargs):
+        _unseen(aside, True)
+        try:
+            return method(*args, **kwargs)
+        finally:
+            _unseen(aside, False)
+
+    benchmark._ekka_aside = True
+    setattr(cls, name, benchmark)
+
+
 def _wrap_exec():
     import posix  # os's own: a program may call posix.execv directly
 
@@ -1129,6 +1162,8 @@ def install(trace_dir, options="", runtime_library=None):
     _wrap_exec()
     _wrap_export()
     _wrap_module_compile()
+    for module, (owner, name) in _AUTOTUNER_BENCHMARKS.items():
+        _when_imported(module, functools.partial(_set_aside, owner, name))
 
 
 def _python_binding(library):

@@ -96,6 +96,12 @@ void setCompiling(bool Compiling);
 /// and recorded. False where no compile said where it runs (torch.export
 /// without Dynamo): is_compiling() may then be this thread's.
 bool compilingElsewhere();
+/// That work a library does for itself on this thread begins or ends (they
+/// nest): an autotuner's benchmark runs, which launch each configuration
+/// of a kernel, cloning and restoring its arguments around each launch.
+/// Their ops and launches are not the program's and are not recorded; the
+/// configuration the autotuner then launches for the program is.
+void setAside(bool Begin);
 
 } // namespace ekka
 

@@ -13,6 +13,7 @@ place, a module that returns a dataclass, arguments and outputs nested in
 tuples, lists and dicts, and module outputs the caller writes to in place
 right away, threads whose first module calls start the trace together,
 and the program's own TorchDispatchMode."""
+import os
 import sys
 
 import torch
@@ -193,6 +194,43 @@ elif kind == "compile-elsewhere":
         t.start()
     for t in threads:
         t.join()
+elif kind == "autotune":
+    # A kernel that @triton.autotune tunes at its first call (run by
+    # Triton's interpreter here, no GPU): each configuration is benchmarked,
+    # its output cloned and restored around each run; then the best is
+    # launched. Only that launch is the program's (a launch simulated in the
+    # benchmark stands for a GPU's).
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton
+    import triton.language as tl
+
+    def bench(fn, quantiles):
+        for _ in range(3):
+            fn()
+            torch.ops.ekka.simulated_launch("benchmark_run", [])
+        return [1.0, 1.0, 1.0]
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": 4}), triton.Config({"BLOCK": 8})],
+                     key=["n"], restore_value=["out_ptr"], do_bench=bench)
+    @triton.jit
+    def accumulate(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(out_ptr + offs, mask=mask) +
+                 tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+    class Accumulate(torch.nn.Module):
+        def forward(self, x):
+            out = torch.zeros_like(x)
+            accumulate[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](x, out, x.numel())
+            torch.ops.ekka.simulated_launch("after_tuning", [out])
+            return out
+
+    acc, x = Accumulate(), torch.arange(16, dtype=torch.float32)
+    assert torch.equal(acc(x), x) and torch.equal(acc(x), x)
+    from torch._inductor.runtime import triton_heuristics
+    print("inductor's benchmark set aside:",
+          getattr(triton_heuristics.CachingAutotuner.bench, "_ekka_aside", False))
 elif kind == "export":
     # torch.export.export, strict (whose Dynamo fails on any global module
     # hook) and not, of a model called before and after.
