@@ -250,6 +250,13 @@ struct OpContext : at::ObserverContext {
   std::vector<at::Tensor> Arguments;
   std::vector<bool> ArgumentMutable;
   std::vector<KernelSnapshot> Snapshots;
+  const OpKind *Kind = nullptr;
+  /// For a scope or an op that only echoes the op open around it (see
+  /// echoed()): that op, to which what runs inside is attributed. Nothing
+  /// of the echo's own is recorded.
+  OpContext *Echoes = nullptr;
+  /// An echo that is the scope of a TorchDispatchMode's handling of the op.
+  bool ModeScope = false;
 
   // One per op: kept for reuse by the thread (ThreadState::Spare), as a
   // malloc and a free per op are a tenth of the observer's work on a CPU
@@ -419,6 +426,32 @@ OpKind &opKind(ThreadState &TS, const at::RecordFunction &Fn) {
     K.Written.push_back(A.alias_info() && A.alias_info()->isWrite());
   K.WritesUnmarked = K.Name.rfind("c10d::", 0) == 0;
   return Kinds.emplace(Key, std::move(K)).first->second;
+}
+
+/// The op open on this thread, to which a launch or a write belongs (not an
+/// echo of it), or null.
+OpContext *openOp(ThreadState &TS) {
+  if (TS.OpStack.empty())
+    return nullptr;
+  OpContext *Top = TS.OpStack.back();
+  return Top->Echoes ? Top->Echoes : Top;
+}
+
+/// Under a program's TorchDispatchMode (a logging mode, FlopCounterMode,
+/// AOTAutograd's check at a compiled graph's first call) an op reaches the
+/// dispatcher twice: at the mode, and again from the mode's `func(*args)`,
+/// inside a scope PyTorch names "PythonDispatchMode". The op is recorded
+/// once, at the mode: what the program called, with the outputs the mode
+/// returned. The scope, and the same op again right inside it, echo it:
+/// nothing of theirs is recorded, and what runs inside (other ops, kernels)
+/// is the op's. Returns the op that \p Kind's would echo, or null.
+OpContext *echoed(ThreadState &TS, const OpKind &Kind) {
+  if (TS.OpStack.empty())
+    return nullptr;
+  OpContext *Top = TS.OpStack.back();
+  if (Kind.Schema.empty())
+    return Kind.Name == "PythonDispatchMode" ? (Top->Echoes ? Top->Echoes : Top) : nullptr;
+  return Top->ModeScope && Top->Echoes->Kind == &Kind ? Top->Echoes : nullptr;
 }
 
 uint64_t nowNanos() {
@@ -790,6 +823,14 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   std::string_view Name = Fn.name();
   if (Name.substr(0, 6) == "ekka::" || tracingWithFakes())
     return nullptr;
+  OpKind &Kind = opKind(TS, Fn);
+  if (OpContext *Echoed = echoed(TS, Kind)) {
+    std::unique_ptr<OpContext> Echo(new (TS) OpContext);
+    Echo->Echoes = Echoed;
+    Echo->ModeScope = Kind.Schema.empty();
+    TS.OpStack.push_back(Echo.get());
+    return Echo;
+  }
   ++TS.OpsBegun;
   ++TS.OpStarts;
   // A native program has no module entries, where settled statistics'
@@ -806,7 +847,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   if (int64_t Open = openCall(TS))
     Call = Open;
   int64_t Seq = S->OpSeq++;
-  OpKind &Kind = opKind(TS, Fn);
+  Ctx->Kind = &Kind;
   if (S->Options.OpFilter && Kind.FilteredIn != S->Serial) {
     Kind.Captured = std::regex_search(Kind.Name, *S->Options.OpFilter);
     Kind.FilteredIn = S->Serial;
@@ -894,8 +935,10 @@ void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
     TS.OpStack.pop_back();
   if (!S || !Raw || Flags.InsideEkka)
     return;
-  InsideEkkaScope Inside(Flags);
   auto *Ctx = static_cast<OpContext *>(Raw);
+  if (Ctx->Echoes)
+    return; // recorded at the end of the op it echoes
+  InsideEkkaScope Inside(Flags);
   recordKernelSnapshots(*S, *Ctx);
   bool Capture = Ctx->Capture;
   bool Stats = S->Options.OpStats || Capture;
@@ -1066,7 +1109,7 @@ int64_t recordKernelLaunch(const KernelLaunch &L, const std::vector<PointerArgum
   }
   KernelRecord R;
   R.Id = S->Writer->nextKernelId();
-  OpContext *Op = TS.OpStack.empty() ? nullptr : TS.OpStack.back();
+  OpContext *Op = openOp(TS);
   if (Op)
     R.OpId = Op->OpId;
   if (int64_t Call = openCall(TS))
@@ -1100,7 +1143,8 @@ void beforeDeviceWrite(bool Ordering) {
   // Inside an op, its own launches and copies write what its schema says
   // (seen at its start); inside a named scope (record_function, an
   // autograd Function's forward) nothing says what they write.
-  bool InOperator = !TS.OpStack.empty() && TS.OpStack.back()->Operator;
+  OpContext *Open = openOp(TS);
+  bool InOperator = Open && Open->Operator;
   if (!Ordering && !InOperator)
     ++TS.OpsBegun; // a write no op announced: what was produced before may have changed
   if (S->DeviceDeferred.waiting() && (Ordering || !InOperator))
@@ -1139,8 +1183,8 @@ bool kernelSnapshotsWanted() {
   if (!Current || Flags.InsideEkka || Flags.StateGone || setAsideOn(Flags))
     return false;
   ThreadState &TS = thisThread(Flags);
-  return !TS.OpStack.empty() && TS.OpStack.back()->Capture &&
-         !TS.OpStack.back()->Arguments.empty();
+  OpContext *Op = openOp(TS);
+  return Op && Op->Capture && !Op->Arguments.empty();
 }
 
 void snapshotKernelBuffers() {
