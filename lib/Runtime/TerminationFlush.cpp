@@ -56,9 +56,13 @@ std::mutex InstallMutex;
 /// that waits for that lock. Its handler returns, the stop goes on, and the
 /// waiting thread ends the process once the flush has found it done.
 std::atomic<pid_t> StoppingThread{0};
-/// Whether the handler waits on Done (else the waiting thread ends the
-/// process).
-std::atomic<bool> HandlerWaits{true};
+/// Set where a handler does not wait on Done (on the stopping thread), or
+/// no longer (HandlerBound): the waiting thread ends the process once the
+/// trace is written. No handler clears it.
+std::atomic<bool> EndAfterFlush{false};
+/// How many handlers wait on Done, or are about to: each gets a byte when
+/// the flush goes on without them (HandlerBound).
+std::atomic<int> HandlersWaiting{0};
 
 pid_t threadId() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
@@ -96,8 +100,17 @@ void restoreDefaultIfOurs() {
 void onTerminate(int Signal, siginfo_t *, void *) {
   int Saved = errno;
   if (::getpid() == WaiterPid.load(std::memory_order_relaxed)) {
+    // A SIGTERM while the flush goes on without its handler (HandlerBound):
+    // the waiting thread ends the process once the trace is written.
+    if (TerminationPending.load()) {
+      errno = Saved;
+      return;
+    }
     bool Wait = StoppingThread.load() != threadId();
-    HandlerWaits = Wait;
+    if (!Wait)
+      EndAfterFlush = true;
+    else
+      ++HandlersWaiting;
     char Byte = 0;
     ssize_t N;
     while ((N = write(Wake[1], &Byte, 1)) < 0 && errno == EINTR) {
@@ -106,9 +119,14 @@ void onTerminate(int Signal, siginfo_t *, void *) {
       errno = Saved;
       return;
     }
-    if (N == 1)
+    // Either the waiting thread counts this handler when it lets the
+    // handlers go, or this handler sees that it has (both are sequentially
+    // consistent).
+    if (N == 1 && !TerminationPending.load())
       while (read(Done[0], &Byte, 1) < 0 && errno == EINTR) {
       }
+    if (Wait)
+      --HandlersWaiting;
     if (N == 1 && TerminationPending.load()) {
       errno = Saved; // the flush goes on without this thread (see HandlerBound)
       return;
@@ -152,25 +170,26 @@ void waitForTermination() {
       }).detach();
       std::unique_lock<std::mutex> Lock(F->M);
       auto Finished = [F] { return F->Finished; };
-      if (!F->Done.wait_for(Lock, HandlerBound, Finished) && HandlerWaits) {
-        // The handler's thread may hold what the flush waits for: its
-        // handler returns, and the program's threads stand still at their
+      if (!F->Done.wait_for(Lock, HandlerBound, Finished) && !EndAfterFlush) {
+        // The handler's thread may hold what the flush waits for: the
+        // handlers return, and the program's threads stand still at their
         // next step into the runtime, until this thread ends the process.
         TerminationPending = true;
-        HandlerWaits = false;
+        EndAfterFlush = true;
         Answered = true;
-        while (write(Done[1], &Byte, 1) < 0 && errno == EINTR) {
-        }
+        for (int I = HandlersWaiting.load(); I > 0; --I)
+          while (write(Done[1], &Byte, 1) < 0 && errno == EINTR) {
+          }
       }
       if (!F->Done.wait_for(Lock, FlushBound - HandlerBound, Finished))
         std::fprintf(stderr, "ekka-trace: warning: the trace was not written out within %lld s "
                              "of SIGTERM: it holds what was written before\n",
                      static_cast<long long>(FlushBound.count()));
     }
-    if (!HandlerWaits) {
-      // The handler returned (to a stop under way, now done: the flush
-      // waited for it; or after HandlerBound): SIGTERM ends the process, as
-      // it would have.
+    if (EndAfterFlush.exchange(false)) {
+      // A handler returned (to a stop under way, now done: the flush waited
+      // for it; or after HandlerBound): SIGTERM ends the process, as it
+      // would have.
       restoreDefaultIfOurs();
       ::kill(::getpid(), SIGTERM);
       TerminationPending = false; // a handler the program set since took it
@@ -241,6 +260,8 @@ void forgetTerminationFlushInChild() {
   // (closed at an exec).
   new (&InstallMutex) std::mutex();
   TerminationPending = false; // the parent's threads stand still, not the child's
+  EndAfterFlush = false;
+  HandlersWaiting = 0;
   restoreDefaultIfOurs();
 }
 

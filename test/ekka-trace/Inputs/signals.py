@@ -19,6 +19,8 @@
             process SIGTERMs it once its main thread sleeps: inside the
             runtime, waiting for room in the writer's queue, with its
             buffer's lock held
+  twice     as waiting, and a second SIGTERM 1.5 s after the first, while
+            the trace is still being written without the first's handler
 """
 import multiprocessing
 import os
@@ -93,7 +95,7 @@ elif mode == "stopping":
             time.sleep(0.0002)
 
     threading.Thread(target=when_stopping, daemon=True).start()
-elif mode == "waiting":
+elif mode in ("waiting", "twice"):
     # The main thread is the program's only Python thread: where it sleeps
     # in a loop of ops, it waits for the tracer's writer.
     watcher = """
@@ -105,12 +107,15 @@ while time.monotonic() < deadline and asleep < 3:  # a wait, not a moment's
         asleep = asleep + 1 if f.read().rsplit(")", 1)[1].split()[0] == "S" else 0
     time.sleep(0.0005)
 os.kill(pid, signal.SIGTERM)
+if sys.argv[2] == "twice":
+    time.sleep(1.5)
+    os.kill(pid, signal.SIGTERM)
 """
     import subprocess
     x = torch.ones(2, 4)
     with torch.no_grad():
         model(x)
-        subprocess.Popen([sys.executable, "-I", "-c", watcher, str(os.getpid())])
+        subprocess.Popen([sys.executable, "-I", "-c", watcher, str(os.getpid()), mode])
         while True:
             for _ in range(100):
                 x = torch.add(x, 1e-6)
