@@ -617,11 +617,13 @@ PyObject *callShim(PyObject *Name, PyObject *const *Args, Py_ssize_t N) {
 
 using Hook = PyObject *(*)(PyObject *, PyObject *const *, Py_ssize_t);
 
-/// The shim's _pre_hook or _post_hook (\p Whole), in C: nothing while torch
-/// compiles; while it compiles on another thread (its flag is the whole
-/// process's), the Python hook, which asks whether this one compiles too;
-/// \p Fast, the common case, or where it declines the shim's \p Slow, as
-/// the Python hook would. Under torch.compile's frame evaluation,
+/// The shim's _pre_hook or _post_hook (\p Whole), in C. While
+/// torch.compiler.is_compiling()'s flag is set (the whole process's), the
+/// Python hook, which asks whether this thread compiles; nothing under
+/// torch.compile's frame evaluation then, where the Python hook would be
+/// compiled first, waiting for the compile under way. Otherwise \p Fast,
+/// the common case, or where it declines the shim's \p Slow, as the Python
+/// hook would. Under torch.compile's frame evaluation,
 /// the Python hook itself: Dynamo compiles a Python function that starts
 /// there (the hook, or `_before` called from here), and the hook's first
 /// question, is_compiling(), it answers True, so nothing is recorded there,
@@ -637,12 +639,11 @@ PyObject *runHook(Hook Fast, PyObject *Slow, PyObject *Whole, const char *Where,
     return nullptr;
   }
   int Compiling = compiling();
-  if (Compiling > 0) {
-    if (!ekka::compilingElsewhere())
-      Py_RETURN_NONE;
-    return callShim(Whole, Args, N); // whether this thread compiles too, it asks
-  }
   int Dynamo = Compiling < 0 ? -1 : underDynamo();
+  if (Compiling > 0 && Dynamo == 0)
+    return callShim(Whole, Args, N); // whether this thread compiles, it asks
+  if (Compiling > 0 && Dynamo > 0)
+    Py_RETURN_NONE; // the shim's hook, called here, would wait to be compiled
   if (Dynamo > 0)
     return callShim(Whole, Args, N);
   Ref Done(Dynamo < 0 ? nullptr : Fast(nullptr, Args, N));

@@ -82,8 +82,6 @@ std::string stopOp() {
 
 void compilingOp(bool Compiling) { ekka::setCompiling(Compiling); }
 
-bool compilingElsewhereOp() { return ekka::compilingElsewhere(); }
-
 void asideOp(bool Begin) { ekka::setAside(Begin); }
 
 /// A kernel launch as CUPTI would report it, made from inside a program:
@@ -148,6 +146,5 @@ TORCH_LIBRARY(ekka, m) {
   m.def("flush() -> str", flushOp);
   m.def("exec_failed() -> ()", execFailedOp);
   m.def("compiling(bool compiling) -> ()", compilingOp);
-  m.def("compiling_elsewhere() -> bool", compilingElsewhereOp);
   m.def("aside(bool begin) -> ()", asideOp);
 }

@@ -1552,11 +1552,6 @@ void setAside(bool Begin) {
     --Flags.Aside;
 }
 
-bool compilingElsewhere() {
-  const ThreadFlags *Compiling = CompilingThread.load(std::memory_order_relaxed);
-  return Compiling && Compiling != &threadFlags();
-}
-
 void reopenAfterFailedExec() {
   std::unique_lock<std::mutex> Lock(SessionMutex);
   Session *S = Current;

@@ -16,6 +16,7 @@ call of its own; its ops are attributed to the enclosing module call (its
 own submodules keep their paths).
 """
 import atexit
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -60,9 +61,9 @@ class _State:
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 _is_dynamo_compiling = getattr(getattr(torch, "compiler", None), "is_dynamo_compiling",
                                _is_compiling)
-_compiling_elsewhere = bool  # install's: the runtime's compiling_elsewhere
+# Without it, is_compiling() is taken to be every thread's, as it says.
 _compile_context = getattr(getattr(getattr(torch, "_guards", None), "CompileContext", None),
-                           "try_get", None)
+                           "try_get", None) or (lambda: True)
 _tracing_state = torch._C._get_tracing_state
 _is_scripting = torch.jit.is_scripting
 _functorch_level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level",
@@ -72,13 +73,15 @@ _functorch_level = getattr(getattr(torch._C, "_functorch", None), "maybe_current
 def _compiling_here():
     """torch.compiler.is_compiling(), for this thread. Its flag is the whole
     process's: while one thread compiles, another's module calls are the
-    program's. The runtime knows on which thread Dynamo started compiling
-    (see _watch_compiles); a compile that overlaps it on this thread (Dynamo
-    calls no callback for it) has set this thread's compile context. Dynamo,
-    tracing the hooks, answers True at once: is_dynamo_compiling() is a
-    constant to it, so nothing goes into the graph."""
-    return _is_compiling() and (_is_dynamo_compiling() or not _compiling_elsewhere() or
-                                _compile_context() is not None)
+    program's, and a flag that two threads' compiles left set (each restores
+    what it found) is no thread's. A thread that compiles (Dynamo, a lazy
+    backward compile, compiled autograd, a non-strict export) has a compile
+    context of its own. (While a program exports, the shim's hooks are out
+    of PyTorch's on every thread: see _wrap_export.) Dynamo, tracing the
+    hooks, answers True at once: is_dynamo_compiling() is a constant to it,
+    so nothing goes into the graph. Asks no op: jit.trace on this thread
+    would record it, and the program's TorchFunctionMode see it."""
+    return _is_compiling() and (_is_dynamo_compiling() or _compile_context() is not None)
 
 
 def _not_traceable():
@@ -204,11 +207,16 @@ def _gpu_options():
 
 def _unseen(op, *args):
     """Calls one of the runtime's own ops (start, stop, flush) where the
-    program's TorchDispatchMode, if one is active (a logging mode,
-    FakeTensorMode), does not see it: it is no op of the program's. They take
-    no tensors, so Python's dispatch has nothing else to do with them."""
-    with torch._C._DisableTorchDispatch():
+    program's TorchDispatchMode or TorchFunctionMode, if one is active (a
+    logging mode, FakeTensorMode), does not see it: it is no op of the
+    program's (a mode that refuses what it does not know would keep the trace
+    from starting). They take no tensors, so Python's dispatch has nothing
+    else to do with them."""
+    with torch._C._DisableTorchDispatch(), _no_torch_function():
         return op(*args)
+
+
+_no_torch_function = getattr(torch._C, "DisableTorchFunction", contextlib.nullcontext)
 
 
 def _start(state):
@@ -1127,10 +1135,6 @@ def install(trace_dir, options="", runtime_library=None):
     torch.ops.load_library(library)
     global _enter, _exit, _tensors, _fast_before, _fast_after, _traced_otherwise
     _enter, _exit = torch.ops.ekka.enter.default, torch.ops.ekka.exit.default
-    global _compiling_elsewhere
-    if _compile_context is not None:  # else is_compiling() is every thread's, as it says
-        _compiling_elsewhere = functools.partial(_unseen,
-                                                 torch.ops.ekka.compiling_elsewhere.default)
     state = _State(trace_dir, options)
     binding = _python_binding(library)
     if binding is not None:

@@ -90,12 +90,6 @@ void reopenAfterFailedExec();
 /// are not recorded. One thread at most: a compile that overlaps (a lazy
 /// backward compile on another thread) records its ops; none is lost.
 void setCompiling(bool Compiling);
-/// That torch.compile compiles on another thread than this one
-/// (setCompiling's). torch.compiler.is_compiling() is true for the whole
-/// process meanwhile; the module calls this thread makes are the program's,
-/// and recorded. False where no compile said where it runs (torch.export
-/// without Dynamo): is_compiling() may then be this thread's.
-bool compilingElsewhere();
 /// That work a library does for itself on this thread begins or ends (they
 /// nest): an autotuner's benchmark runs, which launch each configuration
 /// of a kernel, cloning and restoring its arguments around each launch.

@@ -173,6 +173,7 @@ elif kind == "compile-elsewhere":
     compiling, ran = threading.Event(), threading.Event()
 
     def waiting(gm, example_inputs):
+        gm(*example_inputs)  # the compile's, on the compiling thread: not recorded
         compiling.set()
         assert ran.wait(60)
         return gm.forward
@@ -180,13 +181,22 @@ elif kind == "compile-elsewhere":
     def compiles():
         torch.compile(lambda t: t.sin() * 2, backend=waiting)(torch.randn(4))
 
+    class Seen(torch.overrides.TorchFunctionMode):
+        """The program's own TorchFunctionMode: it sees the program's calls
+        only, and refuses any other."""
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") not in ("linear", "relu", "__get__"):
+                raise RuntimeError(f"not the program's: {func}")
+            return func(*args, **(kwargs or {}))
+
     def runs():
         assert compiling.wait(60)
         assert torch.compiler.is_compiling()
         net = Net()
-        with torch.no_grad():
+        with torch.no_grad(), Seen():
             for _ in range(3):
                 net(x)
+        torch.jit.trace(net, x)  # calls no op of the tracer's, which jit would refuse
         ran.set()
 
     threads = [threading.Thread(target=compiles), threading.Thread(target=runs)]
