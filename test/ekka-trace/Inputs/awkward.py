@@ -19,6 +19,19 @@ import sys
 import torch
 
 kind = sys.argv[1]
+
+
+def together(*functions):
+    """Runs the functions on threads of their own, and waits for them."""
+    import threading
+
+    threads = [threading.Thread(target=f) for f in functions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 torch.manual_seed(0)
 
 
@@ -159,11 +172,7 @@ elif kind == "compile-threads":
         g(torch.randn(8, 4))
         forward_compiled.set()
 
-    threads = [threading.Thread(target=backward_first), threading.Thread(target=forward_last)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together(backward_first, forward_last)
 elif kind == "compile-elsewhere":
     # One thread compiles (torch.compiler.is_compiling() is True for the
     # whole process meanwhile) while another runs its model eagerly: that
@@ -199,11 +208,7 @@ elif kind == "compile-elsewhere":
         torch.jit.trace(net, x)  # calls no op of the tracer's, which jit would refuse
         ran.set()
 
-    threads = [threading.Thread(target=compiles), threading.Thread(target=runs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together(compiles, runs)
 elif kind == "autotune":
     # A kernel that @triton.autotune tunes at its first call (run by
     # Triton's interpreter here, no GPU): each configuration is benchmarked,
