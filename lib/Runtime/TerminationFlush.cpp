@@ -235,7 +235,9 @@ void installTerminationFlush() {
     return;
   struct sigaction Handler = {};
   Handler.sa_sigaction = onTerminate;
-  Handler.sa_flags = SA_SIGINFO;
+  // A handler that returns (HandlerBound) leaves the system call it
+  // interrupted to go on, as if the signal had not come.
+  Handler.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&Handler.sa_mask);
   sigaction(SIGTERM, &Handler, nullptr);
 }
