@@ -640,12 +640,10 @@ PyObject *runHook(Hook Fast, PyObject *Slow, PyObject *Whole, const char *Where,
   }
   int Compiling = compiling();
   int Dynamo = Compiling < 0 ? -1 : underDynamo();
-  if (Compiling > 0 && Dynamo == 0)
-    return callShim(Whole, Args, N); // whether this thread compiles, it asks
-  if (Compiling > 0 && Dynamo > 0)
+  if (Dynamo > 0 && Compiling > 0)
     Py_RETURN_NONE; // the shim's hook, called here, would wait to be compiled
-  if (Dynamo > 0)
-    return callShim(Whole, Args, N);
+  if (Dynamo > 0 || (Dynamo == 0 && Compiling > 0))
+    return callShim(Whole, Args, N); // (whether this thread compiles, it asks)
   Ref Done(Dynamo < 0 ? nullptr : Fast(nullptr, Args, N));
   if (Done && Done.get() == Py_False)
     Done.reset(callShim(Slow, Args, N));

@@ -446,12 +446,10 @@ OpContext *openOp(ThreadState &TS) {
 /// nothing of theirs is recorded, and what runs inside (other ops, kernels)
 /// is the op's. Returns the op that \p Kind's would echo, or null.
 OpContext *echoed(ThreadState &TS, const OpKind &Kind) {
-  if (TS.OpStack.empty())
-    return nullptr;
-  OpContext *Top = TS.OpStack.back();
   if (Kind.Schema.empty())
-    return Kind.Name == "PythonDispatchMode" ? (Top->Echoes ? Top->Echoes : Top) : nullptr;
-  return Top->ModeScope && Top->Echoes->Kind == &Kind ? Top->Echoes : nullptr;
+    return Kind.Name == "PythonDispatchMode" ? openOp(TS) : nullptr;
+  OpContext *Top = TS.OpStack.empty() ? nullptr : TS.OpStack.back();
+  return Top && Top->ModeScope && Top->Echoes->Kind == &Kind ? Top->Echoes : nullptr;
 }
 
 uint64_t nowNanos() {
