@@ -159,9 +159,11 @@ void waitForTermination() {
       };
       // Shared with the writing thread, which may outlive the wait: leaked.
       auto *F = new Flush();
-      startQuietThread([F] {
+      // A second before the process is ended anyway, for the last flush.
+      auto Deadline = std::chrono::steady_clock::now() + FlushBound - HandlerBound;
+      startQuietThread([F, Deadline] {
         InsideEkkaScope Inside; // never stands still (TerminationPending)
-        std::string Error = flushTrace();
+        std::string Error = flushTraceForTermination(Deadline);
         if (!Error.empty())
           std::fprintf(stderr, "ekka-trace: %s\n", Error.c_str());
         std::lock_guard<std::mutex> Lock(F->M);

@@ -13,11 +13,14 @@
 #include <algorithm>
 #include <dlfcn.h>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <pthread.h>
 #include <unistd.h>
@@ -159,6 +162,9 @@ struct Session {
   std::mutex SnapshotErrorMutex;
   int64_t LostRecords = 0; ///< Under SnapshotErrorMutex, with the first reason.
   std::string FirstLoss;
+  /// Set where a SIGTERM ended the process while its threads still added
+  /// records after the last flush (flushTraceForTermination).
+  std::atomic<bool> UnsettledAtTermination{false};
   bool TracingKernels = false;
   std::atomic<int64_t> Step{0};
   std::atomic<uint64_t> CapturedBytes{0};
@@ -1425,6 +1431,10 @@ static std::string lostLater(Session &S, std::string Before) {
   Add(S.Deferred.unavailable(),
       " tensors' statistics could not be computed (recorded without): their storage was "
       "resized or moved outside PyTorch's ops before the trace's writer read it");
+  if (S.UnsettledAtTermination.load())
+    Before += std::string(Before.empty() ? "" : "; ") +
+              "unknown: SIGTERM ended the process while its threads still recorded; what they "
+              "recorded after the trace was written out is missing";
   return Before;
 }
 
@@ -1536,6 +1546,38 @@ std::string flushTrace() {
   if (llvm::Error E = S->Writer->flush())
     return "error: " + llvm::toString(std::move(E));
   return "";
+}
+
+std::string flushTraceForTermination(std::chrono::steady_clock::time_point Deadline) {
+  auto Written = [] {
+    std::lock_guard<std::mutex> Lock(SessionMutex);
+    if (!Current)
+      return std::optional<uint64_t>();
+    TraceCounts C = Current->Writer->counts();
+    return std::optional<uint64_t>(C.ModuleCalls + C.Ops + C.Kernels + C.Tensors);
+  };
+  std::string Error = flushTrace();
+  // Handlers that let go (TerminationPending) leave their threads to finish
+  // the step they were in, whose records (an op's end) may come after the
+  // flush took their buffers: flushed again, as long as they come.
+  constexpr std::chrono::milliseconds Pause(50);
+  std::optional<uint64_t> Before = Written();
+  while (Error.empty() && Before && TerminationPending.load()) {
+    if (std::chrono::steady_clock::now() + Pause >= Deadline) {
+      std::unique_lock<std::mutex> Lock(SessionMutex);
+      if (Current)
+        Current->UnsettledAtTermination = true;
+      Lock.unlock();
+      return flushTrace(); // says so in meta lost_records
+    }
+    std::this_thread::sleep_for(Pause);
+    Error = flushTrace();
+    std::optional<uint64_t> After = Written();
+    if (After == Before)
+      break;
+    Before = After;
+  }
+  return Error;
 }
 
 std::atomic<const ThreadFlags *> CompilingThread{nullptr};

@@ -289,6 +289,9 @@ std::string humanBytes(uint64_t B) {
 struct Totals {
   uint64_t Calls = 0, Ops = 0, Kernels = 0, Tensors = 0, Captured = 0;
   unsigned Traces = 0, Unclosed = 0;
+  /// What a SIGTERM's flush could not tell (meta lost_records "unknown:
+  /// ..."): no stop of the runtime's said it on stderr.
+  std::string Unknown;
 
   void add(TraceReader &R) {
     ++Traces;
@@ -297,6 +300,8 @@ struct Totals {
     auto Lost = R.meta().find("lost_records");
     if (Lost == R.meta().end() || StringRef(Lost->second).starts_with("pending"))
       ++Unclosed;
+    else if (size_t At = Lost->second.find("unknown: "); At != std::string::npos && Unknown.empty())
+      Unknown = R.directory().str() + ": " + Lost->second.substr(At + 9);
     auto N = R.counts();
     if (!N) {
       errs() << Tool << ": warning: could not read back '" << R.directory()
@@ -400,6 +405,9 @@ void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> 
     errs() << Tool << ": " << Others.Traces << " more process"
            << (Others.Traces > 1 ? "es" : "") << " traced: " << Others.counts() << "; in "
            << Dir << "/process-*\n";
+  for (const std::string &Unknown : {Main.Unknown, Others.Unknown})
+    if (!Unknown.empty())
+      errs() << Tool << ": warning: " << Unknown << "\n";
   if (unsigned Unclosed = Main.Unclosed + Others.Unclosed)
     errs() << Tool << ": warning: "
            << (Main.Traces + Others.Traces > 1 ? std::to_string(Unclosed) + " of the traces were"

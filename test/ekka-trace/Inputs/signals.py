@@ -18,7 +18,9 @@
   waiting   records ops faster than the writer takes them; a watcher
             process SIGTERMs it once its main thread sleeps: inside the
             runtime, waiting for room in the writer's queue, with its
-            buffer's lock held
+            buffer's lock held. Counts the adds it ran in the file argv[2]
+  ran       says whether the adds the file argv[3] counts are all in the
+            trace argv[2]
   twice     as waiting, and a second SIGTERM 1.5 s after the first, while
             the trace is still being written without the first's handler
 """
@@ -111,7 +113,14 @@ if sys.argv[2] == "twice":
     time.sleep(1.5)
     os.kill(pid, signal.SIGTERM)
 """
+    import ctypes
+    import mmap
     import subprocess
+    # How many adds ran, in a file that outlives the process: each op that
+    # ran to its end before the signal ended the process is in the trace.
+    with open(sys.argv[2], "w+b") as f:
+        f.truncate(8)
+        ran = ctypes.c_int64.from_buffer(mmap.mmap(f.fileno(), 8))
     x = torch.ones(2, 4)
     with torch.no_grad():
         model(x)
@@ -119,7 +128,21 @@ if sys.argv[2] == "twice":
         while True:
             for _ in range(100):
                 x = torch.add(x, 1e-6)
+                ran.value += 1
             model(x)
+elif mode == "ran":
+    # The adds that ran to their end (argv[3], as waiting counts them) all
+    # have their end in the trace (argv[2]): their output. One more may
+    # (the add in flight when the process ended, its end recorded).
+    import sqlite3
+    with open(sys.argv[3], "rb") as f:
+        ran = int.from_bytes(f.read(8), "little")
+    db = sqlite3.connect(f"file:{sys.argv[2]}/trace.db?mode=ro", uri=True)
+    (ended,) = db.execute(
+        "SELECT count(*) FROM ops WHERE name = 'aten::add' AND id IN "
+        "(SELECT owner_id FROM tensors WHERE owner = 'op' AND role = 'output')").fetchone()
+    print("adds ran:", "all ended in the trace" if ran <= ended <= ran + 1 else
+          f"{ran}, of which {ended} ended in the trace", f"({ran > 0})")
 elif mode == "inherited":
     print("SIGINT ignored:", signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
 elif mode == "threads":
