@@ -145,6 +145,10 @@ def main():
         s_plain, s_meta, s_prof = (float(found.group(i)) for i in (1, 2, 3))
         clock = "the program's thread's time" if args.device == "cpu" else "wall time"
         print(f"steady state, one process, median of {args.steady} rounds ({clock}):")
+        kernels = re.search(r"steady_gpu_kernels: (.*)", out.stdout)
+        if kernels:
+            print(f"  (the traced rounds' GPU kernels: {kernels.group(1)}; the profiler's rounds "
+                  "after them)")
         for name, v in [("plain", s_plain), ("ekka.trace.Trace(capture='none')", s_meta),
                         ("torch.profiler record_shapes", s_prof)]:
             print(f"  {name:34}{v:>11.2f}{v / s_plain:>8.2f}")
