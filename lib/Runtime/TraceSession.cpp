@@ -1024,6 +1024,7 @@ void forgetSessionInChild() {
   new (&SessionMutex) std::mutex();
   forgetTerminationFlushInChild();
   CompilingThread = nullptr; // the parent's compile, if one was under way
+  threadFlags().Aside = 0;   // likewise (a compile's, or an autotuner's)
 }
 
 /// A module call's input: as the earlier output it is, or with statistics

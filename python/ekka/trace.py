@@ -1033,14 +1033,50 @@ def _watch_compiles(dynamo):
     """While Dynamo compiles, the ops it runs on real tensors (detaching the
     inputs to make fakes of them, guards) and the kernels it launches
     (Inductor's autotuning) are its own, not the program's: the runtime
-    records none of the compiling thread's meanwhile. Dynamo's compile
-    start and end callbacks say when: the start on the thread where the
-    first of overlapping compiles starts, the end where the last ends
-    (torch.ops.ekka.compiling). Only a compile's start counts, not a CUDA
-    graph's recording, whose first replay is the program's. Registered
-    first, so that another callback that raises does not keep them from
-    running; again after torch._dynamo.reset(), which clears them."""
+    records none of the compiling thread's meanwhile. Each compile on each
+    thread says so (torch.ops.ekka.aside, a depth of the thread's), from
+    where Dynamo installs its compile callbacks around it
+    (callback_handler.install_callbacks, on the compiling thread, for
+    Dynamo's compiles and lazy backward compiles: not a CUDA graph's
+    recording, whose first replay is the program's). Overlapping compiles
+    on several threads are each their own thread's: the callbacks alone
+    fire at the first start and the last end, wherever they are, and are
+    what a torch without install_callbacks is watched by (then a thread's
+    ops between its compile's end and another's may be taken for the
+    compile's; torch.ops.ekka.compiling)."""
     handler = getattr(dynamo, "callback_handler", None)
+    install = getattr(handler, "install_callbacks", None)
+    if callable(install) and getattr(install, "_ekka_aside", False):
+        return
+    if callable(install):
+        aside = torch.ops.ekka.aside.default
+
+        @functools.wraps(install)
+        @contextlib.contextmanager
+        def install_callbacks(*args, **kwargs):
+            trigger = args[0] if args else kwargs.get("trigger")
+            compiling = getattr(trigger, "name", "DYNAMO") in ("DYNAMO", "LAZY_BACKWARD")
+            if compiling:
+                try:
+                    _unseen(aside, True)
+                except Exception:  # never into the compile
+                    compiling = False
+            try:
+                with install(*args, **kwargs):
+                    yield
+            finally:
+                if compiling:
+                    try:
+                        _unseen(aside, False)
+                    except Exception:
+                        pass
+
+        install_callbacks._ekka_aside = True
+        try:
+            handler.install_callbacks = install_callbacks
+            return
+        except (AttributeError, TypeError):  # a handler with slots: the callbacks
+            pass
     if handler is None or not isinstance(getattr(handler, "start_callbacks", None), list) or \
             not isinstance(getattr(handler, "end_callbacks", None), list):
         return

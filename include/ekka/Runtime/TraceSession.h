@@ -88,13 +88,18 @@ void reopenAfterFailedExec();
 /// tensors meanwhile (making fakes of the inputs, checking guards) and the
 /// kernels it launches (autotuning) are Dynamo's, not the program's, and
 /// are not recorded. One thread at most: a compile that overlaps (a lazy
-/// backward compile on another thread) records its ops; none is lost.
+/// backward compile on another thread) records its ops, and the first
+/// thread's ops after its own compile are not recorded until the last
+/// ends. The shim uses it only with a torch whose Dynamo cannot say each
+/// compile on its own thread (install_callbacks); else setAside, per thread.
 void setCompiling(bool Compiling);
 /// That work a library does for itself on this thread begins or ends (they
 /// nest): an autotuner's benchmark runs, which launch each configuration
-/// of a kernel, cloning and restoring its arguments around each launch.
-/// Their ops and launches are not the program's and are not recorded; the
-/// configuration the autotuner then launches for the program is.
+/// of a kernel, cloning and restoring its arguments around each launch, or
+/// a torch.compile compile on this thread. Their ops and launches are not
+/// the program's and are not recorded; the configuration the autotuner
+/// then launches for the program is. A forked child's thread starts with
+/// none open.
 void setAside(bool Begin);
 
 } // namespace ekka

@@ -173,6 +173,48 @@ elif kind == "compile-threads":
         forward_compiled.set()
 
     together(backward_first, forward_last)
+elif kind == "compile-overlap":
+    # The same, the other way round: the first thread's lazy backward
+    # compile starts first and ends first, and that thread runs a module
+    # while the other's forward compile is still under way. Its ops are the
+    # program's: the callbacks alone (first start, last end) took the whole
+    # span for the first thread's compile.
+    import threading
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    backward_compiling, forward_compiling, ran = (threading.Event() for _ in range(3))
+
+    def fast(gm, example_inputs):
+        return gm.forward
+
+    def backward_compiler(gm, example_inputs):
+        backward_compiling.set()
+        assert forward_compiling.wait(60)
+        return gm.forward
+
+    def forward_compiler(gm, example_inputs):
+        forward_compiling.set()
+        assert ran.wait(60)
+        return gm.forward
+
+    eager = torch.nn.Linear(4, 4)
+
+    def backward_first():
+        f = torch.compile(lambda t: (t.sin() * 2).sum(),
+                          backend=aot_autograd(fw_compiler=fast, bw_compiler=backward_compiler))
+        f(torch.randn(8, 4, requires_grad=True)).backward()  # compiled lazily, here
+        with torch.no_grad():
+            eager(x)  # the other thread compiles meanwhile
+        ran.set()
+
+    def forward_meanwhile():
+        assert backward_compiling.wait(60)
+        g = torch.compile(lambda t: (t.cos() * 3).sum(),
+                          backend=aot_autograd(fw_compiler=forward_compiler, bw_compiler=fast))
+        g(torch.randn(8, 4))
+
+    together(backward_first, forward_meanwhile)
 elif kind == "compile-elsewhere":
     # One thread compiles (torch.compiler.is_compiling() is True for the
     # whole process meanwhile) while another runs its model eagerly: that
