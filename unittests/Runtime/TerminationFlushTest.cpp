@@ -82,12 +82,25 @@ Written readLive(const std::string &Trace) {
   return W;
 }
 
-TEST(TerminationFlush, RecordsOfThreadsLetGoAreFlushedUntilNoneCome) {
+/// A trace running, and a SIGTERM's handlers letting go (TerminationPending).
+class TerminationFlush : public testing::Test {
+protected:
+  void SetUp() override {
+    ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-term", Dir));
+    Trace = (Dir + "/trace").str();
+    ASSERT_EQ(startTrace(Trace, "gpu=synthetic test;", "test"), "");
+    TerminationPending = true;
+  }
+  void TearDown() override {
+    TerminationPending = false;
+    stopTrace();
+    sys::fs::remove_directories(Dir);
+  }
   SmallString<128> Dir;
-  ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-term", Dir));
-  std::string Trace = (Dir + "/trace").str();
-  ASSERT_EQ(startTrace(Trace, "gpu=synthetic test;", "test"), "");
-  TerminationPending = true;
+  std::string Trace;
+};
+
+TEST_F(TerminationFlush, RecordsOfThreadsLetGoAreFlushedUntilNoneCome) {
   Written W;
   int64_t Launched;
   {
@@ -99,35 +112,24 @@ TEST(TerminationFlush, RecordsOfThreadsLetGoAreFlushedUntilNoneCome) {
     W = readLive(Trace);
     Launched = L.finish();
   }
-  TerminationPending = false;
   EXPECT_GT(Launched, 20);
   EXPECT_EQ(W.Kernels, static_cast<size_t>(Launched));
   EXPECT_EQ(W.LostRecords, "0");
-  stopTrace();
-  sys::fs::remove_directories(Dir);
 }
 
-TEST(TerminationFlush, ATraceStillGrowingAtTheDeadlineSaysWhatIsMissing) {
-  SmallString<128> Dir;
-  ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-term", Dir));
-  std::string Trace = (Dir + "/trace").str();
-  ASSERT_EQ(startTrace(Trace, "gpu=synthetic test;", "test"), "");
-  TerminationPending = true;
+TEST_F(TerminationFlush, ATraceStillGrowingAtTheDeadlineSaysWhatIsMissing) {
   Written W;
   {
     Launcher L(Clock::now() + std::chrono::seconds(60));
     EXPECT_EQ(flushTraceForTermination(Clock::now() + std::chrono::milliseconds(300)), "");
     W = readLive(Trace);
   }
-  TerminationPending = false;
   EXPECT_GT(W.Kernels, 0u);
   EXPECT_EQ(W.LostRecords.rfind("unknown: SIGTERM ended the process while its threads still "
                                 "recorded",
                                 0),
             0u)
       << W.LostRecords;
-  stopTrace();
-  sys::fs::remove_directories(Dir);
 }
 
 } // namespace
