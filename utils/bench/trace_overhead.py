@@ -92,9 +92,12 @@ def main():
         "profiler": lambda: work + ["--profiler"],
     }
     best = {name: float("inf") for name in runs}
-    for _ in range(max(1, args.rounds)):
+    for round in range(max(1, args.rounds)):
         for name, cmd in runs.items():
-            best[name] = min(best[name], ms_per_forward(cmd()))
+            ms = ms_per_forward(cmd())
+            best[name] = min(best[name], ms)
+            # As it comes: a run cut short still shows what it measured.
+            print(f"  (round {round + 1}: {name} {ms:.2f} ms/forward)", flush=True)
     plain, meta, capture, prof = (best[n] for n in ("plain", "meta", "capture", "profiler"))
 
     db = sqlite3.connect(f"{tmp}/capture/trace.db")
