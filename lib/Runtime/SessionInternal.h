@@ -147,13 +147,14 @@ void uninstallTerminationFlush();
 /// Around stopTrace: a SIGTERM on the stopping thread lets the stop finish.
 void setStoppingThread(bool Stopping);
 void forgetTerminationFlushInChild();
-/// flushTrace() at a SIGTERM, from a thread inside Ekka. Where the
-/// handlers have let go (TerminationPending), the threads they leave
+/// After flushTrace() at a SIGTERM whose handlers have let go
+/// (TerminationPending), from a thread inside Ekka: the threads they leave
 /// finish the step they were in before they stand still, and may record
-/// its end after the flush took their buffers: flushed again, until a
-/// flush writes nothing new. A trace still growing at \p Deadline says in
-/// meta lost_records that what came later is missing.
-std::string flushTraceForTermination(std::chrono::steady_clock::time_point Deadline);
+/// its end after the flush took their buffers. Flushed again, 50 ms
+/// apart, until a flush writes nothing new, meta lost_records saying
+/// meanwhile that what comes later is missing (as it says if the trace is
+/// still growing at \p Deadline, or the process ends first).
+std::string settleTraceAfterTermination(std::chrono::steady_clock::time_point Deadline);
 /// Set while a SIGTERM's flush goes on without the thread the signal landed
 /// on, whose handler returned (it may hold what the flush waits for): the
 /// program's threads stand still at their next step into the runtime, and

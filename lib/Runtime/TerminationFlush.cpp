@@ -163,12 +163,24 @@ void waitForTermination() {
       auto Deadline = std::chrono::steady_clock::now() + FlushBound - HandlerBound;
       startQuietThread([F, Deadline] {
         InsideEkkaScope Inside; // never stands still (TerminationPending)
-        std::string Error = flushTraceForTermination(Deadline);
-        if (!Error.empty())
-          std::fprintf(stderr, "ekka-trace: %s\n", Error.c_str());
-        std::lock_guard<std::mutex> Lock(F->M);
-        F->Finished = true;
-        F->Done.notify_all();
+        std::string Error = flushTrace();
+        for (bool Settled = false;;) {
+          // The handlers let go (below) under F->M: either before this
+          // looks, and the threads they leave are waited for, or after
+          // Finished, which they then see.
+          if (Error.empty() && !Settled && TerminationPending.load()) {
+            Error = settleTraceAfterTermination(Deadline);
+            Settled = true;
+          }
+          std::lock_guard<std::mutex> Lock(F->M);
+          if (Settled || !Error.empty() || !TerminationPending.load()) {
+            if (!Error.empty())
+              std::fprintf(stderr, "ekka-trace: %s\n", Error.c_str());
+            F->Finished = true;
+            F->Done.notify_all();
+            break;
+          }
+        }
       }).detach();
       std::unique_lock<std::mutex> Lock(F->M);
       auto Finished = [F] { return F->Finished; };

@@ -162,8 +162,8 @@ struct Session {
   std::mutex SnapshotErrorMutex;
   int64_t LostRecords = 0; ///< Under SnapshotErrorMutex, with the first reason.
   std::string FirstLoss;
-  /// Set where a SIGTERM ended the process while its threads still added
-  /// records after the last flush (flushTraceForTermination).
+  /// Set while a SIGTERM's flush waits for threads that still add records
+  /// (settleTraceAfterTermination), and where it ended the process first.
   std::atomic<bool> UnsettledAtTermination{false};
   bool TracingKernels = false;
   std::atomic<int64_t> Step{0};
@@ -1549,7 +1549,8 @@ std::string flushTrace() {
   return "";
 }
 
-std::string flushTraceForTermination(std::chrono::steady_clock::time_point Deadline) {
+std::string settleTraceAfterTermination(std::chrono::steady_clock::time_point Deadline) {
+  using Clock = std::chrono::steady_clock;
   auto Written = [] {
     std::lock_guard<std::mutex> Lock(SessionMutex);
     if (!Current)
@@ -1557,28 +1558,36 @@ std::string flushTraceForTermination(std::chrono::steady_clock::time_point Deadl
     TraceCounts C = Current->Writer->counts();
     return std::optional<uint64_t>(C.ModuleCalls + C.Ops + C.Kernels + C.Tensors);
   };
-  std::string Error = flushTrace();
-  // Handlers that let go (TerminationPending) leave their threads to finish
-  // the step they were in, whose records (an op's end) may come after the
-  // flush took their buffers: flushed again, as long as they come.
+  auto Unsettled = [](bool Is) {
+    std::lock_guard<std::mutex> Lock(SessionMutex);
+    if (Current)
+      Current->UnsettledAtTermination = Is;
+  };
+  // Each flush meanwhile says the trace may lack what came later, until
+  // one writes nothing new: a flush the process's end cuts short leaves
+  // that said, not "0".
   constexpr std::chrono::milliseconds Pause(50);
   std::optional<uint64_t> Before = Written();
-  while (Error.empty() && Before && TerminationPending.load()) {
-    if (std::chrono::steady_clock::now() + Pause >= Deadline) {
-      std::unique_lock<std::mutex> Lock(SessionMutex);
-      if (Current)
-        Current->UnsettledAtTermination = true;
-      Lock.unlock();
-      return flushTrace(); // says so in meta lost_records
-    }
+  if (!Before)
+    return "";
+  Unsettled(true);
+  Clock::duration Longest{};
+  for (;;) {
+    if (Clock::now() + Pause + Longest >= Deadline)
+      return flushTrace(); // still growing: said in meta lost_records
     std::this_thread::sleep_for(Pause);
-    Error = flushTrace();
+    Clock::time_point Start = Clock::now();
+    std::string Error = flushTrace();
+    Longest = std::max(Longest, Clock::now() - Start);
     std::optional<uint64_t> After = Written();
+    if (!Error.empty() || !After)
+      return Error;
     if (After == Before)
       break;
     Before = After;
   }
-  return Error;
+  Unsettled(false);
+  return flushTrace(); // nothing new: only the meta written again
 }
 
 std::atomic<const ThreadFlags *> CompilingThread{nullptr};

@@ -1054,22 +1054,25 @@ def _watch_compiles(dynamo):
         @functools.wraps(install)
         @contextlib.contextmanager
         def install_callbacks(*args, **kwargs):
+            # Inside the context: the compile callbacks that it runs as it
+            # opens and closes are the program's (a program's own
+            # on_compile_end callback that runs ops has them recorded).
             trigger = args[0] if args else kwargs.get("trigger")
             compiling = getattr(trigger, "name", "DYNAMO") in ("DYNAMO", "LAZY_BACKWARD")
-            if compiling:
-                try:
-                    _unseen(aside, True)
-                except Exception:  # never into the compile
-                    compiling = False
-            try:
-                with install(*args, **kwargs):
-                    yield
-            finally:
+            with install(*args, **kwargs):
                 if compiling:
                     try:
-                        _unseen(aside, False)
-                    except Exception:
-                        pass
+                        _unseen(aside, True)
+                    except Exception:  # never into the compile
+                        compiling = False
+                try:
+                    yield
+                finally:
+                    if compiling:
+                        try:
+                            _unseen(aside, False)
+                        except Exception:
+                            pass
 
         install_callbacks._ekka_aside = True
         try:

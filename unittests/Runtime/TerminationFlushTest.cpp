@@ -106,7 +106,7 @@ TEST_F(TerminationFlush, RecordsOfThreadsLetGoAreFlushedUntilNoneCome) {
   {
     Launcher L(Clock::now() + std::chrono::milliseconds(300));
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    EXPECT_EQ(flushTraceForTermination(Clock::now() + std::chrono::seconds(30)), "");
+    EXPECT_EQ(settleTraceAfterTermination(Clock::now() + std::chrono::seconds(30)), "");
     // Returned once the launches had stopped by themselves: all of them
     // are written.
     W = readLive(Trace);
@@ -121,7 +121,7 @@ TEST_F(TerminationFlush, ATraceStillGrowingAtTheDeadlineSaysWhatIsMissing) {
   Written W;
   {
     Launcher L(Clock::now() + std::chrono::seconds(60));
-    EXPECT_EQ(flushTraceForTermination(Clock::now() + std::chrono::milliseconds(300)), "");
+    EXPECT_EQ(settleTraceAfterTermination(Clock::now() + std::chrono::milliseconds(300)), "");
     W = readLive(Trace);
   }
   EXPECT_GT(W.Kernels, 0u);

@@ -199,6 +199,13 @@ elif kind == "compile-overlap":
         return gm.forward
 
     eager = torch.nn.Linear(4, 4)
+    # The program's own compile callbacks, which Dynamo runs at the first
+    # start and the last end: the program's ops (one start and one end
+    # once the trace runs: the first thread's forward compile comes before
+    # the first module call).
+    marks = torch.zeros(1)
+    torch._dynamo.callback.on_compile_start(lambda *args: marks.lerp_(torch.ones(1), 0.5))
+    torch._dynamo.callback.on_compile_end(lambda *args: marks.clamp_(0, 1))
 
     def backward_first():
         f = torch.compile(lambda t: (t.sin() * 2).sum(),
