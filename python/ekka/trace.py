@@ -912,6 +912,24 @@ def _writing_out_first(real):
     return exec_after_writing_out
 
 
+def _stopping_first(real):
+    """os._exit skips atexit, where tracing stops: the trace is stopped
+    first, as at a normal exit (a program that ends its processes with
+    os._exit to skip what would hang, a multiprocessing child). A thread
+    that a SIGTERM's flush holds still stands still here too, so the
+    process does not end before the trace is written."""
+    @functools.wraps(real)
+    def exit_after_stopping(*args, **kwargs):
+        state = _state
+        if state is not None and state.started and state.start_ok:
+            try:
+                _stop()
+            except BaseException:  # the process ends as it would untraced
+                pass
+        return real(*args, **kwargs)
+    return exit_after_stopping
+
+
 def _wrap_export():
     """torch.export's export and draft_export, strict, fail on any global
     module hook (their Dynamo then traces the module's __call__, which
@@ -1155,9 +1173,10 @@ def _set_aside(owner, name, module):
 def _wrap_exec():
     import posix  # os's own: a program may call posix.execv directly
 
-    for name in ("execv", "execve"):
+    for name, wrap in (("execv", _writing_out_first), ("execve", _writing_out_first),
+                       ("_exit", _stopping_first)):
         real = getattr(os, name)
-        wrapped = _writing_out_first(real)
+        wrapped = wrap(real)
         setattr(os, name, wrapped)
         if getattr(posix, name, None) is real:
             setattr(posix, name, wrapped)
