@@ -883,6 +883,12 @@ def _after_fork_in_child():
         _state.exit_handlers = False
 
 
+def _traced_now():
+    """Whether this process's trace has started (and not failed to)."""
+    state = _state
+    return state is not None and state.started and state.start_ok
+
+
 def _writing_out_first(real):
     """os.execv and os.execve (which os.execl, os.execle, os.execlp,
     os.execvp and os.execvpe call) write the trace out first, with what a
@@ -891,8 +897,7 @@ def _writing_out_first(real):
     that fails leaves the program in the same trace."""
     @functools.wraps(real)
     def exec_after_writing_out(*args, **kwargs):
-        state = _state
-        traced = state is not None and state.started and state.start_ok
+        traced = _traced_now()
         if traced:
             try:
                 error = _unseen(torch.ops.ekka.flush)
@@ -920,8 +925,7 @@ def _stopping_first(real):
     process does not end before the trace is written."""
     @functools.wraps(real)
     def exit_after_stopping(*args, **kwargs):
-        state = _state
-        if state is not None and state.started and state.start_ok:
+        if _traced_now():
             try:
                 _stop()
             except BaseException:  # the process ends as it would untraced
@@ -1067,8 +1071,6 @@ def _watch_compiles(dynamo):
     if callable(install) and getattr(install, "_ekka_aside", False):
         return
     if callable(install):
-        aside = torch.ops.ekka.aside.default
-
         @functools.wraps(install)
         @contextlib.contextmanager
         def install_callbacks(*args, **kwargs):
@@ -1076,21 +1078,9 @@ def _watch_compiles(dynamo):
             # opens and closes are the program's (a program's own
             # on_compile_end callback that runs ops has them recorded).
             trigger = args[0] if args else kwargs.get("trigger")
-            compiling = getattr(trigger, "name", "DYNAMO") in ("DYNAMO", "LAZY_BACKWARD")
-            with install(*args, **kwargs):
-                if compiling:
-                    try:
-                        _unseen(aside, True)
-                    except Exception:  # never into the compile
-                        compiling = False
-                try:
-                    yield
-                finally:
-                    if compiling:
-                        try:
-                            _unseen(aside, False)
-                        except Exception:
-                            pass
+            with install(*args, **kwargs), \
+                    (_aside() if _compiles(trigger) else contextlib.nullcontext()):
+                yield
 
         install_callbacks._ekka_aside = True
         try:
@@ -1121,9 +1111,35 @@ def _watch_compiles(dynamo):
     dynamo.reset = reset_watching
 
 
+def _compiles(trigger):
+    """Whether Dynamo's callback trigger is a compile's (Dynamo's, a lazy
+    backward's), not a CUDA graph's recording, whose first replay is the
+    program's."""
+    return getattr(trigger, "name", "DYNAMO") in ("DYNAMO", "LAZY_BACKWARD")
+
+
+@contextlib.contextmanager
+def _aside():
+    """This thread's ops and launches meanwhile are not the program's
+    (torch.ops.ekka.aside; they nest). Never raises into what it wraps."""
+    aside = torch.ops.ekka.aside.default
+    try:
+        _unseen(aside, True)
+        entered = True
+    except Exception:
+        entered = False
+    try:
+        yield
+    finally:
+        if entered:
+            try:
+                _unseen(aside, False)
+            except Exception:
+                pass
+
+
 def _compile_started(args=None):
-    trigger = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO")
-    if trigger in ("DYNAMO", "LAZY_BACKWARD"):
+    if _compiles(getattr(args, "callback_trigger", None)):
         try:
             _unseen(torch.ops.ekka.compiling, True)
         except Exception:  # never into the compile
@@ -1156,15 +1172,11 @@ def _set_aside(owner, name, module):
     method = vars(cls).get(name) if isinstance(cls, type) else None
     if not callable(method) or getattr(method, "_ekka_aside", False):
         return
-    aside = torch.ops.ekka.aside.default
 
     @functools.wraps(method)
     def benchmark(*args, **kwargs):
-        _unseen(aside, True)
-        try:
+        with _aside():
             return method(*args, **kwargs)
-        finally:
-            _unseen(aside, False)
 
     benchmark._ekka_aside = True
     setattr(cls, name, benchmark)
