@@ -941,11 +941,20 @@ def _wrap_export():
     hooks are taken out of PyTorch's while a program exports, and put back
     where they were. Nothing is lost: under export, strict or not, the
     hooks record nothing (it compiles). A module call on another thread
-    meanwhile is not recorded."""
-    for name in ("export", "draft_export"):
-        export = getattr(torch.export, name, None)
+    meanwhile is not recorded. The private torch.export._trace._export,
+    which torch._export's aot_compile, converter and report_exportability
+    call, is wrapped too, once imported (export reaches it through the
+    wrapped one: nested, it finds the hooks out already)."""
+    _unhook_while(torch.export, "export", "draft_export")
+    _when_imported("torch.export._trace",
+                   lambda trace: _unhook_while(trace, "_export"))
+
+
+def _unhook_while(owner, *names):
+    for name in names:
+        export = getattr(owner, name, None)
         if export is not None and not getattr(export, "_ekka_wrapped", False):
-            setattr(torch.export, name, _without_hooks(export))
+            setattr(owner, name, _without_hooks(export))
 
 
 def _without_hooks(export):

@@ -304,6 +304,11 @@ elif kind == "export":
         exported = torch.export.export(net, (x,), strict=strict)
         assert torch.equal(exported.module()(x), net(x)), strict
     assert torch.equal(torch.export.draft_export(net, (x,), strict=True).module()(x), net(x))
+    # The private _export that torch._export's aot_compile, converter and
+    # report_exportability call.
+    import torch.export._trace
+    exported = torch.export._trace._export(net, (x,), strict=True)
+    assert torch.equal(exported.module()(x), net(x))
     # A global hook of the program's (strict export fails on it, traced or
     # not), after the shim's: still after them once the program has exported.
     from torch.nn.modules import module as hooks
