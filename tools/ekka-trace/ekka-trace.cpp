@@ -289,9 +289,10 @@ std::string humanBytes(uint64_t B) {
 struct Totals {
   uint64_t Calls = 0, Ops = 0, Kernels = 0, Tensors = 0, Captured = 0;
   unsigned Traces = 0, Unclosed = 0;
-  /// What a SIGTERM's flush could not tell (meta lost_records "unknown:
-  /// ..."): no stop of the runtime's said it on stderr.
-  std::string Unknown;
+  /// Each closed trace that lacks records ("DIR: " and its meta
+  /// lost_records): its process said so on its stderr, without naming its
+  /// trace, or not at all (a SIGTERM's flush, "unknown: ...").
+  std::vector<std::string> Losses;
 
   void add(TraceReader &R) {
     ++Traces;
@@ -300,8 +301,8 @@ struct Totals {
     auto Lost = R.meta().find("lost_records");
     if (Lost == R.meta().end() || StringRef(Lost->second).starts_with("pending"))
       ++Unclosed;
-    else if (size_t At = Lost->second.find("unknown: "); At != std::string::npos && Unknown.empty())
-      Unknown = R.directory().str() + ": " + Lost->second.substr(At + 9);
+    else if (Lost->second != "0")
+      Losses.push_back(R.directory().str() + ": " + Lost->second);
     auto N = R.counts();
     if (!N) {
       errs() << Tool << ": warning: could not read back '" << R.directory()
@@ -405,9 +406,21 @@ void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> 
     errs() << Tool << ": " << Others.Traces << " more process"
            << (Others.Traces > 1 ? "es" : "") << " traced: " << Others.counts() << "; in "
            << Dir << "/process-*\n";
-  for (const std::string &Unknown : {Main.Unknown, Others.Unknown})
-    if (!Unknown.empty())
-      errs() << Tool << ": warning: " << Unknown << "\n";
+  // Each trace's losses, named: where there are several traces, their
+  // processes' own lines did not say which; a lone trace's process said
+  // it just now, but for what a SIGTERM's flush could not. At most a few,
+  // each a line, then a count.
+  std::vector<std::string> Losses = std::move(Main.Losses);
+  Losses.insert(Losses.end(), Others.Losses.begin(), Others.Losses.end());
+  if (Main.Traces + Others.Traces == 1 && !Losses.empty() &&
+      Losses[0].find("unknown: ") == std::string::npos)
+    Losses.clear();
+  constexpr size_t MostLosses = 4;
+  for (size_t I = 0; I < Losses.size() && I < MostLosses; ++I)
+    errs() << Tool << ": warning: " << Losses[I] << "\n";
+  if (Losses.size() > MostLosses)
+    errs() << Tool << ": warning: " << Losses.size() - MostLosses
+           << " more traces lack records (their meta lost_records says what)\n";
   if (unsigned Unclosed = Main.Unclosed + Others.Unclosed)
     errs() << Tool << ": warning: "
            << (Main.Traces + Others.Traces > 1 ? std::to_string(Unclosed) + " of the traces were"
