@@ -7,19 +7,22 @@ import sys
 # Once per process: a sitecustomize that imports the next one may run this
 # file again.
 if os.environ.get("EKKA_TRACE_DIR") and not sys.__dict__.get("_ekka_sitecustomize_ran"):
+    def _could_not(error):  # never breaks the traced program
+        print(f"ekka-trace: error: could not install hooks: {error}", file=sys.stderr)
+
     def _install(torch):
         """Installs the hooks right after the program imports torch."""
         try:
             import ekka.trace
             ekka.trace.install_from_environment()
-        except Exception as e:  # never break the traced program
-            print(f"ekka-trace: error: could not install hooks: {e}", file=sys.stderr)
+        except Exception as e:
+            _could_not(e)
 
     try:
         from ekka._imports import when_imported
         when_imported("torch", _install)
     except Exception as e:
-        print(f"ekka-trace: error: could not install hooks: {e}", file=sys.stderr)
+        _could_not(e)
 
 
 def _run_theirs():
