@@ -429,15 +429,21 @@ public:
     return Error::success();
   }
 
-  /// Writes the open shard, then the rows of the tensors it holds.
+  /// Writes the open shard, then the rows of the tensors it holds. Where
+  /// the shard cannot be written (a full disk, a file size limit), capture
+  /// stops: its tensors' rows, and every later captured tensor's, are
+  /// written with their statistics and no bytes, meta lost_records says
+  /// how many and why, and the error is kept (captureError()).
   Error flushShard(TraceCounts &Counts) {
     if (Shard.empty())
       return Error::success();
     std::string Name = shardFileName(NextShard);
     SmallString<256> Path(Dir);
     sys::path::append(Path, Name);
-    if (Error E = Shard.writeTo(Path, {{"format", "ekka-trace"}}))
-      return E;
+    if (Error E = Shard.writeTo(Path, {{"format", "ekka-trace"}})) {
+      CaptureError = toString(std::move(E));
+      return writeUncaptured(Counts);
+    }
     ++NextShard;
     ++Counts.Shards;
     Counts.CapturedBytes += Shard.dataBytes();
@@ -475,6 +481,9 @@ public:
     consumeError(Meta.bind(1, "indexes").bind(2, Why).run());
   }
 
+  /// The first shard that could not be written, and why; empty if none.
+  const std::string &captureError() const { return CaptureError; }
+
   /// Drops what a failed writer still holds, counting the lost captures.
   void abandon(TraceCounts &Counts) {
     clearRows();
@@ -486,10 +495,59 @@ public:
   std::unique_ptr<SQLiteDatabase> Db;
 
 private:
-  Error add(MetaItem &M, TraceCounts &) {
+  Error add(MetaItem &M, TraceCounts &Counts) {
     if (M.Later)
       M.Value = M.Later();
+    if (M.Key == LostRecordsKey) {
+      LostRecords = M.Value;
+      return writeLostRecords(Counts);
+    }
     return Meta.bind(1, M.Key).bind(2, M.Value).run();
+  }
+
+  /// Meta lost_records as last set, with the captures lost since a shard
+  /// could not be written.
+  Error writeLostRecords(const TraceCounts &Counts) {
+    if (!LostRecords)
+      return Error::success(); // not set yet: it will be, with them
+    std::string Value = *LostRecords;
+    if (!CaptureError.empty()) {
+      std::string Dropped = std::to_string(Counts.DroppedCaptures) +
+                            " captured tensors were recorded without their bytes, their "
+                            "statistics kept (capture stopped at a shard that could not be "
+                            "written: " +
+                            CaptureError + ")";
+      Value = Value == "0" || Value.empty() ? Dropped : Value + "; " + Dropped;
+    }
+    return Meta.bind(1, LostRecordsKey).bind(2, Value).run();
+  }
+
+  /// The open shard's tensors, whose shard could not be written: their
+  /// rows without it.
+  Error writeUncaptured(TraceCounts &Counts) {
+    for (std::string &Buffer : Shard.takeBuffers())
+      Owner.recycle(std::move(Buffer));
+    Shard.clear();
+    Counts.DroppedCaptures += Pending.size();
+    if (Error E = Db->exec("BEGIN"))
+      return E;
+    auto AddAll = [&]() -> Error {
+      for (TensorRecord &R : Pending) {
+        R.Key.clear();
+        if (Error E = insertTensor(R, R.Role, R.Device))
+          return E;
+      }
+      if (Error E = Tensors.flush())
+        return E;
+      return writeLostRecords(Counts);
+    };
+    if (Error E = AddAll()) {
+      Tensors.clear();
+      consumeError(Db->exec("ROLLBACK"));
+      return E;
+    }
+    Pending.clear();
+    return Db->exec("COMMIT");
   }
 
   // The rows' texts are referenced, not copied (TableRows): those of the
@@ -601,9 +659,11 @@ private:
     }
     if (T.Data && !T.Record.Stats)
       T.Record.Stats = statsOfBytes(T.Record.Type, *T.Data);
-    if (!T.Data || T.Use == BytesUse::StatsOnly) {
-      if (T.Data)
+    if (!T.Data || T.Use == BytesUse::StatsOnly || !CaptureError.empty()) {
+      if (T.Data) {
+        Counts.DroppedCaptures += T.Use == BytesUse::Capture; // capture has stopped
         Owner.recycle(std::move(*T.Data));
+      }
       return insertTensor(T.Record, T.Record.Role, T.Record.Device);
     }
     // Captured: the row waits for its shard to be on disk; the shard keeps
@@ -678,6 +738,8 @@ private:
   TableRows Calls{9}, Ops{5}, Kernels{10}, Tensors{19};
   SafeTensorsWriter Shard;
   std::vector<TensorRecord> Pending;
+  std::string CaptureError; ///< Why capture stopped (a shard not written).
+  std::optional<std::string> LostRecords; ///< Meta lost_records as last set.
   TensorRecord Scratch; ///< A small record's, as it is written.
   unsigned NextShard = 0;
 };
@@ -1288,9 +1350,14 @@ Error TraceWriter::close() {
     consumeError(Storage->Db->exec("PRAGMA journal_mode=DELETE"));
   }
   std::lock_guard<std::mutex> Lock(CountsMutex);
+  TraceCounts C = Counts;
+  if (FailureMessage.empty() && Storage && !Storage->captureError().empty())
+    return makeError(Storage->captureError() + "; capture stopped there: " +
+                     Twine(C.DroppedCaptures) +
+                     " captured tensors were recorded without their bytes (their statistics "
+                     "kept, meta lost_records says so); the trace keeps the rest");
   if (FailureMessage.empty())
     return Error::success();
-  TraceCounts C = Counts;
   return makeError(FailureMessage + "; the trace keeps what was written before (" +
                    Twine(C.Shards) + " shards), " + Twine(C.DroppedCaptures) +
                    " captured tensors were lost");

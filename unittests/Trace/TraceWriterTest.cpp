@@ -944,24 +944,47 @@ TEST_F(TraceTest, CorruptDatabaseIsAClearError) {
             std::string::npos);
 }
 
-TEST_F(TraceTest, AWriteFailureIsReportedAndKeepsWhatWasWritten) {
+TEST_F(TraceTest, AShardNotWrittenStopsCaptureAndKeepsEveryRow) {
   // A shard that cannot be written (here: its name is taken by a directory,
-  // as a full disk would refuse it) stops capturing; close() says so and the
-  // rows written before stay readable.
-  auto W = TraceWriter::create(Dir);
+  // as a full disk would refuse it) stops capturing; close() says so, every
+  // tensor keeps its row and statistics, later captures are written without
+  // their bytes, and meta lost_records (set before the failure, and after)
+  // says how many.
+  TraceWriterOptions O;
+  O.ShardBytes = 8; // each batch's captures make a shard
+  auto W = TraceWriter::create(Dir, O);
   ASSERT_TRUE(bool(W));
   ASSERT_FALSE(sys::fs::create_directories(Dir + "/tensors-0000.safetensors"));
   writeSmallTrace(**W, 1);
+  (*W)->setMeta(LostRecordsKey, "0");
+  ASSERT_FALSE(bool((*W)->flush())); // not a failure of the trace's: it goes on
+  writeSmallTrace(**W, 5);
+  (*W)->setMeta(LostRecordsKey, "3 records lost to errors");
   Error E = (*W)->close();
   ASSERT_TRUE(bool(E));
   std::string Msg = toString(std::move(E));
   EXPECT_NE(Msg.find("tensors-0000.safetensors"), std::string::npos) << Msg;
-  EXPECT_NE(Msg.find("the trace keeps what was written before"), std::string::npos) << Msg;
-  EXPECT_EQ((*W)->counts().DroppedCaptures, 1u);
+  EXPECT_NE(Msg.find("capture stopped there: 2 captured tensors were recorded without their "
+                     "bytes"),
+            std::string::npos)
+      << Msg;
+  EXPECT_EQ((*W)->counts().DroppedCaptures, 2u);
+  EXPECT_EQ((*W)->counts().CapturedTensors, 0u);
   auto R = TraceReader::open(Dir);
-  ASSERT_TRUE(bool(R));
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
   auto Calls = (*R)->moduleCalls();
-  ASSERT_TRUE(Calls && Calls->size() == 1u);
+  ASSERT_TRUE(Calls && Calls->size() == 2u);
+  auto Tensors = (*R)->tensors();
+  ASSERT_TRUE(Tensors && Tensors->size() == 4u);
+  for (const TensorRecord &T : *Tensors) {
+    EXPECT_TRUE(T.Shard.empty() && T.Key.empty()) << T.Shard << " " << T.Key;
+    EXPECT_TRUE(T.Stats.has_value());
+  }
+  EXPECT_EQ((*R)->meta().at(std::string(LostRecordsKey)),
+            "3 records lost to errors; 2 captured tensors were recorded without their bytes, "
+            "their statistics kept (capture stopped at a shard that could not be written: "
+            "cannot write '" +
+                Dir + "/tensors-0000.safetensors': Is a directory)");
 }
 
 TEST_F(TraceTest, AKilledWriterLeavesOnlyCompleteShards) {

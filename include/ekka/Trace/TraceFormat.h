@@ -30,6 +30,10 @@ constexpr int TraceFormatMajor = 1;
 constexpr int TraceFormatMinor = 5;
 
 constexpr llvm::StringLiteral TraceDatabaseName = "trace.db";
+/// The meta key that says what a trace lacks ("0": nothing), written as
+/// tracing stops; a trace without it was not closed. The writer adds the
+/// captures whose shard it could not write.
+constexpr llvm::StringLiteral LostRecordsKey = "lost_records";
 
 /// The SQL that creates an empty trace database.
 llvm::StringRef traceSchema();
