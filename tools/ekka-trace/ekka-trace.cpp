@@ -426,7 +426,8 @@ void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> 
            << (Main.Traces + Others.Traces > 1 ? std::to_string(Unclosed) + " of the traces were"
                                                : std::string("the trace was"))
            << " not closed: the program ended without stopping tracing (killed, crashed, or "
-              "_exit), and what it recorded after its last written batch is lost\n";
+              "_exit) or its trace could not be written, and what it recorded after its last "
+              "written batch is lost\n";
 }
 
 int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
