@@ -503,12 +503,23 @@ def _open_direct(state, local, trees, stack, frame, owner):
     named parameters as inputs (their values now, at its first submodule's
     call). It stays open on the stack until its frame has returned (checked
     at the next call that would be a root, or when tracing stops); the frame
-    is marked in its locals, not held."""
-    local.forwards = getattr(local, "forwards", 0) + 1
+    is marked in its locals, not held. A module of a live root's tree
+    keeps its path there and starts no step: a layer whose forward
+    gradient checkpointing runs again in the backward pass (HF's
+    GradientCheckpointingLayer checkpoints `forward`, not the call), or one
+    called on its own after its root's forward."""
     tree = trees.get(id(owner))
-    if tree is None or tree.root() is not owner:
-        tree = trees[id(owner)] = _new_tree(trees, owner)
-    local.current = tree
+    if tree is not None and tree.root() is not owner:
+        tree = None
+    held = _tree_holding(local, owner) if tree is None else None
+    root = held is None
+    if root:
+        local.forwards = getattr(local, "forwards", 0) + 1
+        if tree is None:
+            tree = trees[id(owner)] = _new_tree(trees, owner)
+        local.current = tree
+    else:
+        tree = held
     code = frame.f_code
     named = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
     values = frame.f_locals
@@ -516,15 +527,23 @@ def _open_direct(state, local, trees, stack, frame, owner):
     mark = object()
     values[_ROOT_MARK] = mark
     qualname, file, line = _class_source(state, type(owner))
-    call_id = _enter(tree.path(owner) or "", type(owner).__name__, qualname, file, line, True,
+    call_id = _enter(tree.path(owner) or "", type(owner).__name__, qualname, file, line, root,
                      inputs)
     marker = (code, mark)
     stack.append((owner, call_id, len(inputs), True, tree, marker))
     del values
     _watch_return(frame, marker)
     del frame
-    _hook_direct_calls(owner)
+    # Not from the backward pass (a checkpoint's recompute): the class's
+    # forward is the program's there, whose identity HF's checkpointing
+    # layer checks (wrapped, the layer stops checkpointing).
+    if _current_graph_task() == -1:
+        _hook_direct_calls(owner)
     return tree
+
+
+# The autograd graph task this thread runs a backward pass for, -1 if none.
+_current_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
 
 def _watch_return(frame, marker):
