@@ -748,8 +748,13 @@ void removeTrace(StringRef Dir) {
   std::error_code EC;
   for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC)) {
     StringRef Name = sys::path::filename(It->path());
-    if (Name.starts_with(TraceDatabaseName) ||
-        (Name.starts_with("tensors-") && Name.contains(".safetensors")))
+    // Only the files a trace is made of: not a user's trace.db.bak.
+    bool Database = Name == TraceDatabaseName || Name == (TraceDatabaseName + "-wal").str() ||
+                    Name == (TraceDatabaseName + "-shm").str() ||
+                    Name == (TraceDatabaseName + "-journal").str();
+    bool Shard = Name.starts_with("tensors-") &&
+                 (Name.ends_with(".safetensors") || Name.ends_with(".safetensors.tmp"));
+    if (Database || Shard)
       sys::fs::remove(It->path());
     else if ((Name.starts_with("rank-") || Name.starts_with("process-")) &&
              sys::fs::is_directory(It->path()))

@@ -24,9 +24,11 @@
 #include "llvm/Support/Program.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <regex>
 #include <sys/wait.h>
@@ -194,6 +196,10 @@ std::string findProgram(const std::vector<std::string> &Command) {
     if (!Found)
       exitWithError(Tool, makeError("cannot run '" + Program + "': not found on PATH"));
     Program = *Found;
+  } else if (!sys::fs::exists(Program)) {
+    exitWithError(Tool, makeError("cannot run '" + Program + "': no such file"));
+  } else if (sys::fs::is_directory(Program) || !sys::fs::can_execute(Program)) {
+    exitWithError(Tool, makeError("cannot run '" + Program + "': not an executable file"));
   }
   return Program;
 }
@@ -234,10 +240,18 @@ int runProgram(const std::vector<std::string> &Command,
     Envp.push_back(const_cast<char *>(E.c_str()));
   Envp.push_back(nullptr);
   std::string Program = findProgram(Command);
+  // A SIGCHLD that ekka-trace's parent left ignored would have the kernel
+  // reap the program, and waitpid() could not tell its status: default
+  // here, and the program gets the disposition it would have had.
+  struct sigaction ChildSignal = {}, InheritedChildSignal;
+  ChildSignal.sa_handler = SIG_DFL;
+  sigemptyset(&ChildSignal.sa_mask);
+  sigaction(SIGCHLD, &ChildSignal, &InheritedChildSignal);
   pid_t Pid = fork();
   if (Pid < 0)
     exitWithError(Tool, makeError("cannot start '" + Command[0] + "'"));
   if (Pid == 0) {
+    sigaction(SIGCHLD, &InheritedChildSignal, nullptr);
     execve(Program.c_str(), Argv.data(), Envp.data());
     errs() << Tool << ": error: cannot run '" << Command[0] << "'\n";
     _exit(127);
@@ -258,11 +272,20 @@ int runProgram(const std::vector<std::string> &Command,
       sigaction(ForwardedSignals[I], &Forward, nullptr);
   }
   int Status = 0;
-  while (waitpid(Pid, &Status, 0) < 0) {
-  }
+  bool Reaped = true;
+  while (waitpid(Pid, &Status, 0) < 0)
+    if (errno != EINTR) { // ECHILD: reaped already, SIGCHLD ignored after all
+      Reaped = false;
+      break;
+    }
   ProgramPid = 0;
   for (size_t I = 0; I < std::size(ForwardedSignals); ++I)
     sigaction(ForwardedSignals[I], &Before[I], nullptr);
+  if (!Reaped) {
+    errs() << Tool << ": warning: the program's exit status is unknown (it was reaped "
+                      "without ekka-trace)\n";
+    return 1;
+  }
   if (WIFEXITED(Status))
     return WEXITSTATUS(Status);
   if (WIFSIGNALED(Status))
@@ -449,18 +472,34 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
         exitWithError(Tool, makeError("bad regular expression '" + *Re + "': " + E.what()));
       }
     }
+  if (Steps < -1)
+    exitWithError(Tool, makeError("--steps: expected a number of forward passes, 0 or more, got " +
+                                  Twine(Steps.getValue())));
+  for (const std::string *Value : {&CaptureModules.getValue(), &CaptureOps.getValue(),
+                                   &Framework.getValue()})
+    if (Value->find(';') != std::string::npos) // the runtime's options are split at ';'
+      exitWithError(Tool, makeError("'" + *Value + "': an option's value cannot hold ';' (in a "
+                                    "regular expression, [;] or \\x3b matches one)"));
   SmallString<256> Dir(OutputDir.getValue());
   sys::fs::make_absolute(Dir);
-  if (holdsTrace(Dir)) {
-    if (!Force)
-      exitWithError(Tool, makeError("'" + OutputDir + "' already holds a trace (use --force to replace it)"));
-    removeTrace(Dir);
-  }
-  if (std::error_code EC = sys::fs::create_directories(Dir))
-    exitWithError(Tool, makeError("cannot create '" + OutputDir + "': " + EC.message()));
+  if (sys::fs::exists(Dir) && !sys::fs::is_directory(Dir))
+    exitWithError(Tool, makeError("'" + OutputDir + "' is not a directory"));
+  bool Replace = holdsTrace(Dir);
+  if (Replace && !Force)
+    exitWithError(Tool, makeError("'" + OutputDir + "' already holds a trace (use --force to replace it)"));
+  // Everything that can refuse the run first: a trace that --force would
+  // replace is removed only for a program that will run.
   Resources R = findResources(Argv0);
   if (!sys::fs::exists(R.RuntimeLibrary))
     exitWithError(Tool, makeError("the runtime library is missing: " + R.RuntimeLibrary));
+  std::string Program = findProgram(Command), Theirs;
+  if (std::error_code EC = sys::fs::create_directories(Dir))
+    exitWithError(Tool, makeError("cannot create '" + OutputDir + "': " + EC.message()));
+  if (::access(Dir.c_str(), W_OK | X_OK) != 0)
+    exitWithError(Tool, makeError("cannot write into '" + OutputDir + "': " +
+                                  std::strerror(errno)));
+  if (Replace)
+    removeTrace(Dir);
 
   std::string CommandLine;
   for (const std::string &A : Command)
@@ -479,7 +518,6 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   // it alone gets the runtime; under --native, every process does.
   // Recognised by its own dynamic section, or, linking LibTorch through
   // libraries of its own (an engine's), by its loader's listing.
-  std::string Program = findProgram(Command), Theirs;
   bool Recognised = false;
   if (!Native) {
     std::string Loader = programInterpreter(Program);
