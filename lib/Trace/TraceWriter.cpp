@@ -785,6 +785,16 @@ Expected<std::unique_ptr<TraceWriter>> TraceWriter::create(StringRef Dir,
   }
   if (std::error_code EC = sys::fs::create_directories(Dir))
     return makeError("cannot create trace directory '" + Dir + "': " + EC.message());
+  // Claimed by creating the file, which only one of several processes
+  // starting at once can do: the others are told the directory holds a
+  // trace (and trace into one of their own), as if they had come later.
+  int Claim = -1;
+  if (std::error_code EC = sys::fs::openFileForWrite(DbPath, Claim, sys::fs::CD_CreateNew)) {
+    if (EC == std::errc::file_exists)
+      return makeError("'" + Dir + "' already holds a trace (use --force to replace it)");
+    return makeError("cannot create '" + DbPath + "': " + EC.message());
+  }
+  ::close(Claim);
   auto Db = SQLiteDatabase::open(DbPath, SQLiteDatabase::Mode::ReadWriteCreate);
   if (!Db)
     return Db.takeError();
