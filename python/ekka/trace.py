@@ -241,11 +241,22 @@ def _start(state):
 _start_lock = threading.RLock()
 
 
+def _data_loader_worker():
+    """Whether this process is a DataLoader's worker (any start method)."""
+    data = sys.modules.get("torch.utils.data")
+    return getattr(data, "get_worker_info", lambda: None)() is not None
+
+
 def _start_now(state):
     binding = "torch.ops" if _enter is torch.ops.ekka.enter.default else "python"
     state.options = _gpu_options() + f"binding={binding};" + state.base_options
-    error = _unseen(torch.ops.ekka.start, _trace_dir(state.trace_dir), state.options,
-                                 os.environ.get("EKKA_COMMAND_LINE", " ".join(sys.argv)))
+    if _data_loader_worker():
+        # Its modules (a dataset's transforms) run before the program's
+        # model gets its first batch: DIR is left to the program.
+        error = "already holds a trace"
+    else:
+        error = _unseen(torch.ops.ekka.start, _trace_dir(state.trace_dir), state.options,
+                        os.environ.get("EKKA_COMMAND_LINE", " ".join(sys.argv)))
     if error:
         # Another process of this program already writes here (a subprocess
         # that runs a model too): give it a directory of its own.

@@ -402,6 +402,11 @@ std::string shimKeptOutBy(const std::vector<std::string> &Command) {
 
 void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> &Command) {
   auto Ranks = TraceReader::openRanks(Dir);
+  if (!Ranks && !processTraces(Dir).empty()) {
+    // The program's own process ran no module; others it started did.
+    consumeError(Ranks.takeError());
+    Ranks = std::vector<std::unique_ptr<TraceReader>>();
+  }
   if (!Ranks) {
     consumeError(Ranks.takeError());
     errs() << Tool << ": the program ran no torch.nn.Module: nothing was traced\n";
@@ -422,9 +427,13 @@ void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> 
     }
     Others.add(**R);
   }
-  errs() << Tool << ": " << Main.counts()
-         << (Ranks->size() > 1 ? ", " + std::to_string(Ranks->size()) + " ranks" : "")
-         << format(", %.1f s", Seconds) << "; trace in " << Dir << "\n";
+  if (Ranks->empty())
+    errs() << Tool << ": the program's own process ran no torch.nn.Module"
+           << format(" (%.1f s)", Seconds) << "\n";
+  else
+    errs() << Tool << ": " << Main.counts()
+           << (Ranks->size() > 1 ? ", " + std::to_string(Ranks->size()) + " ranks" : "")
+           << format(", %.1f s", Seconds) << "; trace in " << Dir << "\n";
   if (Others.Traces)
     errs() << Tool << ": " << Others.Traces << " more process"
            << (Others.Traces > 1 ? "es" : "") << " traced: " << Others.counts() << "; in "
