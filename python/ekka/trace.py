@@ -374,6 +374,8 @@ def _before(module, args, kwargs=None):
         return
     if not state.started and not _start(state):
         return
+    if isinstance(module, _GraphModule) and _run_by_backend():
+        return
     local = state.local
     stack = getattr(local, "stack", None)
     if stack is None:
@@ -435,6 +437,30 @@ def _before(module, args, kwargs=None):
         inputs += _tensors(kwargs)
     call_id = _enter(path, cls.__name__, qualname, file, line, is_root, inputs)
     stack.append((module, call_id, len(inputs), kwargs is not None, tree, None))
+
+
+_GraphModule = getattr(getattr(torch, "fx", None), "GraphModule", ())
+# Where a GraphModule's call passes through before its hooks, and where the
+# shim's hooks are.
+_CALL_FILES = ("/torch/nn/modules/module.py", "/torch/fx/graph_module.py",
+               "/torch/fx/_lazy_graph_module.py", "/ekka/trace.py")
+_BACKEND_DIRS = ("/torch/_dynamo/", "/torch/_functorch/", "/torch/_inductor/")
+
+
+def _run_by_backend():
+    """Whether the GraphModule being called is run by a compile backend's
+    runtime, as aot_eager's runs its forward and backward graphs: compiled
+    code, whose modules are not recorded (its ops are, under the call open
+    around it). Recorded, its inputs would be every parameter of the model,
+    captured at every step. A GraphModule the program calls (an exported
+    program's module) is recorded."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_CALL_FILES):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    name = frame.f_code.co_filename.replace("\\", "/")
+    return any(part in name for part in _BACKEND_DIRS)
 
 
 def _runs_compiled(local, top, module):

@@ -80,6 +80,16 @@ elif kind == "jit":
 elif kind == "compile":
     compiled = torch.compile(torch.nn.Linear(4, 4), backend="eager")
     compiled(x)
+elif kind == "aot-eager":
+    # aot_eager runs its forward and backward graphs as GraphModules: the
+    # compiled code's, not recorded (they held every parameter as inputs,
+    # captured at every step); one the program calls itself is.
+    net = Net()
+    compiled = torch.compile(net, backend="aot_eager")
+    for _ in range(2):
+        compiled(x.requires_grad_()).sum().backward()
+    traced = torch.fx.symbolic_trace(Net())
+    assert torch.equal(traced(x), traced(x))
 elif kind == "fullgraph":
     # The hooks add no graph break: a program that compiles its model whole
     # still does, and computes what it computes untraced.
