@@ -411,6 +411,13 @@ def _before(module, args, kwargs=None):
                 is_root = False
         if is_root:
             local.forwards = getattr(local, "forwards", 0) + 1
+            owner = _generating(named) if tree is None else None
+            if owner is not None:
+                # An encoder that generate() runs alone, before the whole
+                # model: a step, named in the whole model's tree.
+                tree = trees.get(id(owner))
+                if tree is None or tree.root() is not owner:
+                    tree = trees[id(owner)] = _new_tree(trees, owner)
             if tree is None:
                 tree = trees[id(named)] = _new_tree(trees, named)
             local.current = tree
@@ -512,6 +519,28 @@ def _direct_forward(module):
             if isinstance(owner, torch.nn.Module) and owner is not module and \
                     any(m is module for m in owner.modules()):
                 found = (frame, owner)
+        frame = frame.f_back
+    return found
+
+
+def _generating(module):
+    """The generation model (a module with a ``generate`` method: HF's
+    GenerationMixin) whose method, on this thread's Python stack, calls
+    `module` that it holds, outermost first; or None. HF's generate() of an
+    encoder-decoder model runs the encoder alone first (`get_encoder()`),
+    then the whole model at each step: the encoder is named in the whole
+    model's tree (`model.encoder`), not a root of its own whose paths would
+    lack the prefix. Asked once per new root."""
+    found = None
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_argcount and code.co_varnames[0] == "self":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, torch.nn.Module) and owner is not module and \
+                    callable(getattr(type(owner), "generate", None)) and \
+                    any(m is module for m in owner.modules()):
+                found = owner
         frame = frame.f_back
     return found
 
