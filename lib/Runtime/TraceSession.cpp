@@ -293,6 +293,9 @@ struct RecentLaunch {
 /// first module call or op and reached through ThreadFlags::State. The
 /// observer's callbacks look it up once (thisThread) and hand it on.
 struct ThreadState {
+  /// The step of this thread's last root call: its calls' step (threads
+  /// that each run a model take turns in the session's count); 0 before one.
+  int64_t Step = 0;
   /// The module calls open on this thread.
   std::vector<OpenCall> CallStack;
   /// The module outputs recorded in this root forward (see ProducedTensor).
@@ -471,8 +474,12 @@ bool withinCaptureBudget(Session &S, uint64_t Bytes) {
   return true;
 }
 
-bool stepCaptured(Session &S) {
-  return S.Options.MaxSteps < 0 || S.Step.load() <= S.Options.MaxSteps;
+/// The step that \p TS's calls and ops belong to: its last root call's, or
+/// the session's latest for a thread that made none.
+int64_t stepOf(Session &S, const ThreadState &TS) { return TS.Step ? TS.Step : S.Step.load(); }
+
+bool stepCaptured(Session &S, const ThreadState &TS) {
+  return S.Options.MaxSteps < 0 || stepOf(S, TS) <= S.Options.MaxSteps;
 }
 
 /// Whether CUPTI sees, in \p S, the writes to device memory that no op
@@ -856,7 +863,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     Kind.Captured = std::regex_search(Kind.Name, *S->Options.OpFilter);
     Kind.FilteredIn = S->Serial;
   }
-  Ctx->Capture = S->Options.OpFilter && Kind.Captured && stepCaptured(*S);
+  Ctx->Capture = S->Options.OpFilter && Kind.Captured && stepCaptured(*S, TS);
   auto Inputs = Fn.inputs();
   Ctx->Operator = !Kind.Schema.empty();
   std::vector<at::Tensor> Read; // what the op reads, to capture as it is now
@@ -1320,7 +1327,7 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
   ThreadState &TS = thisThread(Flags);
   S->DeviceDeferred.releaseSettled();
   if (IsRoot)
-    ++S->Step;
+    TS.Step = ++S->Step;
   int64_t Id = S->Writer->nextModuleCallId();
   std::optional<int64_t> ParentId;
   if (!TS.CallStack.empty())
@@ -1337,8 +1344,8 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
     Text.Text = S->Writer->internModule(Path, ClassName, ClassQualname, SourceFile, SourceLine);
     Text.InternedIn = S->Serial;
   }
-  S->Writer->addModuleCall(Id, ParentId, S->CallSeq++, S->Step.load(), Text.Text);
-  bool Capture = S->Options.CaptureModules && stepCaptured(*S) &&
+  S->Writer->addModuleCall(Id, ParentId, S->CallSeq++, stepOf(*S, TS), Text.Text);
+  bool Capture = S->Options.CaptureModules && stepCaptured(*S, TS) &&
                  (!S->Options.ModuleFilter ||
                   std::regex_search(Path.begin(), Path.end(), *S->Options.ModuleFilter));
   // Inputs: one that is an earlier module call's output, unchanged, is
@@ -1369,7 +1376,7 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
   }
   while (!TS.CallStack.empty() && TS.CallStack.back().Id != Id)
     TS.CallStack.pop_back();
-  bool Capture = S->Options.CaptureModules && stepCaptured(*S);
+  bool Capture = S->Options.CaptureModules && stepCaptured(*S, TS);
   int64_t FirstTensor = 0;
   if (!TS.CallStack.empty()) {
     Capture = TS.CallStack.back().Capture;
