@@ -2,6 +2,7 @@
 #include "ekka/Trace/TraceReader.h"
 #include "ekka/Support/Error.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
@@ -94,19 +95,26 @@ TraceReader::openRanks(StringRef Dir) {
     Ranks.push_back(std::move(*R));
     return Ranks;
   }
-  // rank-0, rank-1, ... in numeric order, without gaps.
-  for (unsigned Rank = 0;; ++Rank) {
-    SmallString<256> RankDir(Dir);
-    sys::path::append(RankDir, "rank-" + std::to_string(Rank));
-    if (!sys::fs::is_directory(RankDir))
-      break;
+  // rank-0, rank-1, ... in numeric order: those that traced (a rank that
+  // ran no module left none).
+  std::vector<std::pair<unsigned, std::string>> RankDirs;
+  std::error_code EC;
+  for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC)) {
+    StringRef Name = sys::path::filename(It->path());
+    unsigned Rank;
+    if (Name.consume_front("rank-") && !Name.getAsInteger(10, Rank) &&
+        sys::fs::exists(It->path() + "/" + TraceDatabaseName.str()))
+      RankDirs.emplace_back(Rank, It->path());
+  }
+  llvm::sort(RankDirs);
+  for (const auto &[Rank, RankDir] : RankDirs) {
     auto R = open(RankDir);
     if (!R)
       return R.takeError();
     Ranks.push_back(std::move(*R));
   }
   if (Ranks.empty())
-    return makeError("'" + Dir + "' is not a trace directory (no trace.db, no rank-0/)");
+    return makeError("'" + Dir + "' is not a trace directory (no trace.db, no rank-N/)");
   return Ranks;
 }
 

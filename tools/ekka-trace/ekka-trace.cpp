@@ -151,8 +151,18 @@ std::string captureOptions() {
   return O;
 }
 
+/// Whether \p Dir holds a trace: its own, a rank's or another process's.
 bool holdsTrace(StringRef Dir) {
-  return sys::fs::exists(Dir + "/trace.db") || sys::fs::exists(Dir + "/rank-0/trace.db");
+  if (sys::fs::exists(Dir + "/" + TraceDatabaseName))
+    return true;
+  std::error_code EC;
+  for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC)) {
+    StringRef Name = sys::path::filename(It->path());
+    if ((Name.starts_with("rank-") || Name.starts_with("process-")) &&
+        sys::fs::exists(It->path() + "/" + TraceDatabaseName.str()))
+      return true;
+  }
+  return false;
 }
 
 /// The LibTorch (its libtorch_cpu.so) that the dynamic loader would give
