@@ -54,10 +54,16 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
              : std::string())
      << "\n";
   OS << "  noise model: " << D.NoiseModel << "\n";
+  // Suspects of several steps (the same module may be one in each) say
+  // which step each is.
+  bool Steps = llvm::any_of(D.Suspects, [&](const Suspect &S) {
+    return S.Component.Step != First.Component.Step;
+  });
   unsigned Rank = 0;
   for (const Suspect &S : D.Suspects) {
     OS << "\nsuspect " << ++Rank << ": " << componentName(S.Component) << "  "
-       << S.Component.ClassQualname << "\n";
+       << S.Component.ClassQualname
+       << (Steps ? "  at step " + std::to_string(S.Component.Step) : std::string()) << "\n";
     OS << "  " << S.Reason << "\n";
     OS << "  evidence (R of the calls around it, in execution order):\n";
     auto Line = [&](const ComponentRatio &C, bool Mark) {
