@@ -258,6 +258,23 @@ Expected<uint64_t> TraceReader::rowCount(StringRef Table) {
   return N;
 }
 
+Expected<std::map<std::string, uint64_t>> TraceReader::missingShards() {
+  std::map<std::string, uint64_t> Missing;
+  auto S = Db->prepare("SELECT shard, count(*) FROM tensors WHERE shard IS NOT NULL AND "
+                       "shard != '' GROUP BY shard");
+  if (!S)
+    return S.takeError();
+  if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
+        std::string Shard = Row.columnText(0).str();
+        SmallString<256> Path(Dir);
+        sys::path::append(Path, Shard);
+        if (!sys::fs::exists(Path))
+          Missing[Shard] = uint64_t(Row.columnInt(1));
+      }))
+    return std::move(E);
+  return Missing;
+}
+
 Expected<TraceCounts> TraceReader::counts() {
   TraceCounts Out;
   for (auto [Table, N] : {std::pair{"module_calls", &Out.ModuleCalls}, std::pair{"ops", &Out.Ops},

@@ -617,6 +617,7 @@ int runShow() {
   if (ShowArgs.size() != 1)
     exitWithError(Tool, makeError("show takes one trace DIR"));
   auto Ranks = unwrapOrExit(Tool, TraceReader::openRanks(ShowArgs[0]));
+  std::string Missing; // the first missing shard, said after the rest
   for (auto &R : Ranks) {
     outs() << "trace " << R->directory() << "\n";
     for (const auto &[K, V] : R->meta())
@@ -646,7 +647,16 @@ int runShow() {
         outs() << "  " << C.SourceFile << ":" << C.SourceLine;
       outs() << "\n";
     }
+    auto Shards = unwrapOrExit(Tool, R->missingShards());
+    if (!Shards.empty() && Missing.empty())
+      Missing = "'" + R->directory().str() + "/" + Shards.begin()->first + "' is missing: " +
+                std::to_string(Shards.begin()->second) + " captured tensors' bytes cannot be read" +
+                (Shards.size() > 1 ? " (and " + std::to_string(Shards.size() - 1) +
+                                         " more shards are missing)"
+                                   : std::string());
   }
+  if (!Missing.empty())
+    exitWithError(Tool, makeError(Missing));
   return ExitSuccess;
 }
 

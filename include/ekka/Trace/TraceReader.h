@@ -55,6 +55,10 @@ public:
   /// many (GROUP BY in the database, not the rows read back).
   llvm::Expected<std::map<int64_t, CallTally>> tallyPerModuleCall();
 
+  /// The shards that captured tensors' rows name but that are not in the
+  /// directory (deleted, never copied), each with how many rows name it.
+  llvm::Expected<std::map<std::string, uint64_t>> missingShards();
+
   /// The captured bytes of \p T; an error if it was not captured or its
   /// shard is missing or corrupt.
   llvm::Expected<llvm::StringRef> tensorBytes(const TensorRecord &T);
