@@ -56,7 +56,8 @@ cl::opt<bool> Force("force", cl::desc("Replace a trace already in DIR"), cl::cat
 cl::opt<std::string> Capture(
     "capture", cl::init("modules"), cl::value_desc("modules|none"),
     cl::desc("Capture every module call's outputs and the root's inputs (default), "
-             "or nothing (statistics and metadata only)"),
+             "or none of theirs (statistics and metadata only; --capture-ops still captures "
+             "its ops')"),
     cl::cat(TraceCategory));
 cl::opt<std::string> CaptureModules("capture-modules", cl::value_desc("REGEX"),
                                     cl::desc("Capture only modules whose path matches"),
@@ -514,6 +515,9 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
     exitWithError(Tool, makeError("missing the program to trace: ekka-trace -o DIR -- CMD ARGS..."));
   if (Capture != "modules" && Capture != "none")
     exitWithError(Tool, makeError("--capture: expected modules or none, got '" + Capture + "'"));
+  if (Capture == "none" && !CaptureModules.empty())
+    exitWithError(Tool, makeError("--capture-modules selects module calls to capture, which "
+                                  "--capture=none turns off: give one of them"));
   if (CaptureOpInputs && CaptureOps.empty())
     exitWithError(Tool, makeError("--capture-op-inputs needs --capture-ops REGEX (whose ops' "
                                   "inputs to capture)"));
