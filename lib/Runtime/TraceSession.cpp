@@ -168,6 +168,8 @@ struct Session {
   bool TracingKernels = false;
   std::atomic<int64_t> Step{0};
   std::atomic<uint64_t> CapturedBytes{0};
+  /// Tensors that --budget left uncaptured (statistics and metadata only).
+  std::atomic<uint64_t> OverBudget{0};
   std::atomic<int64_t> LastOpenCall{0}; ///< For ops on threads without hooks.
   std::optional<at::CallbackHandle> Observer;
   /// CPU tensors whose statistics the writer's thread computes.
@@ -468,8 +470,10 @@ uint64_t nowNanos() {
 }
 
 bool withinCaptureBudget(Session &S, uint64_t Bytes) {
-  if (S.Options.ByteBudget && S.CapturedBytes + Bytes > S.Options.ByteBudget)
+  if (S.Options.ByteBudget && S.CapturedBytes + Bytes > S.Options.ByteBudget) {
+    ++S.OverBudget;
     return false;
+  }
   S.CapturedBytes += Bytes;
   return true;
 }
@@ -1480,6 +1484,13 @@ std::string writeClosingMeta(Session &S, const std::string &Missed) {
       Lost = std::to_string(S.LostRecords) + " records lost to errors (first: " +
              S.FirstLoss.substr(0, 300) + ")";
   }
+  if (S.Options.ByteBudget)
+    S.Writer->setMeta("capture_budget",
+                      std::to_string(S.Options.ByteBudget) + " bytes: " +
+                          (S.OverBudget ? "reached, " + std::to_string(S.OverBudget.load()) +
+                                              " tensors not captured (statistics and metadata "
+                                              "only)"
+                                        : std::string("not reached")));
   if (S.Options.Timings)
     S.Writer->setMeta("tracer_time", tracerTime(S));
   if (std::string GpuStats = S.GpuStats.describe(); !GpuStats.empty())

@@ -357,7 +357,7 @@ std::string humanBytes(uint64_t B) {
 /// What a set of traces holds, for the closing summary.
 struct Totals {
   uint64_t Calls = 0, Ops = 0, Kernels = 0, Tensors = 0, Captured = 0;
-  unsigned Traces = 0, Unclosed = 0;
+  unsigned Traces = 0, Unclosed = 0, OverBudget = 0;
   /// Each closed trace that lacks records ("DIR: " and its meta
   /// lost_records): its process said so on its stderr, without naming its
   /// trace, or not at all (a SIGTERM's flush, "unknown: ...").
@@ -372,6 +372,9 @@ struct Totals {
       ++Unclosed;
     else if (Lost->second != "0")
       Losses.push_back(R.directory().str() + ": " + Lost->second);
+    if (auto Budget = R.meta().find("capture_budget");
+        Budget != R.meta().end() && Budget->second.find(": reached") != std::string::npos)
+      ++OverBudget;
     auto N = R.counts();
     if (!N) {
       errs() << Tool << ": warning: could not read back '" << R.directory()
@@ -484,6 +487,11 @@ void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> 
     errs() << Tool << ": " << Others.Traces << " more process"
            << (Others.Traces > 1 ? "es" : "") << " traced: " << Others.counts() << "; in "
            << Dir << "/process-*\n";
+  if (unsigned N = Main.OverBudget + Others.OverBudget)
+    errs() << Tool << ": note: --budget was reached"
+           << (Main.Traces + Others.Traces > 1 ? " in " + std::to_string(N) + " of the traces"
+                                               : std::string())
+           << ": the tensors after it have statistics and metadata only (meta capture_budget)\n";
   // Each trace's losses, named: where there are several traces, their
   // processes' own lines did not say which; a lone trace's process said
   // it just now, but for what a SIGTERM's flush could not. At most a few,
