@@ -31,10 +31,7 @@
 #include <cstring>
 #include <map>
 #include <regex>
-#include <fcntl.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <termios.h>
 #include <unistd.h>
 
 using namespace llvm;
@@ -221,31 +218,16 @@ std::string findProgram(const std::vector<std::string> &Command) {
 /// The program's process while ekka-trace waits for it.
 volatile sig_atomic_t ProgramPid = 0;
 
-/// Whether the program runs in a process group of its own (see runProgram).
-volatile sig_atomic_t ProgramOwnGroup = 0;
-
 /// A signal that ekka-trace gets while the program runs goes to the
 /// program, which ends or not as it would (a SIGTERM writes its trace out
 /// first: the runtime's handler); ekka-trace reports when it has ended and
 /// returns its status. Not a SIGINT or SIGQUIT that the terminal sent (not
-/// a process's kill) to a program in ekka-trace's process group: it has it
+/// a process's kill): the program, in the same process group, has it
 /// already.
 void forwardSignal(int Signal, siginfo_t *Info, void *) {
-  bool FromTerminal = !ProgramOwnGroup && (Signal == SIGINT || Signal == SIGQUIT) && Info &&
-                      Info->si_code > 0;
+  bool FromTerminal = (Signal == SIGINT || Signal == SIGQUIT) && Info && Info->si_code > 0;
   if (ProgramPid > 0 && !FromTerminal)
     ::kill(ProgramPid, Signal);
-}
-
-/// Whether ekka-trace runs in the foreground of its controlling terminal,
-/// whose Ctrl-C reaches its whole process group.
-bool inTerminalForeground() {
-  int Tty = ::open("/dev/tty", O_RDONLY | O_NOCTTY | O_CLOEXEC);
-  if (Tty < 0)
-    return false;
-  bool Foreground = tcgetpgrp(Tty) == getpgrp();
-  ::close(Tty);
-  return Foreground;
 }
 
 constexpr int ForwardedSignals[] = {SIGTERM, SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2};
@@ -276,25 +258,11 @@ int runProgram(const std::vector<std::string> &Command,
   ChildSignal.sa_handler = SIG_DFL;
   sigemptyset(&ChildSignal.sa_mask);
   sigaction(SIGCHLD, &ChildSignal, &InheritedChildSignal);
-  // Outside a terminal's foreground (under timeout, a CI runner, a batch
-  // job, a background job), a signal for ekka-trace's whole process group
-  // (killpg, timeout's second signal) would reach the program twice:
-  // directly, and forwarded. There the program gets a group of its own,
-  // whose signals ekka-trace forwards, and a SIGTERM should ekka-trace end
-  // first (killed), which writes its trace out.
-  bool OwnGroup = !inTerminalForeground();
-  pid_t Parent = getpid();
   pid_t Pid = fork();
   if (Pid < 0)
     exitWithError(Tool, makeError("cannot start '" + Command[0] + "'"));
   if (Pid == 0) {
     sigaction(SIGCHLD, &InheritedChildSignal, nullptr);
-    if (OwnGroup) {
-      setpgid(0, 0);
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != Parent) // ekka-trace ended already
-        _exit(128 + SIGTERM);
-    }
     execve(Program.c_str(), Argv.data(), Envp.data());
     errs() << Tool << ": error: cannot run '" << Command[0] << "'\n";
     _exit(127);
@@ -302,9 +270,6 @@ int runProgram(const std::vector<std::string> &Command,
   // Set after the fork: the program starts with ekka-trace's own
   // dispositions (a background job's ignored SIGINT stays ignored). One
   // that ekka-trace ignores stays ignored.
-  if (OwnGroup)
-    setpgid(Pid, Pid); // as the child does: whichever runs first
-  ProgramOwnGroup = OwnGroup;
   ProgramPid = Pid;
   struct sigaction Forward = {}, Before[std::size(ForwardedSignals)];
   Forward.sa_sigaction = forwardSignal;
