@@ -297,7 +297,10 @@ struct RecentLaunch {
 struct ThreadState {
   /// The step of this thread's last root call: its calls' step (threads
   /// that each run a model take turns in the session's count); 0 before one.
+  /// Of the session whose serial is StepIn (not an earlier session's, nor,
+  /// in a forked child, the parent's).
   int64_t Step = 0;
+  uint64_t StepIn = 0;
   /// The module calls open on this thread.
   std::vector<OpenCall> CallStack;
   /// The module outputs recorded in this root forward (see ProducedTensor).
@@ -480,7 +483,9 @@ bool withinCaptureBudget(Session &S, uint64_t Bytes) {
 
 /// The step that \p TS's calls and ops belong to: its last root call's, or
 /// the session's latest for a thread that made none.
-int64_t stepOf(Session &S, const ThreadState &TS) { return TS.Step ? TS.Step : S.Step.load(); }
+int64_t stepOf(Session &S, const ThreadState &TS) {
+  return TS.Step && TS.StepIn == S.Serial ? TS.Step : S.Step.load();
+}
 
 bool stepCaptured(Session &S, const ThreadState &TS) {
   return S.Options.MaxSteps < 0 || stepOf(S, TS) <= S.Options.MaxSteps;
@@ -1330,8 +1335,10 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
   S->Deferred.releaseSettled();
   ThreadState &TS = thisThread(Flags);
   S->DeviceDeferred.releaseSettled();
-  if (IsRoot)
+  if (IsRoot) {
     TS.Step = ++S->Step;
+    TS.StepIn = S->Serial;
+  }
   int64_t Id = S->Writer->nextModuleCallId();
   std::optional<int64_t> ParentId;
   if (!TS.CallStack.empty())

@@ -528,9 +528,13 @@ private:
     for (std::string &Buffer : Shard.takeBuffers())
       Owner.recycle(std::move(Buffer));
     Shard.clear();
+    // Counted once: on a failure below, abandon() counts what Pending holds.
     Counts.DroppedCaptures += Pending.size();
-    if (Error E = Db->exec("BEGIN"))
+    auto Uncount = [&] { Counts.DroppedCaptures -= Pending.size(); };
+    if (Error E = Db->exec("BEGIN")) {
+      Uncount();
       return E;
+    }
     auto AddAll = [&]() -> Error {
       for (TensorRecord &R : Pending) {
         R.Key.clear();
@@ -544,6 +548,7 @@ private:
     if (Error E = AddAll()) {
       Tensors.clear();
       consumeError(Db->exec("ROLLBACK"));
+      Uncount();
       return E;
     }
     Pending.clear();

@@ -524,27 +524,6 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   if (!sys::fs::exists(R.RuntimeLibrary))
     exitWithError(Tool, makeError("the runtime library is missing: " + R.RuntimeLibrary));
   std::string Program = findProgram(Command), Theirs;
-  if (std::error_code EC = sys::fs::create_directories(Dir))
-    exitWithError(Tool, makeError("cannot create '" + OutputDir + "': " + EC.message()));
-  if (::access(Dir.c_str(), W_OK | X_OK) != 0)
-    exitWithError(Tool, makeError("cannot write into '" + OutputDir + "': " +
-                                  std::strerror(errno)));
-  if (Replace)
-    removeTrace(Dir);
-
-  std::string CommandLine;
-  for (const std::string &A : Command)
-    CommandLine += (CommandLine.empty() ? "" : " ") + A;
-  std::string PythonPath = R.BootstrapDir + ":" + R.PythonDir;
-  if (const char *Old = std::getenv("PYTHONPATH"); Old && *Old)
-    PythonPath += std::string(":") + Old;
-  std::map<std::string, std::string> Env = {
-      {"EKKA_TRACE_DIR", std::string(Dir)},
-      {"EKKA_TRACE_OPTIONS", captureOptions()},
-      {"EKKA_RUNTIME_LIB", R.RuntimeLibrary},
-      {"EKKA_COMMAND_LINE", CommandLine},
-      {"PYTHONPATH", PythonPath},
-  };
   // A C++ program: the runtime is preloaded and traces its main. Recognised,
   // it alone gets the runtime; under --native, every process does.
   // Recognised by its own dynamic section, or, linking LibTorch through
@@ -572,6 +551,27 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
           "': it cannot be loaded into the program (build Ekka with EKKA_PYTHON set to the "
           "Python whose torch the program links)"));
   }
+  if (std::error_code EC = sys::fs::create_directories(Dir))
+    exitWithError(Tool, makeError("cannot create '" + OutputDir + "': " + EC.message()));
+  if (::access(Dir.c_str(), W_OK | X_OK) != 0)
+    exitWithError(Tool, makeError("cannot write into '" + OutputDir + "': " +
+                                  std::strerror(errno)));
+  if (Replace)
+    removeTrace(Dir);
+
+  std::string CommandLine;
+  for (const std::string &A : Command)
+    CommandLine += (CommandLine.empty() ? "" : " ") + A;
+  std::string PythonPath = R.BootstrapDir + ":" + R.PythonDir;
+  if (const char *Old = std::getenv("PYTHONPATH"); Old && *Old)
+    PythonPath += std::string(":") + Old;
+  std::map<std::string, std::string> Env = {
+      {"EKKA_TRACE_DIR", std::string(Dir)},
+      {"EKKA_TRACE_OPTIONS", captureOptions()},
+      {"EKKA_RUNTIME_LIB", R.RuntimeLibrary},
+      {"EKKA_COMMAND_LINE", CommandLine},
+      {"PYTHONPATH", PythonPath},
+  };
   if (Native || Recognised) {
     std::string Preload = R.RuntimeLibrary;
     Env["EKKA_LD_PRELOAD_BEFORE"] = ""; // not an inherited one
