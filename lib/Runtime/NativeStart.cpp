@@ -114,7 +114,8 @@ void stopNativeTrace() {
   }
   if (Summary.rfind("error: ", 0) == 0)
     std::fprintf(stderr, "ekka-trace: %s\n", Summary.c_str());
-  else if (auto At = Summary.find("; warning: "); At != std::string::npos)
+  else if (auto At = Summary.find("; warning: ");
+           At != std::string::npos && !std::getenv("EKKA_TRACE_SUMMARIZES"))
     std::fprintf(stderr, "ekka-trace: warning: %s\n", Summary.c_str() + At + 11);
 }
 

@@ -457,15 +457,11 @@ void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> 
            << (Main.Traces + Others.Traces > 1 ? " in " + std::to_string(N) + " of the traces"
                                                : std::string())
            << ": the tensors after it have statistics and metadata only (meta capture_budget)\n";
-  // Each trace's losses, named: where there are several traces, their
-  // processes' own lines did not say which; a lone trace's process said
-  // it just now, but for what a SIGTERM's flush could not. At most a few,
-  // each a line, then a count.
+  // Each trace's losses, named (the processes do not say theirs under
+  // ekka-trace, EKKA_TRACE_SUMMARIZES). At most a few, each a line, then a
+  // count.
   std::vector<std::string> Losses = std::move(Main.Losses);
   Losses.insert(Losses.end(), Others.Losses.begin(), Others.Losses.end());
-  if (Main.Traces + Others.Traces == 1 && !Losses.empty() &&
-      Losses[0].find("unknown: ") == std::string::npos)
-    Losses.clear();
   constexpr size_t MostLosses = 4;
   for (size_t I = 0; I < Losses.size() && I < MostLosses; ++I)
     errs() << Tool << ": warning: " << Losses[I] << "\n";
@@ -570,6 +566,9 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
       {"EKKA_TRACE_OPTIONS", captureOptions()},
       {"EKKA_RUNTIME_LIB", R.RuntimeLibrary},
       {"EKKA_COMMAND_LINE", CommandLine},
+      // Its closing summary names each trace's losses: the processes need
+      // not say theirs (without naming their traces).
+      {"EKKA_TRACE_SUMMARIZES", "1"},
       {"PYTHONPATH", PythonPath},
   };
   if (Native || Recognised) {
