@@ -402,7 +402,14 @@ def _before(module, args, kwargs=None):
         if tree is not None and tree.root() is not named:
             del trees[id(named)]  # a dead root's id, reused
             tree = None
-        if tree is None:
+        owner = _generating(named) if tree is None else None
+        if owner is not None:
+            # An encoder that generate() runs alone, before the whole model
+            # (each generate()'s): a step, named in the whole model's tree.
+            tree = trees.get(id(owner))
+            if tree is None or tree.root() is not owner:
+                tree = trees[id(owner)] = _new_tree(trees, owner)
+        elif tree is None:
             # A submodule of a root called on its own, after the root's
             # forward (vLLM's compute_logits calls the logits processor so):
             # it keeps its path in the root's tree, and is no new step.
@@ -411,13 +418,6 @@ def _before(module, args, kwargs=None):
                 is_root = False
         if is_root:
             local.forwards = getattr(local, "forwards", 0) + 1
-            owner = _generating(named) if tree is None else None
-            if owner is not None:
-                # An encoder that generate() runs alone, before the whole
-                # model: a step, named in the whole model's tree.
-                tree = trees.get(id(owner))
-                if tree is None or tree.root() is not owner:
-                    tree = trees[id(owner)] = _new_tree(trees, owner)
             if tree is None:
                 tree = trees[id(named)] = _new_tree(trees, named)
             local.current = tree
