@@ -741,14 +741,25 @@ class _Tree:
 
 def _tree_holding(local, module):
     """The tree of a live root that `module` belongs to (the last root's
-    first), or None."""
+    first), or None. From the backward pass, another thread's too: on a
+    GPU, autograd runs it on a thread of its own, where a gradient
+    checkpoint's recompute calls the layers of the forward thread's model."""
     current = getattr(local, "current", None)
     candidates = ([current] if current is not None else []) + \
         [t for t in local.trees.values() if t is not current]
+    if _current_graph_task() != -1:
+        with _live_trees_lock:
+            others = list(_live_trees)
+        candidates += [t for t in others if t not in candidates]
     for tree in candidates:
         if tree.root() is not None and id(module) in tree.names:
             return tree
     return None
+
+
+# Every thread's trees, for the backward pass's threads (_tree_holding).
+_live_trees = weakref.WeakSet()
+_live_trees_lock = threading.Lock()
 
 
 def _new_tree(trees, module):
@@ -759,6 +770,8 @@ def _new_tree(trees, module):
     class, `<LlamaForCausalLM>`, numbered when two share a class
     (`<LlamaForCausalLM>#2`), so that the two trees' paths do not collide."""
     tree = _Tree(module, "")
+    with _live_trees_lock:
+        _live_trees.add(tree)
     for key, other in list(trees.items()):
         if other.root() is None or id(other.root()) in tree.names:
             del trees[key]
