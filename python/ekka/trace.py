@@ -417,10 +417,7 @@ def _before(module, args, kwargs=None):
             if tree is not None:
                 is_root = False
         if is_root:
-            local.forwards = getattr(local, "forwards", 0) + 1
-            if tree is None:
-                tree = trees[id(named)] = _new_tree(trees, named)
-            local.current = tree
+            tree = _begin_step(local, trees, named, tree)
     else:
         # The tree of the outermost call open on this thread: a submodule
         # called on its own keeps its root's tree for its children too.
@@ -523,6 +520,16 @@ def _direct_forward(module):
     return found
 
 
+def _begin_step(local, trees, module, tree):
+    """A root call of `module` begins a forward step on this thread: in
+    `tree` (its root's), or a new tree of its own. Returns the tree."""
+    local.forwards = getattr(local, "forwards", 0) + 1
+    if tree is None:
+        tree = trees[id(module)] = _new_tree(trees, module)
+    local.current = tree
+    return tree
+
+
 def _generating(module):
     """The generation model (a module with a ``generate`` method: HF's
     GenerationMixin) whose method, on this thread's Python stack, calls
@@ -579,13 +586,7 @@ def _open_direct(state, local, trees, stack, frame, owner):
         tree = None
     held = _tree_holding(local, owner) if tree is None else None
     root = held is None
-    if root:
-        local.forwards = getattr(local, "forwards", 0) + 1
-        if tree is None:
-            tree = trees[id(owner)] = _new_tree(trees, owner)
-        local.current = tree
-    else:
-        tree = held
+    tree = _begin_step(local, trees, owner, tree) if root else held
     code = frame.f_code
     named = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
     values = frame.f_locals
