@@ -537,7 +537,8 @@ def _generating(module):
     encoder-decoder model runs the encoder alone first (`get_encoder()`),
     then the whole model at each step: the encoder is named in the whole
     model's tree (`model.encoder`), not a root of its own whose paths would
-    lack the prefix. Asked once per new root."""
+    lack the prefix. Asked of a root-level call of a module that is no
+    root of its own (a new root, or a submodule called on its own)."""
     found = None
     frame = sys._getframe(2)
     while frame is not None:
