@@ -53,8 +53,8 @@ cl::opt<bool> Force("force", cl::desc("Replace a trace already in DIR"), cl::cat
 cl::opt<std::string> Capture(
     "capture", cl::init("modules"), cl::value_desc("modules|none"),
     cl::desc("Capture every module call's outputs and the root's inputs (default), "
-             "or none of theirs (statistics and metadata only; --capture-ops still captures "
-             "its ops')"),
+             "or none of theirs (statistics and metadata only; the ops that --capture-ops "
+             "selects are still captured)"),
     cl::cat(TraceCategory));
 cl::opt<std::string> CaptureModules("capture-modules", cl::value_desc("REGEX"),
                                     cl::desc("Capture only modules whose path matches"),
@@ -324,8 +324,8 @@ struct Totals {
   uint64_t Calls = 0, Ops = 0, Kernels = 0, Tensors = 0, Captured = 0;
   unsigned Traces = 0, Unclosed = 0, OverBudget = 0;
   /// Each closed trace that lacks records ("DIR: " and its meta
-  /// lost_records): its process said so on its stderr, without naming its
-  /// trace, or not at all (a SIGTERM's flush, "unknown: ...").
+  /// lost_records), for the summary to name (under ekka-trace the
+  /// processes do not say theirs: EKKA_TRACE_SUMMARIZES).
   std::vector<std::string> Losses;
 
   void add(TraceReader &R) {
