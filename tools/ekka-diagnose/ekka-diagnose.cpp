@@ -78,6 +78,16 @@ std::vector<std::unique_ptr<TraceReader>> openRanks(StringRef Flag, StringRef Di
   auto Ranks = TraceReader::openRanks(Dir);
   if (!Ranks)
     exitWithError(Tool, makeError("--" + Flag + ": " + toString(Ranks.takeError())));
+  // A rank that ran no module left no trace: what needs every rank (the
+  // shards of tensor-parallel tensors) is then incomplete.
+  const auto &Meta = (*Ranks)[0]->meta();
+  int64_t World = 0;
+  if (auto It = Meta.find("world_size");
+      It != Meta.end() && !StringRef(It->second).getAsInteger(10, World) &&
+      World > int64_t(Ranks->size()))
+    errs() << Tool << ": warning: --" << Flag << " holds " << Ranks->size() << " of its "
+           << World << " ranks' traces (the others ran no module): sharded tensors are "
+              "compared from the ranks present\n";
   return std::move(*Ranks);
 }
 
