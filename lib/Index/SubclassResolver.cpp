@@ -108,7 +108,7 @@ private:
         if (Bound != FileImports->second.end()) {
           std::string Full = Bound->second;
           if (!Rest.empty())
-            Full += "." + Rest.str();
+            (Full += '.') += Rest;
           if (auto T = resolvePython(Full, Sub))
             return link(Sub, Written, *T, "import");
           // Bound to a package the index does not hold: whatever class of

@@ -271,7 +271,7 @@ Expected<std::map<std::string, uint64_t>> TraceReader::missingShards() {
         if (!sys::fs::exists(Path))
           Missing[Shard] = uint64_t(Row.columnInt(1));
       }))
-    return std::move(E);
+    return E;
   return Missing;
 }
 

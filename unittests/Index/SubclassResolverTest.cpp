@@ -30,7 +30,7 @@ links(const std::vector<ClassInfo> &Classes, const ImportTable &Imports) {
 TEST(SubclassResolver, SameFileBeatsAnOtherwiseAmbiguousName) {
   std::vector<ClassInfo> C = {py(1, 10, "a", "Base"), py(2, 20, "b", "Base"),
                               py(3, 10, "a", "Sub", {"Base"})};
-  auto L = links(C, {});
+  auto L = links(C, ImportTable());
   ASSERT_EQ(L.size(), 1u);
   EXPECT_EQ(L[0], std::make_tuple(int64_t(3), int64_t(1), std::string("same-file")));
 }
@@ -53,7 +53,7 @@ TEST(SubclassResolver, UniqueNameAndNoGuessWhenAmbiguous) {
                               py(3, 12, "a3", "Twice"),
                               py(4, 20, "b", "S1", {"x.Unique"}),
                               py(5, 20, "b", "S2", {"Twice", "Generic[T]", "nn.Module"})};
-  auto L = links(C, {});
+  auto L = links(C, ImportTable());
   ASSERT_EQ(L.size(), 1u);
   EXPECT_EQ(L[0], std::make_tuple(int64_t(4), int64_t(1), std::string("unique-name")));
 }
@@ -69,7 +69,7 @@ TEST(SubclassResolver, CxxQualifiedNamesAndTemplates) {
   Sub.Name = "Typed";
   Sub.QualifiedName = "lib::Typed";
   Sub.Bases = {"lib::KernelBase<float>"};
-  auto L = links({Base, Sub}, {});
+  auto L = links({Base, Sub}, ImportTable());
   ASSERT_EQ(L.size(), 1u);
   EXPECT_EQ(L[0], std::make_tuple(int64_t(2), int64_t(1), std::string("qualified")));
 }
