@@ -90,10 +90,12 @@ void writeHtml(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
       OS << "</p>\n";
       for (size_t I = 0; I < S.Op->Kernels.size(); ++I) {
         SourceLocator::KernelSite Site = Sources.kernel(S.Op->Kernels[I]);
-        OS << "<p>kernel <b>" << htmlEscape(Site.Display) << "</b>"
-           << (Site.Where.empty() ? "" : " " + htmlEscape(Site.Where))
-           << (int(I) == S.Op->KernelIndex ? " &larr; " + htmlEscape(S.Op->KernelReason) : "")
-           << "</p>\n";
+        OS << "<p>kernel <b>" << htmlEscape(Site.Display) << "</b>";
+        if (!Site.Where.empty())
+          OS << " " << htmlEscape(Site.Where);
+        if (int(I) == S.Op->KernelIndex)
+          OS << " &larr; " << htmlEscape(S.Op->KernelReason);
+        OS << "</p>\n";
       }
     }
     if (!L.Excerpt.empty())
