@@ -134,7 +134,13 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
 }
 
 // The knowledge base, version 1: serving engines' names (vLLM's and
-// SGLang's model code share them) against HuggingFace Transformers'.
+// SGLang's model code share them) against HuggingFace Transformers'. Of two
+// rules for one target, the first that applies is taken. The logits
+// processor computes the model's final logits (the head, then Gemma's
+// soft-cap, Cohere's or Granite's scale), which HF computes in its
+// ForCausalLM's forward after `lm_head`: the root's logits where the root
+// returns them, `lm_head`'s otherwise (a recipe onto the root applies only
+// where its first output has the target's features).
 static const char *RecipesV1 = R"json({"components": [
   {"target": "model.layers.*.self_attn.qkv_proj",
    "reference": ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.k_proj",
@@ -145,6 +151,7 @@ static const char *RecipesV1 = R"json({"components": [
   {"target": "model.layers.*.mlp.shared_expert.gate_up_proj",
    "reference": ["model.layers.*.mlp.shared_expert.gate_proj",
                  "model.layers.*.mlp.shared_expert.up_proj"], "concat_dim": -1},
+  {"target": "logits_processor", "reference": ""},
   {"target": "logits_processor", "reference": "lm_head"},
   {"target": "model.layers.*.self_attn.attn", "reference": "model.layers.*.self_attn.o_proj:input"}
 ]})json";

@@ -117,6 +117,20 @@ std::string Diagnoser::structureDiffers(const ModuleCallRecord &TC, const Module
   return "";
 }
 
+bool Diagnoser::rootHolds(const ModuleCallRecord &TC,
+                          const std::vector<const ModuleCallRecord *> &RC) const {
+  for (const ModuleCallRecord *X : RC) {
+    if (!X->Path.empty())
+      continue;
+    // The root returns what its program asks for (HF's ForCausalLM: the
+    // logits first; a program's own wrapper: anything).
+    const TensorRecord *A = T.tensor(TC.Id, "output", 0), *B = R.tensor(X->Id, "output", 0);
+    if (!A || !B || A->Shape.empty() || B->Shape.empty() || A->Shape.back() != B->Shape.back())
+      return false;
+  }
+  return true;
+}
+
 bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
   std::vector<const MappingRule *> Rules;
   for (const MappingRule &Rule : O.Mapping)
@@ -167,8 +181,8 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
         if (auto FIt = F->ByKey.find(RK); FIt != F->ByKey.end())
           FC.push_back(FIt->second);
     }
-    if (RC.size() != Rule.Reference.size()) { // a recipe that does not apply here
-      C.ReferencePaths.clear();
+    if (RC.size() != Rule.Reference.size() || (Recipe && !rootHolds(TC, RC))) {
+      C.ReferencePaths.clear(); // a recipe that does not apply here
       continue;
     }
     C.MappedBy = Rule.Source;

@@ -280,6 +280,11 @@ private:
   /// Applies the first mapping rule that matches \p TC; true if one did.
   bool applyRule(const ModuleCallRecord &TC, ComponentRatio &C);
 
+  /// Whether the root calls among \p RC (a recipe onto the reference's
+  /// root) return what \p TC does: their first outputs have its features.
+  bool rootHolds(const ModuleCallRecord &TC,
+                 const std::vector<const ModuleCallRecord *> &RC) const;
+
   /// A many-to-one rule: target call \p TC is one of several parts whose
   /// outputs together make one reference call's. The reference output (and
   /// the FP32 one) is split along the rule's dimension by the parts' sizes
