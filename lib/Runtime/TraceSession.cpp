@@ -1395,8 +1395,11 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     TS.CallStack.pop_back();
   }
   S->LastOpenCall = TS.CallStack.empty() ? 0 : TS.CallStack.back().Id;
+  // The root's keyword inputs (HF generate()'s input_ids=...) are captured
+  // as its positional ones are, whatever the capture's filter.
+  bool CaptureInputs = Capture || (TS.CallStack.empty() && S->Options.CaptureModules);
   for (size_t I = 0; I < KeywordInputs.size(); ++I)
-    recordInput(*S, Id, KeywordInputs[I], FirstKeywordIndex + int64_t(I), Capture,
+    recordInput(*S, Id, KeywordInputs[I], FirstKeywordIndex + int64_t(I), CaptureInputs,
                 /*AtExit=*/true, FirstTensor);
   // A forward of the root is over: its tensors feed nothing later (also
   // when recording one of them fails), and the statistics of its GPU
