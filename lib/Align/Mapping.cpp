@@ -1,6 +1,7 @@
 //===- Mapping.cpp - Mapping files and the built-in recipes ---------------===//
 #include "ekka/Align/Mapping.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/JSON.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
@@ -39,7 +40,7 @@ Expected<std::vector<MappingRule>> readMappingFile(StringRef Path) {
 
 Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef Name) {
   auto Bad = [&](const Twine &Why) { return makeError(Name + ": " + Why); };
-  Expected<json::Value> V = json::parse(Text);
+  Expected<json::Value> V = parseJSON(Text);
   if (!V)
     return Bad("not JSON (" + toString(V.takeError()) + ")");
   const json::Object *O = V->getAsObject();

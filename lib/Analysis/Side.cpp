@@ -192,10 +192,38 @@ std::optional<std::vector<double>> Side::values(const TensorRecord *T) const {
   if (!Bytes)
     return std::nullopt;
   auto V = toDoubles(T->Type, *Bytes);
+  if (V && !matchesStats(*T, *V))
+    return std::nullopt;
   if (V)
     if (auto P = Padded.find(T->Id); P != Padded.end())
       return unpad(*V, P->second, Mask, MaskShape);
   return V;
+}
+
+bool Side::matchesStats(const TensorRecord &T, ArrayRef<double> V) const {
+  // The statistics of a captured CPU tensor were computed from the bytes
+  // written (in doubles, as here): the two sums of the same values differ
+  // by rounding only, at most 2 n 2^-53 sum|x| each. GPU statistics are
+  // the device's own, in another order and precision: not checked.
+  if (!T.Stats || T.Device != "cpu" || T.Stats->NanCount || T.Stats->InfCount ||
+      partType(T.Type) != T.Type || !std::isfinite(T.Stats->Sum))
+    return true;
+  double Sum = 0, Abs = 0;
+  for (double X : V) {
+    Sum += X;
+    Abs += std::fabs(X);
+  }
+  double Bound = 4 * double(V.size()) * 0x1p-53 * Abs;
+  if (std::fabs(Sum - T.Stats->Sum) <= Bound)
+    return true;
+  if (Problem.empty())
+    Problem = formatv("'{0}' is corrupt: tensor {1}'s bytes in '{2}' do not match the statistics "
+                      "recorded with them (sum {3:e}, the bytes' {4:e})",
+                      Stages[size_t(T.Id >> StageShift)]->directory(),
+                      T.Id & ((int64_t(1) << StageShift) - 1),
+                      T.Shard, T.Stats->Sum, Sum)
+                  .str();
+  return false;
 }
 
 std::optional<StringRef> Side::shardBytes(const TensorRecord &T) const {

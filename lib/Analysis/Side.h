@@ -98,6 +98,11 @@ struct Side {
   /// the diagnosis fails with it.
   std::optional<StringRef> shardBytes(const TensorRecord &T) const;
 
+  /// Whether a captured tensor's values \p V are the ones its statistics
+  /// were computed from; a shard corrupted since is remembered as shardBytes
+  /// remembers a missing one.
+  bool matchesStats(const TensorRecord &T, llvm::ArrayRef<double> V) const;
+
   /// A batch padded to one length: the root was given token ids [batch,
   /// seq] and an attention mask of that shape, zeros marking the padding.
   /// Then every tensor that starts with [batch, seq] is seen as a serving

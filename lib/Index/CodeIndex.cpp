@@ -4,6 +4,7 @@
 #include "ekka/Index/KernelSymbol.h"
 #include "ekka/Index/SubclassResolver.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/JSON.h"
 
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSet.h"
@@ -103,7 +104,7 @@ std::string toJSONList(const std::vector<std::string> &Items) {
 
 std::vector<std::string> fromJSONList(StringRef Text) {
   std::vector<std::string> Out;
-  Expected<json::Value> V = json::parse(Text);
+  Expected<json::Value> V = parseJSON(Text);
   if (!V) {
     consumeError(V.takeError());
     return Out;

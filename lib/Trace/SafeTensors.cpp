@@ -1,11 +1,14 @@
 //===- SafeTensors.cpp ----------------------------------------------------===//
 #include "ekka/Trace/SafeTensors.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/JSON.h"
 
 #include "llvm/Support/Endian.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
 
 using namespace llvm;
 
@@ -87,6 +90,9 @@ Error SafeTensorsWriter::writeTo(StringRef Path,
 }
 
 Expected<std::unique_ptr<SafeTensorsFile>> SafeTensorsFile::open(StringRef Path) {
+  // A FIFO or a device (/dev/zero) would be read without end.
+  if (sys::fs::exists(Path) && !sys::fs::is_regular_file(Path))
+    return makeError("cannot read '" + Path + "': not a regular file");
   auto Buffer = MemoryBuffer::getFile(Path, /*IsText=*/false,
                                       /*RequiresNullTerminator=*/false);
   if (!Buffer)
@@ -100,7 +106,7 @@ Expected<std::unique_ptr<SafeTensorsFile>> SafeTensorsFile::open(StringRef Path)
   uint64_t HeaderSize = support::endian::read64le(All.data());
   if (HeaderSize > All.size() - 8)
     return Bad("header length " + Twine(HeaderSize) + " runs past the end of the file (truncated?)");
-  Expected<json::Value> Header = json::parse(All.substr(8, HeaderSize));
+  Expected<json::Value> Header = parseJSON(All.substr(8, HeaderSize));
   if (!Header)
     return Bad("header is not JSON (" + toString(Header.takeError()) + ")");
   const json::Object *Obj = Header->getAsObject();
@@ -152,6 +158,18 @@ Expected<std::unique_ptr<SafeTensorsFile>> SafeTensorsFile::open(StringRef Path)
     File->ByName[Info.Name] = File->Infos.size();
     File->Infos.push_back(std::move(Info));
   }
+  // Each tensor's bytes are its own: entries that share bytes are not what
+  // a writer makes.
+  std::vector<const SafeTensorInfo *> ByOffset;
+  for (const SafeTensorInfo &Info : File->Infos)
+    ByOffset.push_back(&Info);
+  std::sort(ByOffset.begin(), ByOffset.end(), [](const SafeTensorInfo *A, const SafeTensorInfo *B) {
+    return A->Begin < B->Begin;
+  });
+  for (size_t I = 1; I < ByOffset.size(); ++I)
+    if (ByOffset[I]->Begin < ByOffset[I - 1]->End)
+      return Bad("entries '" + ByOffset[I - 1]->Name + "' and '" + ByOffset[I]->Name +
+                 "' overlap");
   File->Buffer = std::move(*Buffer);
   return File;
 }

@@ -1,7 +1,9 @@
 //===- TraceReader.cpp ----------------------------------------------------===//
 #include "ekka/Trace/TraceReader.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/JSON.h"
 
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringSet.h"
@@ -17,7 +19,7 @@ namespace {
 
 TensorDims parseInts(StringRef Text) {
   TensorDims Out;
-  Expected<json::Value> V = json::parse(Text);
+  Expected<json::Value> V = parseJSON(Text);
   if (!V) {
     consumeError(V.takeError());
     return Out;
@@ -27,6 +29,35 @@ TensorDims parseInts(StringRef Text) {
       if (auto N = E.getAsInteger())
         Out.push_back(*N);
   return Out;
+}
+
+/// A tensor row's shape: an array of sizes, 0 or more, whose product
+/// holds in 64 bits; none otherwise.
+std::optional<TensorDims> parseShape(StringRef Text) {
+  Expected<json::Value> V = parseJSON(Text);
+  if (!V) {
+    consumeError(V.takeError());
+    return std::nullopt;
+  }
+  const json::Array *A = V->getAsArray();
+  if (!A)
+    return std::nullopt;
+  TensorDims Out;
+  int64_t Elements = 1;
+  for (const json::Value &E : *A) {
+    auto N = E.getAsInteger();
+    if (!N || *N < 0 || __builtin_mul_overflow(Elements, *N, &Elements))
+      return std::nullopt;
+    Out.push_back(*N);
+  }
+  return Out;
+}
+
+std::string dimsText(ArrayRef<int64_t> Dims) {
+  std::string Out = "[";
+  for (size_t I = 0; I < Dims.size(); ++I)
+    Out += (I ? ", " : "") + std::to_string(Dims[I]);
+  return Out + "]";
 }
 
 std::optional<int64_t> optionalInt(const SQLiteStatement &R, int I) {
@@ -44,6 +75,8 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
   sys::path::append(DbPath, TraceDatabaseName);
   if (!sys::fs::exists(DbPath))
     return makeError("'" + Dir + "' is not a trace directory (no trace.db)");
+  if (!sys::fs::is_regular_file(DbPath)) // a FIFO would be read without end
+    return makeError("'" + DbPath + "' is not a regular file");
   auto Db = SQLiteDatabase::open(DbPath, SQLiteDatabase::Mode::ReadOnly);
   if (!Db)
     return Db.takeError();
@@ -124,12 +157,29 @@ Expected<std::vector<ModuleCallRecord>> TraceReader::moduleCalls() {
                        "source_file, source_line FROM module_calls ORDER BY seq");
   if (!S)
     return S.takeError();
+  // A call's parent was open when it began: an earlier call of the same
+  // step. Anything else (a parent that is missing, later, or the call
+  // itself) is a corrupt trace, whose tree would lose calls or loop.
+  DenseMap<int64_t, int64_t> StepOf;
+  std::string Problem;
   if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
         ModuleCallRecord R;
         R.Id = Row.columnInt(0);
         R.ParentId = optionalInt(Row, 1);
         R.Seq = Row.columnInt(2);
         R.Step = Row.columnInt(3);
+        if (!Problem.empty())
+          return;
+        auto Parent = R.ParentId ? StepOf.find(*R.ParentId) : StepOf.end();
+        if (R.ParentId && (Parent == StepOf.end() || Parent->second != R.Step)) {
+          Problem = "module call " + std::to_string(R.Id) + " has parent " +
+                    std::to_string(*R.ParentId) + ", not an earlier call of its step";
+          return;
+        }
+        if (!StepOf.try_emplace(R.Id, R.Step).second) {
+          Problem = "two module calls have id " + std::to_string(R.Id);
+          return;
+        }
         R.Path = Row.columnText(4).str();
         R.ClassName = Row.columnText(5).str();
         R.ClassQualname = Row.columnText(6).str();
@@ -138,6 +188,8 @@ Expected<std::vector<ModuleCallRecord>> TraceReader::moduleCalls() {
         Out.push_back(std::move(R));
       }))
     return E;
+  if (!Problem.empty())
+    return makeError("'" + Dir + "/trace.db' is corrupt: " + Problem);
   return Out;
 }
 
@@ -219,7 +271,14 @@ Expected<std::vector<TensorRecord>> TraceReader::tensors() {
         R.Role = Row.columnText(3).str();
         R.Index = Row.columnInt(4);
         R.Type = *Type;
-        R.Shape = parseInts(Row.columnText(6));
+        auto Shape = parseShape(Row.columnText(6));
+        if (!Shape) {
+          if (Problem.empty())
+            Problem = "tensor " + std::to_string(R.Id) + " has shape '" +
+                      Row.columnText(6).str() + "'";
+          return;
+        }
+        R.Shape = std::move(*Shape);
         R.Strides = parseInts(Row.columnText(7));
         R.Device = Row.columnText(8).str();
         if (!Row.columnIsNull(13)) {
@@ -337,6 +396,10 @@ Expected<std::map<int64_t, CallTally>> TraceReader::tallyPerModuleCall() {
 Expected<StringRef> TraceReader::tensorBytes(const TensorRecord &T) {
   if (T.Shard.empty())
     return makeError("tensor " + Twine(T.Id) + " of '" + Dir + "' was not captured");
+  // A shard is a file of the trace directory, never a path out of it.
+  if (T.Shard.find('/') != std::string::npos || T.Shard == "." || T.Shard == "..")
+    return makeError("'" + Dir + "' is corrupt: tensor " + Twine(T.Id) + " names shard '" +
+                     T.Shard + "', not a file of the trace");
   std::lock_guard<std::mutex> Lock(ShardsMutex);
   auto &File = Shards[T.Shard];
   if (!File) {
@@ -352,6 +415,13 @@ Expected<StringRef> TraceReader::tensorBytes(const TensorRecord &T) {
   const SafeTensorInfo *Info = File->find(T.Key);
   if (!Info)
     return makeError("'" + Dir + "/" + T.Shard + "' has no tensor '" + T.Key + "'");
+  // The row and the shard were written together: a difference is a
+  // corrupt trace, whose bytes would be read as what they are not.
+  if (Info->Type != T.Type || ArrayRef<int64_t>(Info->Shape) != ArrayRef<int64_t>(T.Shape))
+    return makeError("'" + Dir + "' is corrupt: tensor " + Twine(T.Id) + " is " +
+                     dtypeName(T.Type) + " " + dimsText(T.Shape) + " in trace.db but " +
+                     dtypeName(Info->Type) + " " + dimsText(Info->Shape) + " in '" + T.Shard +
+                     "'");
   return File->bytes(*Info);
 }
 
