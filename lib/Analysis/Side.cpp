@@ -227,7 +227,16 @@ bool Side::matchesStats(const TensorRecord &T, ArrayRef<double> V) const {
 }
 
 std::optional<StringRef> Side::shardBytes(const TensorRecord &T) const {
-  auto Bytes = Stages[size_t(T.Id >> StageShift)]->tensorBytes(T);
+  // A padded batch's record has the shape of its real tokens; its shard,
+  // the one recorded.
+  auto P = Padded.find(T.Id);
+  TensorRecord Recorded;
+  if (P != Padded.end()) {
+    Recorded = T;
+    Recorded.Shape = P->second;
+  }
+  auto Bytes =
+      Stages[size_t(T.Id >> StageShift)]->tensorBytes(P != Padded.end() ? Recorded : T);
   if (Bytes)
     return *Bytes;
   if (Problem.empty())

@@ -3,7 +3,7 @@
 #include "ekka/Support/Error.h"
 #include "ekka/Support/JSON.h"
 
-#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringSet.h"
@@ -157,10 +157,10 @@ Expected<std::vector<ModuleCallRecord>> TraceReader::moduleCalls() {
                        "source_file, source_line FROM module_calls ORDER BY seq");
   if (!S)
     return S.takeError();
-  // A call's parent was open when it began: an earlier call of the same
-  // step. Anything else (a parent that is missing, later, or the call
-  // itself) is a corrupt trace, whose tree would lose calls or loop.
-  DenseMap<int64_t, int64_t> StepOf;
+  // A call's parent was open when it began: an earlier call. Anything
+  // else (a parent that is missing, later, or the call itself) is a
+  // corrupt trace, whose tree would lose calls or loop.
+  DenseSet<int64_t> Seen;
   std::string Problem;
   if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
         ModuleCallRecord R;
@@ -170,13 +170,12 @@ Expected<std::vector<ModuleCallRecord>> TraceReader::moduleCalls() {
         R.Step = Row.columnInt(3);
         if (!Problem.empty())
           return;
-        auto Parent = R.ParentId ? StepOf.find(*R.ParentId) : StepOf.end();
-        if (R.ParentId && (Parent == StepOf.end() || Parent->second != R.Step)) {
+        if (R.ParentId && !Seen.count(*R.ParentId)) {
           Problem = "module call " + std::to_string(R.Id) + " has parent " +
-                    std::to_string(*R.ParentId) + ", not an earlier call of its step";
+                    std::to_string(*R.ParentId) + ", not an earlier call";
           return;
         }
-        if (!StepOf.try_emplace(R.Id, R.Step).second) {
+        if (!Seen.insert(R.Id).second) {
           Problem = "two module calls have id " + std::to_string(R.Id);
           return;
         }
