@@ -140,10 +140,26 @@ TraceReader::openRanks(StringRef Dir) {
       RankDirs.emplace_back(Rank, It->path());
   }
   llvm::sort(RankDirs);
+  for (size_t I = 1; I < RankDirs.size(); ++I)
+    if (RankDirs[I].first == RankDirs[I - 1].first)
+      return makeError("'" + Dir + "' holds two traces of rank " + Twine(RankDirs[I].first) +
+                       ": '" + RankDirs[I - 1].second + "' and '" + RankDirs[I].second + "'");
   for (const auto &[Rank, RankDir] : RankDirs) {
     auto R = open(RankDir);
     if (!R)
       return R.takeError();
+    // The directory's name is the rank it is read as: the trace's own rank
+    // (one renamed or copied in would be read as another rank's shards).
+    const auto &Meta = (*R)->meta();
+    auto Own = Meta.find("rank"), World = Meta.find("world_size");
+    int64_t WorldSize = 0, OwnRank = 0;
+    if (Own != Meta.end() &&
+        (StringRef(Own->second).getAsInteger(10, OwnRank) || OwnRank != int64_t(Rank)))
+      return makeError("'" + RankDir + "' holds the trace of rank " + Own->second +
+                       " (its meta rank), not rank " + Twine(Rank));
+    if (World != Meta.end() && !StringRef(World->second).getAsInteger(10, WorldSize) &&
+        int64_t(Rank) >= WorldSize)
+      return makeError("'" + RankDir + "' is beyond the run's world_size " + World->second);
     Ranks.push_back(std::move(*R));
   }
   if (Ranks.empty())

@@ -494,6 +494,34 @@ public:
 
   std::unique_ptr<SQLiteDatabase> Db;
 
+  /// Meta dtype, written as the trace closes: the floating-point dtype of
+  /// most module outputs (`BF16`), then the others' counts (`BF16 (also
+  /// F32: 3 of 120 module outputs)`).
+  Error writeDTypeMeta() { return Meta.bind(1, "dtype").bind(2, moduleOutputTypes()).run(); }
+
+  std::string moduleOutputTypes() const {
+    std::vector<std::pair<uint64_t, DType>> Floating;
+    uint64_t All = 0;
+    for (size_t I = 0; I <= size_t(DType::F4); ++I) {
+      DType T = DType(I);
+      bool Real = T == DType::F16 || T == DType::BF16 || T == DType::F32 || T == DType::F64 ||
+                  T == DType::F4 || dtypeName(T).starts_with("F8");
+      if (OutputTypes[I] && (Real || partType(T) != T))
+        Floating.emplace_back(OutputTypes[I], T);
+      All += OutputTypes[I];
+    }
+    if (Floating.empty())
+      return "none: no floating-point module outputs";
+    llvm::sort(Floating, [](auto &A, auto &B) { return A.first > B.first; });
+    std::string Out = dtypeName(Floating[0].second).str();
+    for (size_t I = 1; I < Floating.size(); ++I)
+      Out += (I == 1 ? " (also " : ", ") + dtypeName(Floating[I].second).str() + ": " +
+             std::to_string(Floating[I].first);
+    if (Floating.size() > 1)
+      Out += " of " + std::to_string(All) + " module outputs)";
+    return Out;
+  }
+
 private:
   Error add(MetaItem &M, TraceCounts &Counts) {
     if (M.Later)
@@ -688,6 +716,8 @@ private:
     Tensors.setText(4, Role);
     Tensors.set(5, R.Index);
     Tensors.setText(6, dtypeName(R.Type));
+    if (R.Owner == TensorOwner::ModuleCall && Role == "output")
+      ++OutputTypes[size_t(R.Type)];
     jsonInts(R.Shape, Tensors.own(7));
     jsonInts(R.Strides, Tensors.own(8));
     Tensors.setText(9, Device);
@@ -745,6 +775,8 @@ private:
   std::vector<TensorRecord> Pending;
   std::string CaptureError; ///< Why capture stopped (a shard not written).
   std::optional<std::string> LostRecords; ///< Meta lost_records as last set.
+  /// Module outputs written, by dtype (meta dtype).
+  uint64_t OutputTypes[size_t(DType::F4) + 1] = {};
   TensorRecord Scratch; ///< A small record's, as it is written.
   unsigned NextShard = 0;
 };
@@ -1364,8 +1396,10 @@ Error TraceWriter::close() {
   if (Storage && Storage->Db) {
     // Indexed now, in one pass over each table (see traceIndexes); not
     // after a failure (a full disk, a transaction it left open).
-    if (FailureMessage.empty())
+    if (FailureMessage.empty()) {
+      consumeError(Storage->writeDTypeMeta());
       Storage->createIndexes();
+    }
     consumeError(Storage->Db->exec("PRAGMA wal_checkpoint(TRUNCATE)"));
     consumeError(Storage->Db->exec("PRAGMA journal_mode=DELETE"));
   }

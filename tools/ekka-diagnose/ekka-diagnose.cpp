@@ -88,6 +88,18 @@ std::vector<std::unique_ptr<TraceReader>> openRanks(StringRef Flag, StringRef Di
     errs() << Tool << ": warning: --" << Flag << " holds " << Ranks->size() << " of its "
            << World << " ranks' traces (the others ran no module): sharded tensors are "
               "compared from the ranks present\n";
+  // What a trace says it lacks: what is missing is not compared, which the
+  // verdict alone would not tell.
+  for (const auto &R : *Ranks) {
+    auto Lost = R->meta().find(LostRecordsKey.str());
+    if (Lost == R->meta().end())
+      errs() << Tool << ": warning: --" << Flag << ": '" << R->directory()
+             << "' was not closed (its program was killed, crashed or ended with _exit): "
+                "what it recorded after its last written batch is missing\n";
+    else if (Lost->second != "0")
+      errs() << Tool << ": warning: --" << Flag << ": '" << R->directory()
+             << "' lacks records: " << Lost->second << "\n";
+  }
   return std::move(*Ranks);
 }
 
@@ -183,6 +195,17 @@ int main(int argc, char **argv) {
   std::vector<std::unique_ptr<TraceReader>> FP32Ranks;
   if (!ReferenceFP32Dir.empty()) {
     FP32Ranks = openRanks("reference-fp32", ReferenceFP32Dir);
+    // Its noise model takes it for the exact values: a trace in another
+    // precision (meta dtype, from format 1.6) would make noise of them.
+    const auto &Meta = FP32Ranks[0]->meta();
+    if (auto Type = Meta.find("dtype"); Type != Meta.end()) {
+      StringRef Main = StringRef(Type->second).split(' ').first;
+      if (Main != "F32" && Main != "F64" && !Main.starts_with("none"))
+        exitWithError(Tool, makeError("--reference-fp32: '" + ReferenceFP32Dir +
+                                      "' was traced in " + Main +
+                                      " (meta dtype), not float32: trace the reference in "
+                                      "float32 for it"));
+    }
     for (auto &R : FP32Ranks)
       FP32.push_back(R.get());
     noteRanks("reference-fp32", FP32, true);

@@ -26,8 +26,8 @@ namespace ekka {
 constexpr int TraceFormatMajor = 1;
 /// 1.1: tensors.source_id; 1.2: complex dtypes; 1.3: fnuz, e8m0 and fp4
 /// dtypes; 1.4: tensors.layout (sparse, nested and quantized tensors); 1.5:
-/// layout `jagged` (a jagged nested tensor's packed values)
-constexpr int TraceFormatMinor = 5;
+/// layout `jagged` (a jagged nested tensor's packed values); 1.6: meta dtype
+constexpr int TraceFormatMinor = 6;
 
 constexpr llvm::StringLiteral TraceDatabaseName = "trace.db";
 /// The meta key that says what a trace lacks ("0": nothing), written as
