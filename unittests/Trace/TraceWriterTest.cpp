@@ -88,7 +88,7 @@ TEST_F(TraceTest, WriteThenRead) {
   auto R = TraceReader::open(Dir);
   ASSERT_TRUE(bool(R)) << toString(R.takeError());
   EXPECT_EQ((*R)->meta().at("framework"), "hf");
-  EXPECT_EQ((*R)->meta().at("format"), "ekka-trace 1.5");
+  EXPECT_EQ((*R)->meta().at("format"), "ekka-trace 1.6");
   auto Calls = (*R)->moduleCalls();
   ASSERT_TRUE(Calls && Calls->size() == 1u);
   EXPECT_EQ((*Calls)[0].Path, "model.layers.0.mlp");
