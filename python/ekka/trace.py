@@ -928,6 +928,8 @@ class Trace:
         if _state is not None and (os.environ.get("EKKA_TRACE_DIR") or _state.active):
             raise RuntimeError("ekka.trace.Trace: this process is traced already "
                                "(under ekka-trace, or inside another Trace)")
+        if _state is None:
+            _runtime_library(self.runtime_library)  # before touching the directory
         holds = any(os.path.exists(os.path.join(self.trace_dir, *p, "trace.db"))
                     for p in ((), ("rank-0",)))
         if holds:
@@ -1311,7 +1313,7 @@ def install(trace_dir, options="", runtime_library=None):
     global _state
     if _state is not None:
         return
-    library = runtime_library or os.environ["EKKA_RUNTIME_LIB"]
+    library = _runtime_library(runtime_library)
     torch.ops.load_library(library)
     global _enter, _exit, _tensors, _fast_before, _fast_after, _traced_otherwise
     _enter, _exit = torch.ops.ekka.enter.default, torch.ops.ekka.exit.default
@@ -1348,6 +1350,19 @@ def install(trace_dir, options="", runtime_library=None):
     _wrap_module_compile()
     for module, (owner, name) in _AUTOTUNER_BENCHMARKS.items():
         _when_imported(module, functools.partial(_set_aside, owner, name))
+
+
+def _runtime_library(runtime_library=None):
+    """The runtime library's path, or a RuntimeError that says how to give
+    it (ekka-trace sets EKKA_RUNTIME_LIB; a program that calls Trace or
+    install itself must)."""
+    library = runtime_library or os.environ.get("EKKA_RUNTIME_LIB")
+    if not library:
+        raise RuntimeError(
+            "ekka.trace: Ekka's runtime library was not given: set EKKA_RUNTIME_LIB "
+            "to its path (an Ekka build's lib/libekka_runtime.so), or pass "
+            "runtime_library= to ekka.trace.Trace")
+    return library
 
 
 def _python_binding(library):
