@@ -894,15 +894,17 @@ class Trace:
     zoo runs its three sides in one process). The runtime library comes
     from ``runtime_library`` or ``$EKKA_RUNTIME_LIB``. Processes forked
     inside the region (ranks) trace into ``rank-N/`` as under ekka-trace.
-    Options are ekka-trace's: ``capture`` ("modules" or "none"),
-    ``capture_modules``, ``capture_ops`` (regular expressions),
-    ``capture_op_inputs`` (ekka-trace's --capture-op-inputs), ``steps``,
-    ``framework``, ``timings`` (--timings). An existing trace in the directory is an error unless
-    ``force``. Not for a program already run under ekka-trace."""
+    Options are ekka-trace's, named alike: ``capture`` ("modules" or
+    "none"), ``capture_modules``, ``capture_ops`` (regular expressions),
+    ``capture_op_inputs``, ``op_stats``, ``steps``, ``budget`` (MiB; a
+    fraction of one too), ``no_gpu_kernels``, ``timings``, ``framework``;
+    ``force`` replaces an existing trace in the directory, which is
+    otherwise an error. Not for a program already run under ekka-trace."""
 
     def __init__(self, trace_dir, capture="modules", capture_modules=None, capture_ops=None,
                  steps=None, framework=None, force=False, runtime_library=None,
-                 capture_op_inputs=False, timings=False):
+                 capture_op_inputs=False, timings=False, op_stats=False, budget=None,
+                 no_gpu_kernels=False):
         self.trace_dir = os.path.abspath(trace_dir)
         options = []
         if capture == "none":
@@ -911,8 +913,16 @@ class Trace:
             if capture_ops is None:
                 raise ValueError("ekka.trace.Trace: capture_op_inputs needs capture_ops")
             options.append("op_inputs=1")
+        if op_stats:
+            options.append("op_stats=1")
         if timings:
             options.append("timings=1")
+        if budget:  # MiB, as ekka-trace's --budget; 0 or None: no limit
+            if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
+                raise ValueError("ekka.trace.Trace: budget is a number of MiB (0: no limit)")
+            options.append(f"budget={max(1, int(budget * (1 << 20)))}")
+        if no_gpu_kernels:
+            options.append("gpu_kernels=off")
         for key, value in (("modules", capture_modules), ("ops", capture_ops),
                            ("steps", steps), ("framework", framework)):
             if value is not None:

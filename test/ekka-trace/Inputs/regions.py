@@ -45,6 +45,15 @@ with torch.no_grad():
         model(x)
     with ekka.trace.Trace(os.path.join(out, "ops-relu"), capture_ops="^aten::relu$"):
         model(x)
+    # ekka-trace's --budget (in MiB: here 64 bytes), --op-stats and
+    # --no-gpu-kernels.
+    with ekka.trace.Trace(os.path.join(out, "options"), budget=64 / 2**20, op_stats=True,
+                          no_gpu_kernels=True):
+        model(x)
+    try:
+        ekka.trace.Trace(os.path.join(out, "bad"), budget="1")
+    except ValueError as e:
+        print("budget:", e)
 print("kept:", open(os.path.join(out, "first", "notes.txt")).read())
 # After its regions the model carries no mark of the tracer's hook, and its
 # class has its own forward again.
