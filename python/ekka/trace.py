@@ -899,7 +899,11 @@ class Trace:
     ``capture_op_inputs``, ``op_stats``, ``steps``, ``budget`` (MiB; a
     fraction of one too), ``no_gpu_kernels``, ``timings``, ``framework``;
     ``force`` replaces an existing trace in the directory, which is
-    otherwise an error. Not for a program already run under ekka-trace."""
+    otherwise an error. Not for a program already run under ekka-trace.
+    After the region, ``summary`` is the runtime's line for the trace
+    ("N module calls, N ops, N kernels, N tensors, N bytes captured", then
+    "; warning: ..." if it lacks records; "error: ..." if it could not be
+    closed; "" if no module ran), not ekka-trace's summary."""
 
     def __init__(self, trace_dir, capture="modules", capture_modules=None, capture_ops=None,
                  steps=None, framework=None, force=False, runtime_library=None,
