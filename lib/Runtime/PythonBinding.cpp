@@ -561,15 +561,31 @@ PyObject *after(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   if (PyList_SetSlice(Stack.get(), Size - 1, Size, nullptr) < 0)
     return nullptr;
   Ref Outputs(tensorsOf(Output, true));
-  if (!Outputs)
-    return nullptr;
-  int Any = Keywords ? PyObject_IsTrue(Keywords) : 0;
+  int Any = Outputs && Keywords ? PyObject_IsTrue(Keywords) : 0;
   int Seen = Any > 0 ? PyObject_IsTrue(PyTuple_GET_ITEM(Entry.get(), 3)) : 1;
-  if (Any < 0 || Seen < 0)
+  Ref KeywordInputs(Outputs && Any >= 0 && Seen >= 0
+                        ? (Any && !Seen ? tensorsOf(Keywords, false) : PyList_New(0))
+                        : nullptr);
+  if (!KeywordInputs) {
+    // As _after: outputs it cannot walk (a list that holds itself) end the
+    // call without them, so that what its caller does next is not its; the
+    // error is then the hook's to say.
+    PyObject *Type, *Value, *Traceback;
+    PyErr_Fetch(&Type, &Value, &Traceback);
+    Ref None(PyList_New(0));
+    bool Closed = None && exitWith(PyTuple_GET_ITEM(Entry.get(), 1), None.get(), None.get(),
+                                   PyTuple_GET_ITEM(Entry.get(), 2));
+    if (!Closed) { // (an interrupt that came meanwhile is the program's)
+      Py_XDECREF(Type);
+      Py_XDECREF(Value);
+      Py_XDECREF(Traceback);
+      return nullptr;
+    }
+    PyErr_Restore(Type, Value, Traceback);
     return nullptr;
-  Ref KeywordInputs(Any && !Seen ? tensorsOf(Keywords, false) : PyList_New(0));
-  if (!KeywordInputs || !exitWith(PyTuple_GET_ITEM(Entry.get(), 1), Outputs.get(),
-                                  KeywordInputs.get(), PyTuple_GET_ITEM(Entry.get(), 2)))
+  }
+  if (!exitWith(PyTuple_GET_ITEM(Entry.get(), 1), Outputs.get(), KeywordInputs.get(),
+                PyTuple_GET_ITEM(Entry.get(), 2)))
     return nullptr;
   return owned(Py_True);
 }
@@ -630,7 +646,7 @@ using Hook = PyObject *(*)(PyObject *, PyObject *const *, Py_ssize_t);
 /// as before there were hooks in C. (Tracing a module's call, Dynamo does not
 /// run the hooks at all: it traces the shim's stand-ins for them, which do
 /// nothing; see the shim's _hooks_in_graph.) An Exception of theirs is the
-/// shim's `_hook_failed`'s (said once, the call is not recorded, the
+/// shim's `_hook_failed`'s (said once, with what of the call is lost; the
 /// program goes on); anything else (a KeyboardInterrupt) is the program's.
 PyObject *runHook(Hook Fast, PyObject *Slow, PyObject *Whole, const char *Where,
                   PyObject *const *Args, Py_ssize_t N) {

@@ -279,11 +279,20 @@ def _start_now(state):
 
 def _hook_failed(where, error):
     """The hooks must not change what the program does: an error of their
-    own costs the module call's record, and is said once on stderr."""
+    own (an input or output they cannot walk: a list that holds itself)
+    costs part of the module call's record, and is said once on stderr.
+    Before the call, the call's row (its ops and its submodules' calls are
+    its caller's; a root's submodules fail alike, see _open_direct); after
+    it, its outputs only (_after ends the call without them)."""
     global _hook_error_said
     if not _hook_error_said:
         _hook_error_said = True
-        print(f"ekka-trace: warning: a module call was not recorded: the {where} failed: "
+        lost = ("a module call was not recorded (its ops and its submodules' calls are its "
+                "caller's; a root's submodules' calls are lost too)"
+                if where == "hook before the call" else
+                "a module call's outputs were not recorded (the call, its inputs and what "
+                "ran inside it are)")
+        print(f"ekka-trace: warning: {lost}: the {where} failed: "
               f"{type(error).__name__}: {error}", file=sys.stderr)
 
 
@@ -833,8 +842,15 @@ def _after(module, args, *rest):
     _, call_id, positional, kwargs_seen, _, _ = stack.pop()
     # Keyword arguments the pre-hook did not see (a module outside a named
     # tree) are recorded here, as the inputs after the positional ones.
-    _exit(call_id, _tensors(output, True),
-          _tensors(kwargs) if kwargs and not kwargs_seen else [], positional)
+    try:
+        outputs = _tensors(output, True)
+        keywords = _tensors(kwargs) if kwargs and not kwargs_seen else []
+    except BaseException:
+        # Outputs it cannot walk (a list that holds itself): the call ends
+        # without them, so that what its caller does next is not its.
+        _exit(call_id, [], [], positional)
+        raise
+    _exit(call_id, outputs, keywords, positional)
 
 
 # The modules whose with-kwargs set names the global pre-hook (_names_of):

@@ -3,7 +3,7 @@ torch.jit.trace, torch.compile (of functions, of modules and in place),
 torch.export, meta tensors, a tensor subclass, a
 negated view and a uint16 tensor, complex tensors, the float8 and float4
 types of quantized inference, torch.inference_mode, torch.func's vmap
-and grad, an output the hooks cannot walk, a keyword input written in
+and grad, an input or output the hooks cannot walk, a keyword input written in
 place inside the module, a submodule called on its own after its root's
 forward (as vLLM computes logits), two unrelated models taking turns, an
 inner model run alone before its whole, a model whose forward is called
@@ -403,7 +403,9 @@ elif kind == "functorch":
     Gradient()(x)
 elif kind == "cycle":
     # An output the hooks cannot walk (a list that holds itself): the call
-    # goes unrecorded; the program runs on.
+    # is recorded without its outputs, and ends there (what its caller
+    # does next is the caller's); the program runs on. Twice, and once as
+    # the root.
     class Cyclic(torch.nn.Module):
         def forward(self, x):
             out = [x * 2]
@@ -416,9 +418,39 @@ elif kind == "cycle":
             self.c, self.lin = Cyclic(), torch.nn.Linear(4, 4)
 
         def forward(self, x):
-            return self.lin(self.c(x)[0])
+            return self.lin(self.c(x)[0].neg())
 
-    Outer2()(x)
+    outer = Outer2()
+    outer(x)
+    outer(x)
+    Cyclic()(x)
+    outer(x)
+elif kind == "cycle-input":
+    # An input the hooks cannot walk: the call is not recorded (its ops are
+    # its caller's); its submodule's call is, under the caller. As a root,
+    # its submodules' calls are lost too.
+    class Takes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, xs):
+            return self.lin(xs[0].neg())
+
+    class Outer3(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.t, self.lin = Takes(), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            xs = [x]
+            xs.append(xs)
+            return self.lin(self.t(xs))
+
+    Outer3()(x)
+    loop = [x]
+    loop.append(loop)
+    Takes()(loop)
 elif kind == "views":
     class Views(torch.nn.Module):
         def forward(self, x):
