@@ -52,12 +52,14 @@ cl::opt<std::string> OutputDir("o", cl::value_desc("DIR"),
 cl::opt<bool> Force("force", cl::desc("Replace a trace already in DIR"), cl::cat(TraceCategory));
 cl::opt<std::string> Capture(
     "capture", cl::init("modules"), cl::value_desc("modules|none"),
-    cl::desc("Capture every module call's outputs and the root's inputs (default), "
-             "or none of theirs (statistics and metadata only; the ops that --capture-ops "
-             "selects are still captured)"),
+    cl::desc("Capture every module call's outputs, and its inputs that no module call "
+             "returned (the root's; what a parent computed with plain ops before calling a "
+             "child) (default), or none of them (statistics and metadata only; the ops that "
+             "--capture-ops selects are still captured)"),
     cl::cat(TraceCategory));
 cl::opt<std::string> CaptureModules("capture-modules", cl::value_desc("REGEX"),
-                                    cl::desc("Capture only modules whose path matches"),
+                                    cl::desc("Capture only modules whose path matches "
+                                             "(and the root's inputs)"),
                                     cl::cat(TraceCategory));
 cl::opt<std::string> CaptureOps("capture-ops", cl::value_desc("REGEX"),
                                 cl::desc("Also capture the outputs of ops whose name matches "
@@ -72,7 +74,8 @@ cl::opt<bool> CaptureOpInputs(
 cl::opt<bool> OpStats("op-stats", cl::desc("Statistics for every op's tensors, not only modules'"),
                       cl::cat(TraceCategory));
 cl::opt<int> Steps("steps", cl::init(-1), cl::value_desc("N"),
-                   cl::desc("Capture only the first N forward passes of the root (default: all)"),
+                   cl::desc("Capture in the first N forward passes of the root only "
+                            "(default: all); the root's inputs are captured in every pass"),
                    cl::cat(TraceCategory));
 cl::opt<unsigned> BudgetMiB("budget", cl::init(0), cl::value_desc("MiB"),
                             cl::desc("Stop capturing after this many MiB (default 0: no limit)"),
