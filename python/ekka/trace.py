@@ -779,7 +779,9 @@ def _new_tree(trees, module):
     The first root alive gets the path "", as a single root always does; a
     later, unrelated one (a draft model beside the target) is named by its
     class, `<LlamaForCausalLM>`, numbered when two share a class
-    (`<LlamaForCausalLM>#2`), so that the two trees' paths do not collide."""
+    (`<LlamaForCausalLM>#2`), so that the two trees' paths do not collide.
+    Only live roots hold names: a freed root's goes to the next new one, so
+    a program that replaces its model keeps its paths ("" again)."""
     tree = _Tree(module, "")
     with _live_trees_lock:
         _live_trees.add(tree)

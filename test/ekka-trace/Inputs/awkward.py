@@ -596,6 +596,14 @@ elif kind == "two-roots":
     target(x)
     draft(x)
     target.b(x)
+    # Roots that live for one call each, while the two live on: each takes
+    # the first name no live root has, the freed one's before it. Then two
+    # that live together: two names.
+    for _ in range(3):
+        torch.nn.Linear(4, 4)(x)
+    kept = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]
+    for m in kept + kept:
+        m(x)
 elif kind == "inner-first":
     class Whole(torch.nn.Module):
         def __init__(self):
