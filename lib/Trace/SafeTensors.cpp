@@ -162,7 +162,8 @@ Expected<std::unique_ptr<SafeTensorsFile>> SafeTensorsFile::open(StringRef Path)
   // a writer makes.
   std::vector<const SafeTensorInfo *> ByOffset;
   for (const SafeTensorInfo &Info : File->Infos)
-    ByOffset.push_back(&Info);
+    if (Info.End > Info.Begin) // an empty tensor holds no bytes to share
+      ByOffset.push_back(&Info);
   std::sort(ByOffset.begin(), ByOffset.end(), [](const SafeTensorInfo *A, const SafeTensorInfo *B) {
     return A->Begin < B->Begin;
   });

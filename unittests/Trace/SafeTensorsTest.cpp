@@ -94,6 +94,36 @@ TEST_F(SafeTensorsTest, GarbageIsAClearError) {
   EXPECT_NE(toString(F.takeError()).find("is not a valid safetensors file"), std::string::npos);
 }
 
+// Each entry's bytes are its own: entries that share bytes are refused,
+// but an empty tensor, which has none, may sit anywhere (the writer puts it
+// where the next one starts).
+TEST_F(SafeTensorsTest, OverlappingEntriesAreRefusedEmptyOnesNot) {
+  auto Write = [&](StringRef Name, StringRef Header) {
+    std::string Text = Header.str();
+    Text.append((8 - Text.size() % 8) % 8, ' ');
+    std::error_code EC;
+    raw_fd_ostream OS(path(Name), EC);
+    char Length[8];
+    uint64_t N = Text.size();
+    std::memcpy(Length, &N, 8);
+    OS.write(Length, 8);
+    OS << Text << std::string(16, '\0');
+  };
+  Write("empty.safetensors",
+        R"({"b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+        R"("a":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
+        R"("c":{"dtype":"F32","shape":[0],"data_offsets":[16,16]}})");
+  auto F = SafeTensorsFile::open(path("empty.safetensors"));
+  ASSERT_TRUE(bool(F)) << toString(F.takeError());
+  EXPECT_EQ((*F)->tensors().size(), 3u);
+  Write("shared.safetensors",
+        R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+        R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})");
+  auto G = SafeTensorsFile::open(path("shared.safetensors"));
+  ASSERT_FALSE(bool(G));
+  EXPECT_NE(toString(G.takeError()).find("entries 'a' and 'b' overlap"), std::string::npos);
+}
+
 // F4's shape counts 4-bit values: half a byte each, as safetensors' header
 // says; sizes that disagree, or a shape whose count wraps around 64 bits
 // (to seem to match), are refused.
