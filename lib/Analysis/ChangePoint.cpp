@@ -90,6 +90,12 @@ void Diagnoser::localize(Diagnosis &D) {
   std::stable_sort(Containers.begin(), Containers.end(),
                    [&](size_t A, size_t B) { return D.Curve[A].Depth > D.Curve[B].Depth; });
   Innermost.insert(Innermost.end(), Containers.begin(), Containers.end());
+  // The reference call that holds what an unmapped component computed.
+  auto ScopePath = [&](const Diagnosis &D, size_t Index) -> std::string {
+    const ComponentRatio *Ancestor = mappedAncestor(D, Index);
+    const ModuleCallRecord *Scope = Ancestor ? refCall(Ancestor->CallId) : nullptr;
+    return Scope ? Scope->Path : std::string();
+  };
   for (size_t I : Innermost) {
     if (D.Suspects.size() == 3)
       break;
@@ -152,10 +158,134 @@ void Diagnoser::localize(Diagnosis &D) {
         if (D.Suspects.size() == 3)
           break;
       }
+    bool Compared = D.Curve[I].InputsCompared;
     if (llvm::none_of(D.Suspects,
                       [&](const Suspect &X) { return X.Component.CallId == S.Component.CallId; }))
       D.Suspects.push_back(std::move(S));
+    // Inputs that could not be compared came from a component without a
+    // reference counterpart (an engine's rotary embedding, which HF
+    // applies in a plain function): what it computed is unchecked, and the
+    // departure may be its. It comes next.
+    if (!Compared && D.Suspects.size() < 3)
+      if (auto P = unmappedProducer(D, D.Curve[I]);
+          P && llvm::none_of(D.Suspects, [&](const Suspect &X) {
+            return X.Component.CallId == D.Curve[*P].CallId;
+          })) {
+        Suspect Producer;
+        Producer.Component = D.Curve[*P];
+        Producer.Reason = "it computed inputs of " +
+                          (D.Curve[I].Path.empty() ? std::string("(root)") : D.Curve[I].Path) +
+                          ", whose output departs (R = " +
+                          formatv("{0}", format("%.3g", *D.Curve[I].Ratio)).str() +
+                          "), and has no reference counterpart: what it computed was not "
+                          "compared (see --show-mapping)" +
+                          (R.OpStatistics.empty()
+                               ? "; trace the reference with --op-stats to check it against "
+                                 "the reference's ops"
+                               : "; no op output of the reference's " +
+                                     (ScopePath(D, *P).empty() ? std::string("(root)")
+                                                               : ScopePath(D, *P)) +
+                                     " has its outputs' statistics");
+        for (size_t J = *P >= 3 ? *P - 3 : 0; J < *P; ++J)
+          Producer.Before.push_back(D.Curve[J]);
+        for (size_t J = *P + 1; J < D.Curve.size() && J <= *P + 3; ++J)
+          Producer.After.push_back(D.Curve[J]);
+        Producer.Op = lastWriter(D.Curve[*P], /*OfOutput=*/true);
+        D.Suspects.push_back(std::move(Producer));
+      }
   }
+}
+
+std::optional<size_t> Diagnoser::unmappedProducer(const Diagnosis &D, const ComponentRatio &C) {
+  for (const auto &[Index, X] : roleTensors(T, C.CallId, "input")) {
+    if (!X->SourceId)
+      continue;
+    const TensorRecord *Source = T.TensorById.lookup(*X->SourceId);
+    if (!Source || Source->Owner != TensorOwner::ModuleCall || Source->OwnerId == C.CallId ||
+        within(C.CallId, Source->OwnerId))
+      continue;
+    if (auto It = CurveIndex.find(Source->OwnerId);
+        It != CurveIndex.end() && !D.Curve[It->second].Mapped && !agreesByStatistics(D, It->second))
+      return It->second;
+  }
+  return std::nullopt;
+}
+
+namespace {
+/// A tensor's recorded statistics, over its elements; several (a call's
+/// steps) add up.
+struct Totals {
+  double N = 0, Sum = 0, SumSq = 0, Min = INFINITY, Max = -INFINITY;
+  bool add(const TensorRecord &X) {
+    if (!X.Stats || X.Stats->NanCount || X.Stats->InfCount || unitRoundoff(X.Type) == 0)
+      return false;
+    double Elements = 1;
+    for (int64_t D : X.Shape)
+      Elements *= double(D);
+    N += Elements;
+    Sum += X.Stats->Sum;
+    SumSq += X.Stats->SumSq;
+    Min = std::min(Min, X.Stats->Min);
+    Max = std::max(Max, X.Stats->Max);
+    return Elements > 0;
+  }
+  /// Whether \p O holds the same values up to rounding at unit roundoff
+  /// \p U: a few roundings an element, of either sign, in another order.
+  bool agrees(const Totals &O, double U) const {
+    if (N != O.N)
+      return false;
+    double Rms = std::sqrt(std::max(SumSq, O.SumSq) / N), Tol = 16 * U;
+    double Big = std::max({std::fabs(Min), std::fabs(Max), std::fabs(O.Min), std::fabs(O.Max)});
+    return std::fabs(Sum - O.Sum) <= Tol * Rms * std::sqrt(N) &&
+           std::fabs(SumSq - O.SumSq) <= 2 * Tol * std::max(SumSq, O.SumSq) &&
+           std::fabs(Min - O.Min) <= Tol * Big && std::fabs(Max - O.Max) <= Tol * Big;
+  }
+};
+} // namespace
+
+bool Diagnoser::agreesByStatistics(const Diagnosis &D, size_t Index) {
+  // Each of its outputs (over every step it ran, where steps are merged)
+  // against the op outputs of the reference inside its mapped ancestor's
+  // counterpart: the statistics recorded with every tensor, captured or
+  // not, are the same values' where one of those ops computed what it did
+  // (HF's rotary embedding, applied by plain ops in its attention).
+  const ComponentRatio *Ancestor = mappedAncestor(D, Index);
+  const ModuleCallRecord *Scope = Ancestor ? refCall(Ancestor->CallId) : nullptr;
+  if (!Scope)
+    return false;
+  int64_t Call = D.Curve[Index].CallId;
+  auto Later = LaterSteps.find(Call);
+  RoleTensors Outputs = roleTensors(T, Call, "output");
+  if (Outputs.empty())
+    return false;
+  for (const auto &[I, X] : Outputs) {
+    Totals Mine;
+    if (!Mine.add(*X))
+      return false;
+    if (MergeSteps && Later != LaterSteps.end())
+      for (const ModuleCallRecord *M : Later->second)
+        if (const TensorRecord *Y = T.tensor(M->Id, "output", I); !Y || !Mine.add(*Y))
+          return false;
+    bool Found = false;
+    for (const OpRecord &Op : R.Ops) {
+      if (Found || !Op.ModuleCallId || !within(R, *Op.ModuleCallId, Scope->Id))
+        continue;
+      auto Outs = R.OpStatistics.find(Op.Id);
+      if (Outs == R.OpStatistics.end())
+        continue;
+      for (const TensorRecord *Y : Outs->second) {
+        Totals Theirs;
+        if (Theirs.add(*Y) &&
+            Mine.agrees(Theirs, std::max(unitRoundoff(X->Type), unitRoundoff(Y->Type)))) {
+          Found = true;
+          break;
+        }
+      }
+    }
+    if (!Found)
+      return false;
+  }
+  return true;
 }
 
 bool Diagnoser::divergedUpstream(const Diagnosis &D, size_t Index) const {

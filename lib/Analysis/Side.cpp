@@ -154,6 +154,8 @@ Error Side::index() {
       ByCall[X.OwnerId][X.Role][X.Index] = &X;
     else if (X.Owner == TensorOwner::Op && X.Role == "output" && !X.Shard.empty())
       OpOutputs[X.OwnerId][X.Index] = &X;
+    if (X.Owner == TensorOwner::Op && X.Role == "output" && X.Stats)
+      OpStatistics[X.OwnerId].push_back(&X);
     if (X.Owner == TensorOwner::Op && (X.Role == "output" || X.Role == "mutated") &&
         !X.Shard.empty())
       OpWrites[X.OwnerId].push_back(&X);

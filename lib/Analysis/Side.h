@@ -38,6 +38,9 @@ struct Side {
   std::vector<KernelRecord> Kernels;
   /// op id -> its output tensors by index
   std::map<int64_t, std::map<int64_t, const TensorRecord *>> OpOutputs;
+  /// op id -> its outputs that have statistics (ekka-trace --op-stats),
+  /// captured or not
+  std::map<int64_t, std::vector<const TensorRecord *>> OpStatistics;
   /// op id -> the captured tensors it produced or wrote in place
   std::map<int64_t, std::vector<const TensorRecord *>> OpWrites;
   /// op id -> the kernels it launched, in launch order
