@@ -105,8 +105,9 @@ def trace_case(case, work, device="cpu", separate=False):
     sh(trace + ["-o", f"{work}/target", "--capture-ops", "^zoo::", "--capture-op-inputs", "--",
                 py, side, "target", case.id, work] + where, "tracing the engine", env)
     for dtype in ("bf16", "fp32"):
-        sh(trace + ["-o", f"{work}/reference-{dtype}", "--", py, side, "reference", case.id,
-                    work, dtype] + where, f"tracing the reference ({dtype})", env)
+        stats = ["--op-stats"] if dtype == "bf16" else []
+        sh(trace + ["-o", f"{work}/reference-{dtype}"] + stats + ["--", py, side, "reference",
+                    case.id, work, dtype] + where, f"tracing the reference ({dtype})", env)
 
 
 def diagnose_case(work, index, text=True):
