@@ -22,6 +22,7 @@
 #include <cmath>
 #include <malloc.h>
 #include <limits>
+#include <set>
 
 using namespace llvm;
 using namespace ekka;
@@ -84,10 +85,24 @@ std::vector<std::unique_ptr<TraceReader>> openRanks(StringRef Flag, StringRef Di
   int64_t World = 0;
   if (auto It = Meta.find("world_size");
       It != Meta.end() && !StringRef(It->second).getAsInteger(10, World) &&
-      World > int64_t(Ranks->size()))
+      World > int64_t(Ranks->size())) {
+    // Which: a rank that ran no module left none, but so does one whose
+    // trace was lost; a pipeline stage's modules are then not compared.
+    std::set<int64_t> Present;
+    for (const auto &R : *Ranks)
+      if (auto Rank = R->meta().find("rank"); Rank != R->meta().end())
+        Present.insert(std::strtoll(Rank->second.c_str(), nullptr, 10));
+    std::string Missing;
+    unsigned Named = 0;
+    for (int64_t Rank = 0; Rank < World && Named < 8; ++Rank)
+      if (!Present.count(Rank))
+        Missing += (Named++ ? ", " : "") + std::to_string(Rank);
     errs() << Tool << ": warning: --" << Flag << " holds " << Ranks->size() << " of its "
-           << World << " ranks' traces (the others ran no module): sharded tensors are "
-              "compared from the ranks present\n";
+           << World << " ranks' traces (none from rank " << Missing
+           << (World - int64_t(Ranks->size()) > int64_t(Named) ? ", ..." : "")
+           << "; a rank that ran no module leaves none): what a missing rank computed is not "
+              "compared, and sharded tensors are compared from the ranks present\n";
+  }
   // What a trace says it lacks: what is missing is not compared, which the
   // verdict alone would not tell.
   for (const auto &R : *Ranks) {
