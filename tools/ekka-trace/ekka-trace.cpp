@@ -595,7 +595,20 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
 int runShow() {
   if (ShowArgs.size() != 1)
     exitWithError(Tool, makeError("show takes one trace DIR"));
-  auto Ranks = unwrapOrExit(Tool, TraceReader::openRanks(ShowArgs[0]));
+  // The program's own trace (its ranks), then those of the processes it
+  // forked or exec'd that found DIR taken (process-PID/); only those where
+  // the program's own process ran no module (DataLoader workers did).
+  std::vector<std::unique_ptr<TraceReader>> Ranks;
+  std::vector<std::string> Others = processTraces(ShowArgs[0]);
+  bool HasOwn = sys::fs::exists(ShowArgs[0] + "/" + TraceDatabaseName.str());
+  std::error_code EC;
+  for (sys::fs::directory_iterator It(ShowArgs[0], EC), End; It != End && !EC && !HasOwn;
+       It.increment(EC))
+    HasOwn = sys::path::filename(It->path()).starts_with("rank-");
+  if (HasOwn || Others.empty())
+    Ranks = unwrapOrExit(Tool, TraceReader::openRanks(ShowArgs[0]));
+  for (const std::string &Other : Others)
+    Ranks.push_back(unwrapOrExit(Tool, TraceReader::open(Other)));
   std::string Missing; // the first missing shard, said after the rest
   for (auto &R : Ranks) {
     outs() << "trace " << R->directory() << "\n";
