@@ -21,6 +21,9 @@ cl::list<std::string> Args(cl::Positional, cl::desc("TRACE"), cl::cat(Category))
 cl::opt<bool> Json("json", cl::desc("Print the tree as JSON"), cl::cat(Category));
 cl::opt<int> Step("step", cl::init(1), cl::cat(Category),
                   cl::desc("Which forward of the root to show (default 1)"));
+cl::opt<int> Rank("rank", cl::init(-1), cl::cat(Category),
+                  cl::desc("Of a distributed trace (rank-N/), which rank's tree to show "
+                           "(default: the first rank present; the others are named on stderr)"));
 cl::opt<bool> NoSource("no-source", cl::desc("Leave out class source file:line"),
                        cl::cat(Category));
 
@@ -64,7 +67,30 @@ int main(int argc, char **argv) {
   if (Args.size() != 1)
     exitWithError(Tool, makeError("takes one TRACE (see ekka-tree --help)"));
   auto Ranks = unwrapOrExit(Tool, TraceReader::openRanks(Args[0]));
-  auto Calls = unwrapOrExit(Tool, Ranks[0]->moduleCalls());
+  // One rank's tree: pipeline stages each ran a part of the model, so the
+  // choice is said, not silent.
+  auto RankOf = [](const TraceReader &R) {
+    auto It = R.meta().find("rank");
+    return It == R.meta().end() ? std::string("0") : It->second;
+  };
+  size_t Chosen = 0;
+  if (Rank >= 0) {
+    auto It = llvm::find_if(Ranks, [&](const auto &R) { return RankOf(*R) == std::to_string(Rank); });
+    if (It == Ranks.end())
+      exitWithError(Tool, makeError("--rank " + Twine(Rank) + ": '" + Args[0] +
+                                    "' holds no trace of that rank"));
+    Chosen = size_t(It - Ranks.begin());
+  }
+  if (Ranks.size() > 1) {
+    std::string Others;
+    for (size_t I = 0; I < Ranks.size(); ++I)
+      if (I != Chosen)
+        Others += (Others.empty() ? "" : ", ") + RankOf(*Ranks[I]);
+    errs() << Tool << ": note: '" << Args[0] << "' has " << Ranks.size()
+           << " ranks' traces: rank " << RankOf(*Ranks[Chosen])
+           << "'s tree is shown (--rank N for rank " << Others << ")\n";
+  }
+  auto Calls = unwrapOrExit(Tool, Ranks[Chosen]->moduleCalls());
   std::vector<ModelTreeNode> Roots = buildModelTree(Calls, Step);
   if (Roots.empty())
     exitWithError(Tool, makeError("'" + Args[0] + "' has no module calls at step " + Twine(Step)));
