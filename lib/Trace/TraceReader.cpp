@@ -5,10 +5,12 @@
 
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
 using namespace llvm;
@@ -77,12 +79,23 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
     return makeError("'" + Dir + "' is not a trace directory (no trace.db)");
   if (!sys::fs::is_regular_file(DbPath)) // a FIFO would be read without end
     return makeError("'" + DbPath + "' is not a regular file");
+  // A trace not closed keeps its rows in trace.db-wal (WAL mode: byte 18
+  // of the header is 2): copied without it, trace.db holds no table. Asked
+  // before the database is opened, which makes an empty one.
+  auto Header = MemoryBuffer::getFileSlice(DbPath, 20, 0);
+  bool WalMissing = Header && (*Header)->getBufferSize() == 20 &&
+                    (*Header)->getBuffer()[18] == 2 && !sys::fs::exists(DbPath + "-wal");
   auto Db = SQLiteDatabase::open(DbPath, SQLiteDatabase::Mode::ReadOnly);
   if (!Db)
     return Db.takeError();
   std::unique_ptr<TraceReader> R(new TraceReader(Dir.str(), std::move(*Db)));
-  if (Error E = R->readMeta())
-    return E;
+  if (Error E = R->readMeta()) {
+    if (!WalMissing)
+      return E;
+    consumeError(std::move(E));
+    return makeError("'" + DbPath + "' is not a whole trace: it was not closed, and its rows "
+                     "are in trace.db-wal, which is not beside it (copy the two together)");
+  }
   return R;
 }
 
@@ -106,10 +119,13 @@ Error TraceReader::readMeta() {
     return NotATrace("no format version");
   StringRef Format = It->second;
   auto [Kind, Version] = Format.split(' ');
-  int Major = 0;
-  if (Kind != "ekka-trace" || Version.split('.').first.getAsInteger(10, Major))
+  auto [MajorText, MinorText] = Version.split('.');
+  unsigned Major = 0, Minor = 0;
+  auto Digits = [](StringRef T) { return !T.empty() && llvm::all_of(T, [](char C) { return isDigit(C); }); };
+  if (Kind != "ekka-trace" || !Digits(MajorText) || !Digits(MinorText))
     return NotATrace(("format '" + Format + "'").str());
-  if (Major > TraceFormatMajor)
+  if (MajorText.getAsInteger(10, Major) || MinorText.getAsInteger(10, Minor) ||
+      Major > TraceFormatMajor)
     return makeError("'" + Dir + "' is a trace of format " + Version +
                      "; this Ekka reads format " + Twine(TraceFormatMajor) +
                      ".x and older (upgrade Ekka)");
