@@ -229,6 +229,33 @@ std::optional<double> Diagnoser::ratioOf(std::optional<std::vector<double>> XT, 
       YR = C->Shape == B->Shape ? transpose(*YR, C->Shape, RefSwap->first, RefSwap->second)
                                 : std::nullopt;
   }
+  // The steps joined into XT, each alone: where the first output of a call
+  // was joined along its rows, in the reference's own order.
+  JoinedSteps Joined = std::move(LastJoined);
+  LastJoined = JoinedSteps();
+  if (Joined.A && Joined.A->Role == "output" && Joined.A->Index == 0 && !RefSwap &&
+      Joined.Rows.size() > 1 && XT->size() == XR->size()) {
+    int64_t Total = 0;
+    for (const auto &[Step, Rows] : Joined.Rows)
+      Total += Rows;
+    if (Total > 0 && XT->size() % size_t(Total) == 0) {
+      size_t Row = XT->size() / size_t(Total), Off = 0;
+      bool WithY = YR && YR->size() == XT->size();
+      std::vector<std::pair<int64_t, double>> Steps;
+      for (const auto &[Step, Rows] : Joined.Rows) {
+        size_t Len = size_t(Rows) * Row;
+        auto Part = [&](const Elements &X) {
+          return Elements(X.begin() + Off, X.begin() + Off + Len);
+        };
+        Elements PY = WithY ? Part(*YR) : Elements();
+        if (auto Ratio = ratioValues(Part(*XT), TargetType, Part(*XR), B->Type,
+                                     WithY ? &PY : nullptr))
+          Steps.emplace_back(Step, *Ratio);
+        Off += Len;
+      }
+      StepRatios[Joined.Call] = std::move(Steps);
+    }
+  }
   return ratioValues(*XT, TargetType, *XR, B->Type, YR ? &*YR : nullptr);
 }
 
@@ -406,6 +433,7 @@ std::optional<double> Diagnoser::residualPairRatio(const ModuleCallRecord &TC, S
 
 std::optional<std::vector<double>> Diagnoser::targetValues(const TensorRecord *A, int64_t Call,
                                                            const Dims &RefShape) {
+  LastJoined = JoinedSteps();
   // A tensor-parallel shard: gathered from the ranks first.
   bool Gather = sharded(A, RefShape);
   if (RefShape.empty() || A->Shape.empty()) // a scalar (a loss, a scale): as it is
@@ -474,6 +502,19 @@ std::optional<std::vector<double>> Diagnoser::targetValues(const TensorRecord *A
     Merged.push_back(std::move(*V));
     Shapes.push_back(ShapeOf(X));
   }
+  // Joined in blocks, one per step (the dimensions before the tokens' are
+  // ones): each step's share can be compared alone.
+  for (size_t I = 0; I < Parts.size(); ++I) {
+    const ModuleCallRecord *M = T.CallById.lookup(Parts[I]->OwnerId);
+    if (!M || llvm::any_of(ArrayRef<int64_t>(Shapes[I]).take_front(*Dim),
+                           [](int64_t D) { return D != 1; }))
+      break;
+    LastJoined.A = A;
+    LastJoined.Call = Call;
+    LastJoined.Rows.emplace_back(M->Step, Shapes[I][*Dim]);
+  }
+  if (LastJoined.Rows.size() != Parts.size())
+    LastJoined = JoinedSteps();
   return concatenate(Merged, Shapes, int(*Dim));
 }
 

@@ -220,6 +220,19 @@ private:
   void groupSteps();
 
   bool MergeSteps = false;
+  /// What the last targetValues joined along the tokens (its first
+  /// dimension): the tensor, its call, and each step's rows in order.
+  struct JoinedSteps {
+    const TensorRecord *A = nullptr;
+    int64_t Call = 0;
+    std::vector<std::pair<int64_t, int64_t>> Rows;
+  } LastJoined;
+  /// Call -> its first output's R in each step alone, where its steps were
+  /// joined along the tokens (a departure in decode steps only shows).
+  DenseMap<int64_t, std::vector<std::pair<int64_t, double>>> StepRatios;
+  /// StepRatios as the curve's ratios left them (later comparisons, the
+  /// drill-down's, compare other tensors): what the suspects report.
+  DenseMap<int64_t, std::vector<std::pair<int64_t, double>>> CurveStepRatios;
   DenseMap<int64_t, std::vector<const ModuleCallRecord *>> LaterSteps;
 
   /// A rule-mapped call's ratio: the reference side is the concatenation of

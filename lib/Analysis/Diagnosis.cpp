@@ -126,7 +126,12 @@ Diagnosis Diagnoser::run() {
   reservePaths();
   computeRatios(D);
   CurveSoFar = D.Curve;
+  CurveStepRatios = std::move(StepRatios);
+  StepRatios.clear();
   localize(D);
+  for (Suspect &S : D.Suspects)
+    if (auto It = CurveStepRatios.find(S.Component.CallId); It != CurveStepRatios.end())
+      S.StepRatios = It->second;
   return D;
 }
 

@@ -65,6 +65,27 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
        << S.Component.ClassQualname
        << (Steps ? "  at step " + std::to_string(S.Component.Step) : std::string()) << "\n";
     OS << "  " << S.Reason << "\n";
+    if (!S.StepRatios.empty()) {
+      // The joined steps alone: a departure in decode steps only (a slot
+      // mapping off by one) or in the prefill only shows here.
+      OS << "  by step (its output in each step alone):";
+      constexpr size_t MostSteps = 8;
+      for (size_t I = 0; I < S.StepRatios.size() && I < MostSteps; ++I)
+        OS << (I ? ", " : " ") << "step " << S.StepRatios[I].first << " R = "
+           << ratioText(S.StepRatios[I].second);
+      if (S.StepRatios.size() > MostSteps)
+        OS << ", ... (" << S.StepRatios.size() - MostSteps << " more)";
+      bool FirstDeparts = S.StepRatios.front().second > D.Threshold;
+      bool LaterDepart = llvm::all_of(llvm::drop_begin(S.StepRatios),
+                                      [&](const auto &X) { return X.second > D.Threshold; });
+      bool LaterAgree = llvm::none_of(llvm::drop_begin(S.StepRatios),
+                                      [&](const auto &X) { return X.second > D.Threshold; });
+      if (!FirstDeparts && LaterDepart)
+        OS << ": departs in the later (decode) steps only";
+      else if (FirstDeparts && LaterAgree)
+        OS << ": departs in the first (prefill) step only";
+      OS << "\n";
+    }
     OS << "  evidence (R of the calls around it, in execution order):\n";
     auto Line = [&](const ComponentRatio &C, bool Mark) {
       OS << (Mark ? "  > " : "    ") << format("%-12s", ratioText(C.Ratio).c_str()) << " "
@@ -163,6 +184,9 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
       Before.push_back(componentJSON(C));
     for (const ComponentRatio &C : S.After)
       After.push_back(componentJSON(C));
+    json::Array Steps;
+    for (const auto &[Step, Ratio] : S.StepRatios)
+      Steps.push_back(json::Object{{"step", Step}, {"ratio", ratioJSON(Ratio)}});
     Suspects.push_back(json::Object{
         {"component", S.Component.Path},
         {"class", S.Component.ClassQualname},
@@ -173,6 +197,7 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
         {"kernel", S.Op ? opJSON(*S.Op, Sources) : json::Value(nullptr)},
         {"reason", S.Reason},
         {"evidence", json::Object{{"before", std::move(Before)}, {"after", std::move(After)}}},
+        {"step_ratios", std::move(Steps)},
     });
   }
   json::Array Curve;

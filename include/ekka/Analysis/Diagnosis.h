@@ -106,6 +106,10 @@ struct Suspect {
   std::string Reason;
   std::vector<ComponentRatio> Before, After; ///< The evidence window.
   std::optional<OpFinding> Op;               ///< When op outputs were captured.
+  /// Where the target's steps were joined to meet a one-shot reference:
+  /// (step, R) of its first output in each step alone (prefill, then each
+  /// decode step), in step order; empty otherwise.
+  std::vector<std::pair<int64_t, double>> StepRatios;
 };
 
 struct Diagnosis {
