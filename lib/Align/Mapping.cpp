@@ -141,7 +141,8 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
 // soft-cap, Cohere's or Granite's scale), which HF computes in its
 // ForCausalLM's forward after `lm_head`: the root's logits where the root
 // returns them, `lm_head`'s otherwise (a recipe onto the root applies only
-// where its first output has the target's features).
+// where the root is HF's *ForCausalLM or *ForConditionalGeneration and its
+// first output has the target's features).
 static const char *RecipesV1 = R"json({"components": [
   {"target": "model.layers.*.self_attn.qkv_proj",
    "reference": ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.k_proj",

@@ -197,7 +197,15 @@ void Diagnoser::localize(Diagnosis &D) {
 }
 
 std::optional<size_t> Diagnoser::unmappedProducer(const Diagnosis &D, const ComponentRatio &C) {
-  for (const auto &[Index, X] : roleTensors(T, C.CallId, "input")) {
+  // The inputs that were not compared: all of them where the reference has
+  // no call whose inputs meet them (a backend mapped onto o_proj's input).
+  std::vector<const TensorRecord *> Inputs;
+  if (refCall(C.CallId))
+    Inputs = uncomparedInputs(C);
+  else
+    for (const auto &[Index, X] : roleTensors(T, C.CallId, "input"))
+      Inputs.push_back(X);
+  for (const TensorRecord *X : Inputs) {
     if (!X->SourceId)
       continue;
     const TensorRecord *Source = T.TensorById.lookup(*X->SourceId);

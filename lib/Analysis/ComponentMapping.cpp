@@ -122,10 +122,15 @@ bool Diagnoser::rootHolds(const ModuleCallRecord &TC,
   for (const ModuleCallRecord *X : RC) {
     if (!X->Path.empty())
       continue;
-    // The root returns what its program asks for (HF's ForCausalLM: the
-    // logits first; a program's own wrapper: anything).
+    // The root returns what its program asks for: HF's ForCausalLM (and
+    // ForConditionalGeneration) the logits first, by HF's convention; a
+    // program's own wrapper anything, a softmax of them as well.
+    StringRef Class = X->ClassName;
+    if (!Class.ends_with("ForCausalLM") && !Class.ends_with("ForConditionalGeneration"))
+      return false;
     const TensorRecord *A = T.tensor(TC.Id, "output", 0), *B = R.tensor(X->Id, "output", 0);
-    if (!A || !B || A->Shape.empty() || B->Shape.empty() || A->Shape.back() != B->Shape.back())
+    if (!A || !B || A->Shape.empty() || B->Shape.empty() || A->Shape.back() != B->Shape.back() ||
+        unitRoundoff(B->Type) == 0)
       return false;
   }
   return true;

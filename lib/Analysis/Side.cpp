@@ -231,14 +231,18 @@ bool Side::matchesStats(const TensorRecord &T, ArrayRef<double> V) const {
 std::optional<StringRef> Side::shardBytes(const TensorRecord &T) const {
   // A padded batch's record has the shape of its real tokens; its shard,
   // the one recorded.
+  // A stage's ids carry the stage in their top bits: its trace's own id
+  // names the tensor in an error.
   auto P = Padded.find(T.Id);
+  size_t Stage = size_t(T.Id >> StageShift);
   TensorRecord Recorded;
-  if (P != Padded.end()) {
+  if (P != Padded.end() || Stage) {
     Recorded = T;
-    Recorded.Shape = P->second;
+    Recorded.Id = T.Id & ((int64_t(1) << StageShift) - 1);
+    if (P != Padded.end())
+      Recorded.Shape = P->second;
   }
-  auto Bytes =
-      Stages[size_t(T.Id >> StageShift)]->tensorBytes(P != Padded.end() ? Recorded : T);
+  auto Bytes = Stages[Stage]->tensorBytes(P != Padded.end() || Stage ? Recorded : T);
   if (Bytes)
     return *Bytes;
   if (Problem.empty())

@@ -512,7 +512,9 @@ public:
     }
     if (Floating.empty())
       return "none: no floating-point module outputs";
-    llvm::sort(Floating, [](auto &A, auto &B) { return A.first > B.first; });
+    llvm::sort(Floating, [](auto &A, auto &B) { // ties: by DType, not by chance
+      return A.first > B.first || (A.first == B.first && A.second > B.second);
+    });
     std::string Out = dtypeName(Floating[0].second).str();
     for (size_t I = 1; I < Floating.size(); ++I)
       Out += (I == 1 ? " (also " : ", ") + dtypeName(Floating[I].second).str() + ": " +

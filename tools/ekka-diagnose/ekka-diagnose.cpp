@@ -215,7 +215,8 @@ int main(int argc, char **argv) {
     const auto &Meta = FP32Ranks[0]->meta();
     if (auto Type = Meta.find("dtype"); Type != Meta.end()) {
       StringRef Main = StringRef(Type->second).split(' ').first;
-      if (Main != "F32" && Main != "F64" && !Main.starts_with("none"))
+      auto Parsed = parseDType(Main); // complex64 counts as float32
+      if (Parsed && partType(*Parsed) != DType::F32 && partType(*Parsed) != DType::F64)
         exitWithError(Tool, makeError("--reference-fp32: '" + ReferenceFP32Dir +
                                       "' was traced in " + Main +
                                       " (meta dtype), not float32: trace the reference in "

@@ -3,7 +3,7 @@ one sequence: `hf`, the model itself, whose ForCausalLM soft-caps the head's
 logits in its own forward; or `engine`, as a serving engine lays it out, the
 same weights with the soft-cap in a `logits_processor` module after the head
 (vLLM's LogitsProcessor). --bug leaves the soft-cap out; --wrap runs `hf`
-inside a program's own root module that returns the logits' argmax."""
+inside a program's own root module that returns the logits' softmax."""
 import argparse
 
 import torch
@@ -53,7 +53,7 @@ class Wrap(torch.nn.Module):
         self.lm_head = hf.lm_head
 
     def forward(self, ids):
-        return self.lm_head(self.model(input_ids=ids).last_hidden_state).argmax(-1)
+        return self.lm_head(self.model(input_ids=ids).last_hidden_state).softmax(-1)
 
 
 ids = torch.tensor([[2, 17, 42, 9, 33, 5, 77, 21, 64, 3, 11, 8]])
