@@ -229,10 +229,9 @@ bool Side::matchesStats(const TensorRecord &T, ArrayRef<double> V) const {
 }
 
 std::optional<StringRef> Side::shardBytes(const TensorRecord &T) const {
-  // A padded batch's record has the shape of its real tokens; its shard,
-  // the one recorded.
-  // A stage's ids carry the stage in their top bits: its trace's own id
-  // names the tensor in an error.
+  // Asked as the trace recorded it: a padded batch's record has the shape
+  // of its real tokens here, and a stage's id carries the stage in its top
+  // bits.
   auto P = Padded.find(T.Id);
   size_t Stage = size_t(T.Id >> StageShift);
   TensorRecord Recorded;

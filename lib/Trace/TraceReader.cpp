@@ -120,12 +120,11 @@ Error TraceReader::readMeta() {
   StringRef Format = It->second;
   auto [Kind, Version] = Format.split(' ');
   auto [MajorText, MinorText] = Version.split('.');
-  unsigned Major = 0, Minor = 0;
-  auto Digits = [](StringRef T) { return !T.empty() && llvm::all_of(T, [](char C) { return isDigit(C); }); };
+  auto Digits = [](StringRef T) { return !T.empty() && llvm::all_of(T, isDigit); };
   if (Kind != "ekka-trace" || !Digits(MajorText) || !Digits(MinorText))
     return NotATrace(("format '" + Format + "'").str());
-  if (MajorText.getAsInteger(10, Major) || MinorText.getAsInteger(10, Minor) ||
-      Major > TraceFormatMajor)
+  unsigned Major = 0; // digits past any number are a newer major too
+  if (MajorText.getAsInteger(10, Major) || Major > TraceFormatMajor)
     return makeError("'" + Dir + "' is a trace of format " + Version +
                      "; this Ekka reads format " + Twine(TraceFormatMajor) +
                      ".x and older (upgrade Ekka)");

@@ -155,14 +155,15 @@ std::string captureOptions() {
   return O;
 }
 
-/// Whether \p Dir holds a trace: its own, a rank's or another process's.
-bool holdsTrace(StringRef Dir) {
+/// Whether \p Dir holds a trace: its own, a rank's or (with \p Processes)
+/// another process's.
+bool holdsTrace(StringRef Dir, bool Processes = true) {
   if (sys::fs::exists(Dir + "/" + TraceDatabaseName))
     return true;
   std::error_code EC;
   for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC)) {
     StringRef Name = sys::path::filename(It->path());
-    if ((Name.starts_with("rank-") || Name.starts_with("process-")) &&
+    if ((Name.starts_with("rank-") || (Processes && Name.starts_with("process-"))) &&
         sys::fs::exists(It->path() + "/" + TraceDatabaseName.str()))
       return true;
   }
@@ -600,12 +601,7 @@ int runShow() {
   // the program's own process ran no module (DataLoader workers did).
   std::vector<std::unique_ptr<TraceReader>> Ranks;
   std::vector<std::string> Others = processTraces(ShowArgs[0]);
-  bool HasOwn = sys::fs::exists(ShowArgs[0] + "/" + TraceDatabaseName.str());
-  std::error_code EC;
-  for (sys::fs::directory_iterator It(ShowArgs[0], EC), End; It != End && !EC && !HasOwn;
-       It.increment(EC))
-    HasOwn = sys::path::filename(It->path()).starts_with("rank-");
-  if (HasOwn || Others.empty())
+  if (Others.empty() || holdsTrace(ShowArgs[0], /*Processes=*/false))
     Ranks = unwrapOrExit(Tool, TraceReader::openRanks(ShowArgs[0]));
   for (const std::string &Other : Others)
     Ranks.push_back(unwrapOrExit(Tool, TraceReader::open(Other)));

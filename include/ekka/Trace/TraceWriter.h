@@ -75,7 +75,6 @@ public:
   /// record: after everything enqueued before it, completions included,
   /// was written (what a trace lost on the way is known only then).
   void setMeta(llvm::StringRef Key, std::function<std::string()> Value);
-
   void addModuleCall(ModuleCallRecord R);
   /// A module call's texts (its path, class and source), kept as long as
   /// the writer, as OpText is an operator's: a module is called again at
