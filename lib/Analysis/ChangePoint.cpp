@@ -90,12 +90,6 @@ void Diagnoser::localize(Diagnosis &D) {
   std::stable_sort(Containers.begin(), Containers.end(),
                    [&](size_t A, size_t B) { return D.Curve[A].Depth > D.Curve[B].Depth; });
   Innermost.insert(Innermost.end(), Containers.begin(), Containers.end());
-  // The reference call that holds what an unmapped component computed.
-  auto ScopePath = [&](const Diagnosis &D, size_t Index) -> std::string {
-    const ComponentRatio *Ancestor = mappedAncestor(D, Index);
-    const ModuleCallRecord *Scope = Ancestor ? refCall(Ancestor->CallId) : nullptr;
-    return Scope ? Scope->Path : std::string();
-  };
   for (size_t I : Innermost) {
     if (D.Suspects.size() == 3)
       break;
@@ -169,34 +163,29 @@ void Diagnoser::localize(Diagnosis &D) {
     if (!Compared && D.Suspects.size() < 3)
       if (auto P = unmappedProducer(D, D.Curve[I]);
           P && llvm::none_of(D.Suspects, [&](const Suspect &X) {
-            return X.Component.CallId == D.Curve[*P].CallId;
+            return X.Component.CallId == D.Curve[P->first].CallId;
           })) {
         Suspect Producer;
-        Producer.Component = D.Curve[*P];
+        Producer.Component = D.Curve[P->first];
         Producer.Reason = "it computed inputs of " +
                           (D.Curve[I].Path.empty() ? std::string("(root)") : D.Curve[I].Path) +
                           ", whose output departs (R = " +
                           formatv("{0}", format("%.3g", *D.Curve[I].Ratio)).str() +
                           "), and has no reference counterpart: what it computed was not "
-                          "compared (see --show-mapping)" +
-                          (R.OpStatistics.empty()
-                               ? "; trace the reference with --op-stats to check it against "
-                                 "the reference's ops"
-                               : "; no op output of the reference's " +
-                                     (ScopePath(D, *P).empty() ? std::string("(root)")
-                                                               : ScopePath(D, *P)) +
-                                     " has its outputs' statistics");
-        for (size_t J = *P >= 3 ? *P - 3 : 0; J < *P; ++J)
+                          "compared (see --show-mapping); " +
+                          P->second;
+        for (size_t J = P->first >= 3 ? P->first - 3 : 0; J < P->first; ++J)
           Producer.Before.push_back(D.Curve[J]);
-        for (size_t J = *P + 1; J < D.Curve.size() && J <= *P + 3; ++J)
+        for (size_t J = P->first + 1; J < D.Curve.size() && J <= P->first + 3; ++J)
           Producer.After.push_back(D.Curve[J]);
-        Producer.Op = lastWriter(D.Curve[*P], /*OfOutput=*/true);
+        Producer.Op = lastWriter(D.Curve[P->first], /*OfOutput=*/true);
         D.Suspects.push_back(std::move(Producer));
       }
   }
 }
 
-std::optional<size_t> Diagnoser::unmappedProducer(const Diagnosis &D, const ComponentRatio &C) {
+std::optional<std::pair<size_t, std::string>>
+Diagnoser::unmappedProducer(const Diagnosis &D, const ComponentRatio &C) {
   // The inputs that were not compared: all of them where the reference has
   // no call whose inputs meet them (a backend mapped onto o_proj's input).
   std::vector<const TensorRecord *> Inputs;
@@ -212,9 +201,12 @@ std::optional<size_t> Diagnoser::unmappedProducer(const Diagnosis &D, const Comp
     if (!Source || Source->Owner != TensorOwner::ModuleCall || Source->OwnerId == C.CallId ||
         within(C.CallId, Source->OwnerId))
       continue;
-    if (auto It = CurveIndex.find(Source->OwnerId);
-        It != CurveIndex.end() && !D.Curve[It->second].Mapped && !agreesByStatistics(D, It->second))
-      return It->second;
+    auto It = CurveIndex.find(Source->OwnerId);
+    if (It == CurveIndex.end() || D.Curve[It->second].Mapped)
+      continue;
+    std::string Why;
+    if (std::optional<bool> Agrees = agreesByStatistics(D, It->second, Why); !Agrees || !*Agrees)
+      return std::make_pair(It->second, Why);
   }
   return std::nullopt;
 }
@@ -251,29 +243,45 @@ struct Totals {
 };
 } // namespace
 
-bool Diagnoser::agreesByStatistics(const Diagnosis &D, size_t Index) {
+std::optional<bool> Diagnoser::agreesByStatistics(const Diagnosis &D, size_t Index,
+                                                  std::string &Why) {
   // Each of its outputs (over every step it ran, where steps are merged)
   // against the op outputs of the reference inside its mapped ancestor's
   // counterpart: the statistics recorded with every tensor, captured or
   // not, are the same values' where one of those ops computed what it did
   // (HF's rotary embedding, applied by plain ops in its attention).
+  if (R.OpStatistics.empty()) {
+    Why = "trace the reference with --op-stats to check it against the reference's ops";
+    return std::nullopt;
+  }
+  // A batch padded to its longest prompt: the reference's ops computed the
+  // padding too, and their statistics count it.
+  if (!R.Padded.empty()) {
+    Why = "the reference's batch is padded, and the statistics of its ops, which count the "
+          "padding, cannot check it";
+    return std::nullopt;
+  }
   const ComponentRatio *Ancestor = mappedAncestor(D, Index);
   const ModuleCallRecord *Scope = Ancestor ? refCall(Ancestor->CallId) : nullptr;
-  if (!Scope)
-    return false;
   int64_t Call = D.Curve[Index].CallId;
-  auto Later = LaterSteps.find(Call);
   RoleTensors Outputs = roleTensors(T, Call, "output");
+  if (!Scope) {
+    Why = "no mapped component holds it, whose counterpart's ops could check it";
+    return std::nullopt;
+  }
+  Why = "its outputs have no statistics to check against the reference's ops (none, or not "
+        "floating-point, or not finite)";
   if (Outputs.empty())
-    return false;
+    return std::nullopt;
+  auto Later = LaterSteps.find(Call);
   for (const auto &[I, X] : Outputs) {
     Totals Mine;
     if (!Mine.add(*X))
-      return false;
+      return std::nullopt;
     if (MergeSteps && Later != LaterSteps.end())
       for (const ModuleCallRecord *M : Later->second)
         if (const TensorRecord *Y = T.tensor(M->Id, "output", I); !Y || !Mine.add(*Y))
-          return false;
+          return std::nullopt;
     bool Found = false;
     for (const OpRecord &Op : R.Ops) {
       if (Found || !Op.ModuleCallId || !within(R, *Op.ModuleCallId, Scope->Id))
@@ -290,8 +298,12 @@ bool Diagnoser::agreesByStatistics(const Diagnosis &D, size_t Index) {
         }
       }
     }
-    if (!Found)
+    if (!Found) {
+      Why = "no op output of the reference's " +
+            (Scope->Path.empty() ? std::string("(root)") : Scope->Path) +
+            " has its outputs' statistics";
       return false;
+    }
   }
   return true;
 }

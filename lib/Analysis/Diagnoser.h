@@ -380,19 +380,22 @@ private:
     return Ancestor && elevated(Ancestor->Ratio);
   }
 
+  /// The curve index of a component without a reference counterpart
+  /// whose output \p C was given as an input and that the reference's op
+  /// statistics do not clear, if any, with what they said of it.
+  std::optional<std::pair<size_t, std::string>> unmappedProducer(const Diagnosis &D,
+                                                                 const ComponentRatio &C);
+
+  /// Whether every output of the unmapped component at \p Index has the
+  /// statistics of an op output of the reference inside its mapped
+  /// ancestor's counterpart: what it computed is there, op by op. Empty
+  /// when they could not tell, with \p Why set to the reason.
+  std::optional<bool> agreesByStatistics(const Diagnosis &D, size_t Index, std::string &Why);
+
   /// For a candidate with inputs that could not be compared: a mapped
   /// component that produced one of them with a lower precision than the
   /// reference's counterpart produced its output. Its index in the curve and
   /// the reason.
-  /// The curve index of a component without a reference counterpart
-  /// whose output \p C was given as an input, if any.
-  std::optional<size_t> unmappedProducer(const Diagnosis &D, const ComponentRatio &C);
-
-  /// Whether every output of the unmapped component at \p Index has the
-  /// statistics of an op output of the reference inside its mapped
-  /// ancestor's counterpart: what it computed is there, op by op.
-  bool agreesByStatistics(const Diagnosis &D, size_t Index);
-
   std::optional<std::pair<size_t, std::string>> lowerPrecisionProducer(const Diagnosis &D,
                                                                        const ComponentRatio &C);
 
