@@ -201,7 +201,7 @@ Diagnoser::LayoutChoice Diagnoser::searchLayout(const TensorRecord *A, const Ten
     auto V = transpose(*XT, S, I, J);
     if (!V)
       continue;
-    auto Ratio = ratioValues(Sample(*V), A->Type, SR, B->Type, SY.empty() ? nullptr : &SY);
+    auto Ratio = ratioValues(Sample(*V), A->Type, SR, B->Type, SY);
     if (!Ratio || elevated(Ratio))
       continue;
     if (Found)
@@ -244,19 +244,16 @@ std::optional<double> Diagnoser::ratioOf(std::optional<std::vector<double>> XT, 
       std::vector<std::pair<int64_t, double>> Steps;
       for (const auto &[Step, Rows] : Joined.Rows) {
         size_t Len = size_t(Rows) * Row;
-        auto Part = [&](const Elements &X) {
-          return Elements(X.begin() + Off, X.begin() + Off + Len);
-        };
-        Elements PY = WithY ? Part(*YR) : Elements();
+        auto Part = [&](const Elements &X) { return ArrayRef<double>(X).slice(Off, Len); };
         if (auto Ratio = ratioValues(Part(*XT), TargetType, Part(*XR), B->Type,
-                                     WithY ? &PY : nullptr))
+                                     WithY ? Part(*YR) : ArrayRef<double>()))
           Steps.emplace_back(Step, *Ratio);
         Off += Len;
       }
       StepRatios[Joined.Call] = std::move(Steps);
     }
   }
-  return ratioValues(*XT, TargetType, *XR, B->Type, YR ? &*YR : nullptr);
+  return ratioValues(*XT, TargetType, *XR, B->Type, YR ? ArrayRef<double>(*YR) : std::nullopt);
 }
 
 double Diagnoser::ratioFromSums(const RatioSums &S, bool WithFP32, DType TargetType,
@@ -296,26 +293,26 @@ std::optional<double> Diagnoser::ratioFromBytes(const TensorRecord *A, const Ten
   return ratioFromSums(*S, YR.has_value(), A->Type, B->Type);
 }
 
-std::optional<double> Diagnoser::ratioValues(const Elements &XT, DType TargetType,
-                                             const Elements &XR, DType RefType,
-                                             const Elements *YR) const {
+std::optional<double> Diagnoser::ratioValues(ArrayRef<double> XT, DType TargetType,
+                                             ArrayRef<double> XR, DType RefType,
+                                             ArrayRef<double> YR) const {
   if (XT.size() != XR.size() || XT.empty())
     return std::nullopt;
-  if (YR && YR->size() != XT.size())
-    YR = nullptr;
+  if (YR.size() != XT.size())
+    YR = {};
   // The common case, every value finite: all sums in one pass.
   if (RatioSums S = ratioSums(XT, XR, YR); S.Finite)
-    return ratioFromSums(S, YR != nullptr, TargetType, RefType);
+    return ratioFromSums(S, !YR.empty(), TargetType, RefType);
   // A NaN or infinity where the reference has none (or the reverse) is a
   // divergence whatever the scale: R = infinity.
   if (std::isinf(distance(XT, XR)))
     return std::numeric_limits<double>::infinity();
-  if (YR) {
-    double Floor = unitRoundoff(RefType) * norm(*YR);
-    double Den = std::max(distance(XR, *YR), Floor);
+  if (!YR.empty()) {
+    double Floor = unitRoundoff(RefType) * norm(YR);
+    double Den = std::max(distance(XR, YR), Floor);
     if (std::isinf(Den))
       Den = Floor; // the reference's own NaNs: measure against roundoff
-    return distance(XT, *YR) / (Den + 1e-30);
+    return distance(XT, YR) / (Den + 1e-30);
   }
   double Den = O.NoiseUnits * std::max(unitRoundoff(RefType), unitRoundoff(TargetType)) * norm(XR);
   double Num = distance(XT, XR);

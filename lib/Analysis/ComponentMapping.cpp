@@ -86,7 +86,7 @@ std::optional<double> Diagnoser::ruleRatio(const ModuleCallRecord &TC,
   if (F && FC.size() == RC.size())
     YR = Gather(*F, FC);
   return ratioValues(*XT, TT->Type, *XR, ruleTensor(R, RC[0], Inputs[0])->Type,
-                     YR ? &*YR : nullptr);
+                     YR ? ArrayRef<double>(*YR) : std::nullopt);
 }
 
 std::string Diagnoser::structureDiffers(const ModuleCallRecord &TC, const ModuleCallRecord &RC) {
@@ -276,7 +276,8 @@ bool Diagnoser::applyPartRule(const ModuleCallRecord &TC, const MappingRule &Rul
   auto YR = FC ? Part(*F, ruleTensor(*F, FC, Input)) : std::nullopt;
   auto XT = targetValues(TO, TC.Id, PartShape);
   if (XR && XT)
-    C.Ratio = ratioValues(*XT, TO->Type, *XR, RO->Type, YR ? &*YR : nullptr);
+    C.Ratio = ratioValues(*XT, TO->Type, *XR, RO->Type,
+                          YR ? ArrayRef<double>(*YR) : std::nullopt);
   if (Input)
     C.InputsCompared = false; // what the part was given has no counterpart
   else

@@ -138,10 +138,10 @@ private:
                                        const TensorRecord *C, int64_t TargetCall);
 
   /// The error ratio of target values \p XT against reference values \p XR
-  /// (of dtype \p RefType) and, if given and as large, FP32 reference values
-  /// \p YR; none when the sizes differ.
-  std::optional<double> ratioValues(const Elements &XT, DType TargetType, const Elements &XR,
-                                    DType RefType, const Elements *YR) const;
+  /// (of dtype \p RefType) and, if as large (not empty), FP32 reference
+  /// values \p YR; none when the sizes of \p XT and \p XR differ.
+  std::optional<double> ratioValues(ArrayRef<double> XT, DType TargetType, ArrayRef<double> XR,
+                                    DType RefType, ArrayRef<double> YR) const;
 
   /// The largest ratio over a call's tensors of one role. \p AllCompared
   /// (if given) says whether every such tensor could be compared.

@@ -128,7 +128,7 @@ std::optional<OpFinding> Diagnoser::cacheWriteDrillDown(const ComponentRatio &C)
       if (!Past && !Stored)
         continue;
       std::optional<double> Ratio =
-          Stored ? ratioValues(*Stored, Cache->Type, Wanted, X->Type, nullptr)
+          Stored ? ratioValues(*Stored, Cache->Type, Wanted, X->Type, {})
                  : std::optional<double>(std::numeric_limits<double>::infinity());
       if (!elevated(Ratio))
         continue;

@@ -122,7 +122,7 @@ template <bool WithB> double sumOfSquares(const double *A, const double *B, size
 
 } // namespace
 
-double distance(const std::vector<double> &A, const std::vector<double> &B) {
+double distance(llvm::ArrayRef<double> A, llvm::ArrayRef<double> B) {
   size_t N = std::min(A.size(), B.size());
   double Fast = sumOfSquares<true>(A.data(), B.data(), N);
   if (std::isfinite(Fast))
@@ -144,7 +144,7 @@ double distance(const std::vector<double> &A, const std::vector<double> &B) {
   return std::sqrt(S);
 }
 
-double norm(const std::vector<double> &A) {
+double norm(llvm::ArrayRef<double> A) {
   double Fast = sumOfSquares<false>(A.data(), nullptr, A.size());
   if (std::isfinite(Fast))
     return std::sqrt(Fast);
@@ -304,16 +304,16 @@ std::optional<RatioSums> ratioSums(DType TT, llvm::StringRef XT, DType RT, llvm:
   return Out;
 }
 
-RatioSums ratioSums(const std::vector<double> &XT, const std::vector<double> &XR,
-                    const std::vector<double> *YR) {
+RatioSums ratioSums(llvm::ArrayRef<double> XT, llvm::ArrayRef<double> XR,
+                    llvm::ArrayRef<double> YR) {
   // The widened values are double tensors: the same kernel as for bytes.
   size_t N = std::min(XT.size(), XR.size());
-  auto Bytes = [N](const std::vector<double> &V) {
+  auto Bytes = [N](llvm::ArrayRef<double> V) {
     return llvm::StringRef(reinterpret_cast<const char *>(V.data()), N * sizeof(double));
   };
-  bool WithY = YR && YR->size() >= N && N > 0;
+  bool WithY = YR.size() >= N && N > 0;
   return *ratioSums(DType::F64, Bytes(XT), DType::F64, Bytes(XR), DType::F64,
-                    WithY ? Bytes(*YR) : llvm::StringRef(), N);
+                    WithY ? Bytes(YR) : llvm::StringRef(), N);
 }
 
 std::optional<size_t> firstDifference(const std::vector<double> &A, const std::vector<double> &B) {

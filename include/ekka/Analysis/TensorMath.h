@@ -4,6 +4,7 @@
 
 #include "ekka/Trace/TraceFormat.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <optional>
@@ -25,20 +26,20 @@ double unitRoundoff(DType Type);
 /// Non-finite elements: equal NaNs or infinities on both sides agree and
 /// add nothing; a NaN or infinity on one side only makes the distance
 /// infinite. The norm counts finite elements.
-double distance(const std::vector<double> &A, const std::vector<double> &B);
-double norm(const std::vector<double> &A);
+double distance(llvm::ArrayRef<double> A, llvm::ArrayRef<double> B);
+double norm(llvm::ArrayRef<double> A);
 
 /// The sums an error ratio needs, from one pass over the target's values
 /// XT, the reference's XR and (optional) the FP32 reference's YR, all of
-/// one size: with YR, Σ(XT−YR)², Σ(XR−YR)² and ΣYR²; without, Σ(XT−XR)² and
+/// one size (YR empty: none): with YR, Σ(XT−YR)², Σ(XR−YR)² and ΣYR²; without, Σ(XT−XR)² and
 /// ΣXR². Finite is false when any value is not (the sums are then to be
 /// computed element by element, as distance() does).
 struct RatioSums {
   double TR = 0, TY = 0, RY = 0, YY = 0, RR = 0;
   bool Finite = true;
 };
-RatioSums ratioSums(const std::vector<double> &XT, const std::vector<double> &XR,
-                    const std::vector<double> *YR);
+RatioSums ratioSums(llvm::ArrayRef<double> XT, llvm::ArrayRef<double> XR,
+                    llvm::ArrayRef<double> YR);
 
 /// The same sums straight from captured bytes, without widened copies:
 /// XT of dtype TT, XR of RT and, unless \p YR is empty, YR of YT, each
