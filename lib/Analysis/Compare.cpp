@@ -290,6 +290,12 @@ std::optional<double> Diagnoser::ratioFromBytes(const TensorRecord *A, const Ten
                      size_t(N));
   if (!S || !S->Finite)
     return std::nullopt;
+  // Bytes that are not the ones their statistics were computed from: read
+  // again as values, which says so (Side::matchesStats).
+  if (!T.matchesSum(*T.source(A), S->ST, size_t(N)) ||
+      !R.matchesSum(*R.source(B), S->SR, size_t(N)) ||
+      (YR && !F->matchesSum(*F->source(C), S->SY, size_t(N))))
+    return std::nullopt;
   return ratioFromSums(*S, YR.has_value(), A->Type, B->Type);
 }
 

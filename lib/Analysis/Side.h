@@ -106,6 +106,10 @@ struct Side {
   /// remembers a missing one.
   bool matchesStats(const TensorRecord &T, llvm::ArrayRef<double> V) const;
 
+  /// The same for a captured tensor's \p N values summed elsewhere (the
+  /// bytes' comparison kernel) to \p Sum.
+  bool matchesSum(const TensorRecord &T, double Sum, size_t N) const;
+
   /// A batch padded to one length: the root was given token ids [batch,
   /// seq] and an attention mask of that shape, zeros marking the padding.
   /// Then every tensor that starts with [batch, seq] is seen as a serving

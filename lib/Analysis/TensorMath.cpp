@@ -178,7 +178,7 @@ template <typename Fn> bool withLoader(DType Type, Fn &&F) {
 template <typename A, typename B, typename C>
 RatioSums bytesSums3(const char *X, const char *R, const char *Y, size_t N) {
   // Against an FP32 reference R needs no Σ(XT−XR)².
-  Double4 TY = {}, RY = {}, YY = {};
+  Double4 TY = {}, RY = {}, YY = {}, ST = {}, SR = {}, SY = {};
   size_t I = 0;
   for (; I + 4 <= N; I += 4) {
     Double4 XT = A::at4(X + I * A::Size), XR = B::at4(R + I * B::Size),
@@ -186,37 +186,52 @@ RatioSums bytesSums3(const char *X, const char *R, const char *Y, size_t N) {
     TY += (XT - YR) * (XT - YR);
     RY += (XR - YR) * (XR - YR);
     YY += YR * YR;
+    ST += XT;
+    SR += XR;
+    SY += YR;
   }
   for (; I < N; ++I) {
     double XT = A::at(X + I * A::Size), XR = B::at(R + I * B::Size), YR = C::at(Y + I * C::Size);
     TY[0] += (XT - YR) * (XT - YR);
     RY[0] += (XR - YR) * (XR - YR);
     YY[0] += YR * YR;
+    ST[0] += XT;
+    SR[0] += XR;
+    SY[0] += YR;
   }
   RatioSums S;
   S.TY = lanes::sum(TY);
   S.RY = lanes::sum(RY);
   S.YY = lanes::sum(YY);
+  S.ST = lanes::sum(ST);
+  S.SR = lanes::sum(SR);
+  S.SY = lanes::sum(SY);
   S.Finite = std::isfinite(S.TY + S.RY + S.YY);
   return S;
 }
 
 template <typename A, typename B> RatioSums bytesSums2(const char *X, const char *R, size_t N) {
-  Double4 TR = {}, RR = {};
+  Double4 TR = {}, RR = {}, ST = {}, SR = {};
   size_t I = 0;
   for (; I + 4 <= N; I += 4) {
     Double4 XT = A::at4(X + I * A::Size), XR = B::at4(R + I * B::Size);
     TR += (XT - XR) * (XT - XR);
     RR += XR * XR;
+    ST += XT;
+    SR += XR;
   }
   for (; I < N; ++I) {
     double XT = A::at(X + I * A::Size), XR = B::at(R + I * B::Size);
     TR[0] += (XT - XR) * (XT - XR);
     RR[0] += XR * XR;
+    ST[0] += XT;
+    SR[0] += XR;
   }
   RatioSums S;
   S.TR = lanes::sum(TR);
   S.RR = lanes::sum(RR);
+  S.ST = lanes::sum(ST);
+  S.SR = lanes::sum(SR);
   S.Finite = std::isfinite(S.TR + S.RR);
   return S;
 }
@@ -258,6 +273,9 @@ template <typename Fn> RatioSums inHalves(size_t N, Fn &&Sums) {
   First.RY += Second.RY;
   First.YY += Second.YY;
   First.RR += Second.RR;
+  First.ST += Second.ST;
+  First.SR += Second.SR;
+  First.SY += Second.SY;
   First.Finite = First.Finite && Second.Finite;
   return First;
 }

@@ -19,23 +19,10 @@ namespace ekka {
 
 namespace {
 
-TensorDims parseInts(StringRef Text) {
-  TensorDims Out;
-  Expected<json::Value> V = parseJSON(Text);
-  if (!V) {
-    consumeError(V.takeError());
-    return Out;
-  }
-  if (const json::Array *A = V->getAsArray())
-    for (const json::Value &E : *A)
-      if (auto N = E.getAsInteger())
-        Out.push_back(*N);
-  return Out;
-}
-
-/// A tensor row's shape: an array of sizes, 0 or more, whose product
-/// holds in 64 bits; none otherwise.
-std::optional<TensorDims> parseShape(StringRef Text) {
+/// A JSON array of integers (a kernel's grid, a tensor's strides); none
+/// for anything else. With \p Sizes, a tensor row's shape: each at least 0,
+/// and their product holds in 64 bits.
+std::optional<TensorDims> parseInts(StringRef Text, bool Sizes = false) {
   Expected<json::Value> V = parseJSON(Text);
   if (!V) {
     consumeError(V.takeError());
@@ -48,12 +35,14 @@ std::optional<TensorDims> parseShape(StringRef Text) {
   int64_t Elements = 1;
   for (const json::Value &E : *A) {
     auto N = E.getAsInteger();
-    if (!N || *N < 0 || __builtin_mul_overflow(Elements, *N, &Elements))
+    if (!N || (Sizes && (*N < 0 || __builtin_mul_overflow(Elements, *N, &Elements))))
       return std::nullopt;
     Out.push_back(*N);
   }
   return Out;
 }
+
+std::optional<TensorDims> parseShape(StringRef Text) { return parseInts(Text, /*Sizes=*/true); }
 
 std::string dimsText(ArrayRef<int64_t> Dims) {
   std::string Out = "[";
@@ -254,7 +243,8 @@ Expected<std::vector<KernelRecord>> TraceReader::kernels() {
         R.ModuleCallId = optionalInt(Row, 2);
         R.Seq = Row.columnInt(3);
         R.Name = Row.columnText(4).str();
-        TensorDims G = parseInts(Row.columnText(5)), B = parseInts(Row.columnText(6));
+        TensorDims G = parseInts(Row.columnText(5)).value_or(TensorDims()),
+                   B = parseInts(Row.columnText(6)).value_or(TensorDims());
         for (unsigned I = 0; I < 3; ++I) {
           R.Grid[I] = I < G.size() ? uint32_t(G[I]) : 0;
           R.Block[I] = I < B.size() ? uint32_t(B[I]) : 0;
@@ -309,7 +299,7 @@ Expected<std::vector<TensorRecord>> TraceReader::tensors() {
           return;
         }
         R.Shape = std::move(*Shape);
-        R.Strides = parseInts(Row.columnText(7));
+        R.Strides = parseInts(Row.columnText(7)).value_or(TensorDims());
         R.Device = Row.columnText(8).str();
         if (!Row.columnIsNull(13)) {
           TensorStats St;
@@ -388,7 +378,7 @@ Expected<TraceCounts> TraceReader::counts() {
           return;
         }
         uint64_t N = 1;
-        for (int64_t D : parseInts(Row.columnText(2)))
+        for (int64_t D : parseShape(Row.columnText(2)).value_or(TensorDims()))
           N *= uint64_t(D);
         ++Out.CapturedTensors;
         Out.CapturedBytes += dtypeBytes(*Type, N).value_or(0);

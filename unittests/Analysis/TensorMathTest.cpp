@@ -135,8 +135,11 @@ TEST_P(ByteLevelSums, AreThePlainSums) {
     for (DType A : {DType::F32, DType::BF16, DType::F16, DType::F64})
       for (DType B : {DType::F32, DType::BF16}) {
         Encoded ET = encode(A, T), ER = encode(B, R), EY = encode(DType::F32, Y);
-        double TR = 0, RR = 0, TY = 0, RY = 0, YY = 0;
+        double TR = 0, RR = 0, TY = 0, RY = 0, YY = 0, ST = 0, SR = 0, SY = 0;
         for (size_t I = 0; I < N; ++I) {
+          ST += T[I];
+          SR += R[I];
+          SY += Y[I];
           TR += (T[I] - R[I]) * (T[I] - R[I]);
           RR += R[I] * R[I];
           TY += (T[I] - Y[I]) * (T[I] - Y[I]);
@@ -152,11 +155,16 @@ TEST_P(ByteLevelSums, AreThePlainSums) {
         // Exact: every product and partial sum is a small multiple of 1/4.
         EXPECT_EQ(Two->TR, TR) << Case;
         EXPECT_EQ(Two->RR, RR) << Case;
+        EXPECT_EQ(Two->ST, ST) << Case; // the plain sums, which readers check
+        EXPECT_EQ(Two->SR, SR) << Case;
         auto Three = ratioSums(A, ET.Bytes, B, ER.Bytes, DType::F32, EY.Bytes, N);
         ASSERT_TRUE(Three.has_value()) << Case;
         EXPECT_EQ(Three->TY, TY) << Case;
         EXPECT_EQ(Three->RY, RY) << Case;
         EXPECT_EQ(Three->YY, YY) << Case;
+        EXPECT_EQ(Three->ST, ST) << Case;
+        EXPECT_EQ(Three->SR, SR) << Case;
+        EXPECT_EQ(Three->SY, SY) << Case;
       }
   }
   // Bytes of another size, a dtype it does not read: none.

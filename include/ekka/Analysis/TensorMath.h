@@ -33,9 +33,12 @@ double norm(llvm::ArrayRef<double> A);
 /// XT, the reference's XR and (optional) the FP32 reference's YR, all of
 /// one size (YR empty: none): with YR, Σ(XT−YR)², Σ(XR−YR)² and ΣYR²; without, Σ(XT−XR)² and
 /// ΣXR². Finite is false when any value is not (the sums are then to be
-/// computed element by element, as distance() does).
+/// computed element by element, as distance() does). ST, SR and SY are
+/// the plain sums ΣXT, ΣXR and ΣYR, which a reader checks against the
+/// statistics recorded with the bytes.
 struct RatioSums {
   double TR = 0, TY = 0, RY = 0, YY = 0, RR = 0;
+  double ST = 0, SR = 0, SY = 0;
   bool Finite = true;
 };
 RatioSums ratioSums(llvm::ArrayRef<double> XT, llvm::ArrayRef<double> XR,

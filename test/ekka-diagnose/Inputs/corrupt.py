@@ -41,9 +41,12 @@ elif kind == "overlap":       # every shard entry reading the first bytes
             begin, end = entry["data_offsets"]
             entry["data_offsets"] = [0, end - begin]
     write_header(entries, size)
-elif kind == "bytes":         # one F32 value of a captured tensor changed
-    key, = db.execute("SELECT key FROM tensors WHERE dtype = 'F32' AND shard IS NOT NULL "
-                      "ORDER BY id LIMIT 1").fetchone()
+elif kind in ("bytes", "bytes-input"):  # one F32 value of a captured tensor changed
+    # The first (the root's input) or the last module input (lm_head's,
+    # compared straight from the bytes, never widened to values).
+    key, = db.execute("SELECT key FROM tensors WHERE dtype = 'F32' AND shard IS NOT NULL " +
+                      ("AND role = 'input' ORDER BY id DESC " if kind == "bytes-input"
+                       else "ORDER BY id ") + "LIMIT 1").fetchone()
     size, entries = header()
     begin = 8 + size + entries[key]["data_offsets"][0]
     with open(shard, "r+b") as f:
