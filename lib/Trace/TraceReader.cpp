@@ -166,9 +166,27 @@ TraceReader::openRanks(StringRef Dir) {
       return makeError("'" + RankDir + "' is beyond the run's world_size " + World->second);
     Ranks.push_back(std::move(*R));
   }
+  if (Ranks.empty() && !startedRanks(Dir).empty())
+    return makeError("'" + Dir + "' holds no trace: its ranks began under ekka-trace, and none "
+                     "traced a module (rank-N/ holds only its start marker)");
   if (Ranks.empty())
     return makeError("'" + Dir + "' is not a trace directory (no trace.db, no rank-N/)");
   return Ranks;
+}
+
+std::vector<unsigned> TraceReader::startedRanks(StringRef Dir) {
+  std::vector<unsigned> Out;
+  std::error_code EC;
+  for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC; It.increment(EC)) {
+    StringRef Name = sys::path::filename(It->path());
+    unsigned Rank;
+    if (Name.consume_front("rank-") && !Name.getAsInteger(10, Rank) &&
+        sys::fs::exists(It->path() + "/" + StartedMarkerName.str()) &&
+        !sys::fs::exists(It->path() + "/" + TraceDatabaseName.str()))
+      Out.push_back(Rank);
+  }
+  llvm::sort(Out);
+  return Out;
 }
 
 Expected<std::vector<ModuleCallRecord>> TraceReader::moduleCalls() {

@@ -189,6 +189,25 @@ def _trace_dir(base):
     return base
 
 
+STARTED_MARKER = "started"
+
+
+def _mark_started(base):
+    """A rank of a distributed run leaves rank-N/started as it begins: its
+    trace starts only at its first module call, and a rank that runs none
+    (or is killed before) leaves no trace.db. Readers then tell such a rank
+    from one whose trace is missing (lost, or never run under Ekka)."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or _data_loader_worker():
+        return
+    directory = _trace_dir(base)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, STARTED_MARKER), "a") as f:
+            f.write(f"pid {os.getpid()}\n")
+    except OSError:
+        pass  # the trace itself says what is wrong with DIR, if it starts
+
+
 def _gpu_options():
     """GPU kernels are traced through the libcupti that ships with torch's
     CUDA wheels, when there is a GPU."""
@@ -973,6 +992,7 @@ class Trace:
         install(self.trace_dir, self.options, self.runtime_library)
         _state.trace_dir, _state.base_options = self.trace_dir, self.options
         _state.started, _state.active = False, True
+        _mark_started(self.trace_dir)
         _forget_roots()
         return self
 
@@ -1326,6 +1346,25 @@ def _set_aside(owner, name, module):
     setattr(cls, name, benchmark)
 
 
+def _wrap_init_process_group(dist):
+    """A rank whose environment says so only as it joins its group (mp.spawn
+    workers set RANK and WORLD_SIZE themselves, after importing torch)
+    leaves its start marker then."""
+    real = getattr(dist, "init_process_group", None)
+    if real is None or getattr(real, "_ekka_marks", False):
+        return
+
+    @functools.wraps(real)
+    def init_process_group_marked(*args, **kwargs):
+        result = real(*args, **kwargs)
+        state = _state
+        if state is not None and (os.environ.get("EKKA_TRACE_DIR") or state.active):
+            _mark_started(state.trace_dir)
+        return result
+    init_process_group_marked._ekka_marks = True
+    dist.init_process_group = init_process_group_marked
+
+
 def _wrap_exec():
     import posix  # os's own: a program may call posix.execv directly
 
@@ -1378,6 +1417,7 @@ def install(trace_dir, options="", runtime_library=None):
     _hide_hooks_from_compile_warning()
     _when_imported("torch._dynamo", _watch_compiles)
     _wrap_exec()
+    _when_imported("torch.distributed", _wrap_init_process_group)
     _wrap_export()
     _wrap_module_compile()
     for module, (owner, name) in _AUTOTUNER_BENCHMARKS.items():
@@ -1433,3 +1473,4 @@ def install_from_environment():
     trace_dir = os.environ.get("EKKA_TRACE_DIR")
     if trace_dir:
         install(trace_dir, os.environ.get("EKKA_TRACE_OPTIONS", ""))
+        _mark_started(trace_dir)

@@ -86,22 +86,44 @@ std::vector<std::unique_ptr<TraceReader>> openRanks(StringRef Flag, StringRef Di
   if (auto It = Meta.find("world_size");
       It != Meta.end() && !StringRef(It->second).getAsInteger(10, World) &&
       World > int64_t(Ranks->size())) {
-    // Which: a rank that ran no module left none, but so does one whose
-    // trace was lost; a pipeline stage's modules are then not compared.
+    // Which: one that began under Ekka left its start marker (it ran no
+    // module, or was killed before its first); one without is missing (its
+    // trace lost, or it did not run under Ekka) — and a pipeline stage's
+    // modules are then not compared. Traces before format 1.7 leave no
+    // marker.
     std::set<int64_t> Present;
     for (const auto &R : *Ranks)
       if (auto Rank = R->meta().find("rank"); Rank != R->meta().end())
         Present.insert(std::strtoll(Rank->second.c_str(), nullptr, 10));
-    std::string Missing;
-    unsigned Named = 0;
-    for (int64_t Rank = 0; Rank < World && Named < 8; ++Rank)
-      if (!Present.count(Rank))
-        Missing += (Named++ ? ", " : "") + std::to_string(Rank);
+    std::vector<unsigned> Started = TraceReader::startedRanks(Dir);
+    auto List = [&](bool Idle) {
+      std::string Text;
+      unsigned Named = 0, All = 0;
+      for (int64_t Rank = 0; Rank < World; ++Rank)
+        if (!Present.count(Rank) && llvm::is_contained(Started, unsigned(Rank)) == Idle &&
+            All++ < 8)
+          Text += (Named++ ? ", " : "") + std::to_string(Rank);
+      return std::make_pair(Text + (All > Named ? ", ..." : ""), All);
+    };
+    auto [Idle, IdleCount] = List(true);
+    auto [Missing, MissingCount] = List(false);
+    bool Marks = false;
+    if (auto Format = Meta.find("format"); Format != Meta.end()) {
+      auto [Major, Minor] = StringRef(Format->second).drop_front(11).split('.');
+      unsigned Ma = 0, Mi = 0;
+      Marks = !Major.getAsInteger(10, Ma) && !Minor.getAsInteger(10, Mi) &&
+              (Ma > 1 || (Ma == 1 && Mi >= 7));
+    }
     errs() << Tool << ": warning: --" << Flag << " holds " << Ranks->size() << " of its "
-           << World << " ranks' traces (none from rank " << Missing
-           << (World - int64_t(Ranks->size()) > int64_t(Named) ? ", ..." : "")
-           << "; a rank that ran no module leaves none): what a missing rank computed is not "
-              "compared, and sharded tensors are compared from the ranks present\n";
+           << World << " ranks' traces";
+    if (IdleCount)
+      errs() << "; rank" << (IdleCount > 1 ? "s " : " ") << Idle
+             << " began but traced no module (ran none, or was killed before its first)";
+    if (MissingCount)
+      errs() << "; none from rank" << (MissingCount > 1 ? "s " : " ") << Missing
+             << (Marks ? ", which left nothing (its trace lost, or it did not run under ekka-trace)"
+                       : " (a rank that ran no module leaves none)");
+    errs() << ": only the ranks present are compared, sharded tensors from their shards\n";
   }
   // What a trace says it lacks: what is missing is not compared, which the
   // verdict alone would not tell.

@@ -452,6 +452,13 @@ void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> 
     errs() << Tool << ": " << Main.counts()
            << (Ranks->size() > 1 ? ", " + std::to_string(Ranks->size()) + " ranks" : "")
            << format(", %.1f s", Seconds) << "; trace in " << Dir << "\n";
+  if (std::vector<unsigned> Idle = TraceReader::startedRanks(Dir); !Idle.empty()) {
+    std::string List;
+    for (unsigned Rank : Idle)
+      List += (List.empty() ? "" : ", ") + std::to_string(Rank);
+    errs() << Tool << ": note: rank" << (Idle.size() > 1 ? "s " : " ") << List
+           << " ran no torch.nn.Module (rank-N/ holds only its start marker)\n";
+  }
   if (Others.Traces)
     errs() << Tool << ": " << Others.Traces << " more process"
            << (Others.Traces > 1 ? "es" : "") << " traced: " << Others.counts() << "; in "
@@ -643,6 +650,11 @@ int runShow() {
                                          " more shards are missing)"
                                    : std::string());
   }
+  // Ranks that began under Ekka and traced no module left only their start
+  // marker: said, so that they are not taken for lost ones.
+  for (unsigned Rank : TraceReader::startedRanks(ShowArgs[0]))
+    outs() << "rank " << Rank << ": began, traced no module (" << ShowArgs[0] << "/rank-" << Rank
+           << "/ holds only its start marker)\n";
   if (!Missing.empty())
     exitWithError(Tool, makeError(Missing));
   return ExitSuccess;

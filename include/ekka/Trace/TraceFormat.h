@@ -26,10 +26,14 @@ namespace ekka {
 constexpr int TraceFormatMajor = 1;
 /// 1.1: tensors.source_id; 1.2: complex dtypes; 1.3: fnuz, e8m0 and fp4
 /// dtypes; 1.4: tensors.layout (sparse, nested and quantized tensors); 1.5:
-/// layout `jagged` (a jagged nested tensor's packed values); 1.6: meta dtype
-constexpr int TraceFormatMinor = 6;
+/// layout `jagged` (a jagged nested tensor's packed values); 1.6: meta dtype;
+/// 1.7: a rank's rank-N/started marker
+constexpr int TraceFormatMinor = 7;
 
 constexpr llvm::StringLiteral TraceDatabaseName = "trace.db";
+/// The file a rank of a distributed run leaves in its rank-N/ directory as
+/// it begins (its trace.db comes at its first module call, if any).
+constexpr llvm::StringLiteral StartedMarkerName = "started";
 /// The meta key that says what a trace lacks ("0": nothing), written as
 /// tracing stops; a trace without it was not closed. The writer adds the
 /// captures whose shard it could not write.

@@ -36,6 +36,11 @@ public:
   static llvm::Expected<std::vector<std::unique_ptr<TraceReader>>>
   openRanks(llvm::StringRef Dir);
 
+  /// The ranks of a multi-rank trace in \p Dir that began under Ekka (their
+  /// rank-N/ holds the start marker) but left no trace.db: they ran no
+  /// module, or were killed before their first. In rank order.
+  static std::vector<unsigned> startedRanks(llvm::StringRef Dir);
+
   const std::map<std::string, std::string> &meta() const { return Meta; }
   llvm::StringRef directory() const { return Dir; }
 
