@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 #include "CxxIndexerInternal.h"
 
+#include "clang/Basic/CharInfo.h"
 #include "clang/Lex/Lexer.h"
 
 using namespace clang;
@@ -41,6 +42,21 @@ std::string literalText(StringRef Spelling) {
     return Body.substr(Paren + 1, Body.size() - 2 * Paren - 2).str();
   }
   return Body.str();
+}
+
+/// A macro argument's tokens as the preprocessor would paste them: vLLM's
+/// CONCAT(TORCH_EXTENSION_NAME, _cache_ops) becomes
+/// `TORCH_EXTENSION_NAME_cache_ops`, the macro kept as written (as a plain
+/// TORCH_EXTENSION_NAME is). Anything else is joined as written.
+std::string pasted(ArrayRef<StringRef> Toks) {
+  std::string Out;
+  bool Paste = Toks.size() > 2 && Toks[0].ends_with("CONCAT") && Toks[1] == "(";
+  for (size_t I = Paste ? 2 : 0; I < Toks.size(); ++I) {
+    bool Inner = I + 1 < Toks.size() && Toks[I + 1] == "(";
+    if (!Paste || (isAsciiIdentifierStart(Toks[I].front()) && !Inner))
+      Out += Toks[I];
+  }
+  return Out;
 }
 
 class RegistrationScanner {
@@ -71,23 +87,30 @@ private:
     next();
     if (!Tok.is(tok::l_paren))
       return;
+    // Arguments split at top-level commas: vLLM names a sub-library
+    // CONCAT(TORCH_EXTENSION_NAME, _cache_ops), with commas of its own.
     std::vector<std::string> Args;
-    std::string Arg;
-    for (next(); !Tok.isOneOf(tok::r_paren, tok::eof); next()) {
-      if (Tok.is(tok::comma)) {
-        Args.push_back(Arg);
+    SmallVector<StringRef, 8> Arg;
+    unsigned Depth = 1;
+    for (next(); Depth && !Tok.is(tok::eof); next()) {
+      if (Tok.is(tok::l_paren)) {
+        ++Depth;
+      } else if (Tok.is(tok::r_paren) && --Depth == 0) {
+        break;
+      } else if (Tok.is(tok::comma) && Depth == 1) {
+        Args.push_back(pasted(Arg));
         Arg.clear();
-      } else {
-        Arg += spelling().str();
+        continue;
       }
+      Arg.push_back(spelling());
     }
-    Args.push_back(Arg);
+    Args.push_back(pasted(Arg));
     next();
     if (Args.size() < 2 || !Tok.is(tok::l_brace) || Macro == "TORCH_LIBRARY_IMPL_DECLARATION")
       return;
     std::string Namespace = Args.front(), Var = Args.back();
     std::string Key = Args.size() >= 3 ? Args[1] : "";
-    unsigned Depth = 1;
+    Depth = 1;
     for (next(); Depth && !Tok.is(tok::eof); next()) {
       if (Tok.is(tok::l_brace))
         ++Depth;
