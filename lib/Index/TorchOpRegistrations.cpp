@@ -7,6 +7,7 @@
 //   TORCH_LIBRARY(zoo, m) { m.def("paged_attention(Tensor(a!) out, ...) -> ()"); }
 //   TORCH_LIBRARY_IMPL(zoo, CPU, m) { m.impl("paged_attention", pagedAttention); }
 //   TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) { ops.impl("x", torch::kCUDA, &x); }
+//   STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) { m.impl("x", TORCH_BOX(&x)); }
 //
 // A raw lexer finds these blocks (Clang skips function bodies, and the
 // macros hide them in a static initializer) and records each `def` and
@@ -68,7 +69,7 @@ public:
   void run() {
     next();
     while (!Tok.is(tok::eof)) {
-      if (Tok.is(tok::raw_identifier) && Tok.getRawIdentifier().starts_with("TORCH_LIBRARY"))
+      if (Tok.is(tok::raw_identifier) && isBlockMacro(Tok.getRawIdentifier()))
         block();
       else
         next();
@@ -76,6 +77,13 @@ public:
   }
 
 private:
+  /// TORCH_LIBRARY*, and the stable ABI's STABLE_TORCH_LIBRARY* of the same
+  /// shape.
+  static bool isBlockMacro(StringRef Id) {
+    Id.consume_front("STABLE_");
+    return Id.starts_with("TORCH_LIBRARY");
+  }
+
   void next() { Lex.LexFromRawLexer(Tok); }
   unsigned offset() const { return unsigned(Tok.getLocation().getRawEncoding()); }
   unsigned lineOf(unsigned Offset) const { return 1 + Text.take_front(Offset).count('\n'); }
@@ -179,15 +187,15 @@ private:
     D.LineEnd = lineOf(End > Start ? End - 1 : Start);
     D.FoundByLexer = true;
     // The implementing function: the last argument that names one
-    // (`&fn`, `TORCH_FN(fn)`, `torch::kCUDA, fn`); dispatch keys are kept
-    // apart.
+    // (`&fn`, `TORCH_FN(fn)`, the stable ABI's `TORCH_BOX(&fn)`,
+    // `torch::kCUDA, fn`); dispatch keys are kept apart.
     std::string Function, Key = BlockKey;
     for (const std::string &A : Rest) {
       StringRef S(A);
       if (S.starts_with("torch::k") || S.starts_with("at::k") || S.starts_with("c10::k") ||
           S.contains("DispatchKey"))
         Key = S.rsplit("::").second.empty() ? A : S.rsplit("::").second.str();
-      else if (S == "TORCH_FN" || S == "TORCH_FN_TYPE" || S == "dispatch" ||
+      else if (S == "TORCH_FN" || S == "TORCH_FN_TYPE" || S == "TORCH_BOX" || S == "dispatch" ||
                S.ends_with("::dispatch") || S.empty())
         continue; // wrappers around the function
       else
