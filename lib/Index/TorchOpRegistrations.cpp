@@ -129,6 +129,74 @@ private:
     }
   }
 
+  /// Skips the balanced group that opens at the current token (`{...}`,
+  /// `[...]`, `<...>`) and stops on its closing token. Only its own kind of
+  /// bracket counts: a lambda's body may compare with `<`.
+  void skipGroup(tok::TokenKind Open, tok::TokenKind Close) {
+    for (int Depth = 0; !Tok.is(tok::eof); next()) {
+      if (Tok.is(Open))
+        ++Depth;
+      else if (Tok.is(Close))
+        --Depth;
+      else if (Close == tok::greater && Tok.is(tok::greatergreater))
+        Depth -= 2;
+      else if (Close == tok::greater && Tok.is(tok::greatergreatergreater))
+        Depth -= 3; // CUDA's launch token, lexed in `a<b<c<int>>>`
+      if (Depth <= 0)
+        return;
+    }
+  }
+
+  /// Skips a lambda from its `[` to the `}` of its body.
+  void skipLambda() {
+    skipGroup(tok::l_square, tok::r_square);
+    for (next(); !Tok.isOneOf(tok::l_brace, tok::r_paren, tok::comma, tok::eof); next())
+      if (Tok.is(tok::l_paren))
+        skipGroup(tok::l_paren, tok::r_paren);
+    if (Tok.is(tok::l_brace))
+      skipGroup(tok::l_brace, tok::r_brace);
+  }
+
+  /// Reads a registration's arguments after its name, up to the closing
+  /// `)`, into names: dispatch keys, wrappers and functions. Returns the
+  /// offset just past the `)`.
+  unsigned registrationArguments(std::vector<std::string> &Rest) {
+    std::string Arg;
+    unsigned Depth = 1;
+    unsigned End = offset();
+    bool AfterName = false;
+    // Names are split at commas and parentheses at any depth, so that
+    // `torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(fn))` gives the
+    // wrapper, the key and the function apart.
+    for (; Depth && !Tok.is(tok::eof); next()) {
+      End = offset() + Tok.getLength();
+      bool Split = Tok.isOneOf(tok::l_paren, tok::r_paren, tok::comma);
+      if (Split && !Arg.empty()) {
+        Rest.push_back(Arg);
+        Arg.clear();
+      }
+      if (Tok.is(tok::l_paren)) {
+        ++Depth;
+      } else if (Tok.is(tok::r_paren) && --Depth == 0) {
+        break;
+      } else if (Tok.is(tok::l_brace)) {
+        skipGroup(tok::l_brace, tok::r_brace); // tags: `{stride_tag}`
+      } else if (Tok.is(tok::l_square) && Arg.empty()) {
+        // A lambda is its own implementation, defined right here.
+        Rest.push_back(("(lambda at line " + Twine(lineOf(offset())) + ")").str());
+        skipLambda();
+      } else if (Tok.is(tok::less) && AfterName) {
+        skipGroup(tok::less, tok::greater); // `&fn<float>` is found as `fn`
+      } else if (Tok.is(tok::raw_identifier) || Tok.is(tok::coloncolon)) {
+        Arg += spelling().str();
+      }
+      AfterName = Tok.is(tok::raw_identifier);
+    }
+    if (!Arg.empty())
+      Rest.push_back(Arg);
+    return End;
+  }
+
   /// var . def|impl ( "name..." , args... ) ;
   void registration(const std::string &Namespace, const std::string &BlockKey) {
     unsigned Start = offset();
@@ -153,28 +221,7 @@ private:
       return;
     // The arguments after the name: a dispatch key, the function.
     std::vector<std::string> Rest;
-    std::string Arg;
-    unsigned Depth = 1;
-    unsigned End = offset();
-    // Names are split at commas and parentheses at any depth, so that
-    // `torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(fn))` gives the
-    // wrapper, the key and the function apart.
-    for (; Depth && !Tok.is(tok::eof); next()) {
-      End = offset() + Tok.getLength();
-      bool Split = Tok.isOneOf(tok::l_paren, tok::r_paren, tok::comma);
-      if (Split && !Arg.empty()) {
-        Rest.push_back(Arg);
-        Arg.clear();
-      }
-      if (Tok.is(tok::l_paren))
-        ++Depth;
-      else if (Tok.is(tok::r_paren) && --Depth == 0)
-        break;
-      if (Tok.is(tok::raw_identifier) || Tok.is(tok::coloncolon))
-        Arg += spelling().str();
-    }
-    if (!Arg.empty())
-      Rest.push_back(Arg);
+    unsigned End = registrationArguments(Rest);
     StringRef Name = StringRef(Schema).split('(').first.trim();
     Name = Name.split('.').first; // an overload name: `op.out`
     Definition D;
