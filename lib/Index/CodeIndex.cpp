@@ -7,6 +7,7 @@
 #include "ekka/Support/JSON.h"
 
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FileSystem.h"
@@ -676,18 +677,36 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findKernel(StringRef Symbol)
              "function-name");
 }
 
+/// Whether an op registered in namespace \p Recorded is the op a trace
+/// names in \p Asked. A namespace written as a macro (vLLM's
+/// TORCH_EXTENSION_NAME, which the build sets to `_C`) stands for any; one
+/// pasted from a macro and a suffix (`TORCH_EXTENSION_NAME_cache_ops`, which
+/// is `_C_cache_ops`) for any that ends with the suffix.
+static bool opNamespaceMatches(StringRef Recorded, StringRef Asked) {
+  if (Recorded == Asked)
+    return true;
+  StringRef Macro = Recorded.take_while([](char C) { return isUpper(C) || C == '_'; });
+  if (Macro.empty() || Macro.find_if([](char C) { return isUpper(C); }) == StringRef::npos)
+    return false;
+  if (Macro.size() == Recorded.size())
+    return true;
+  if (!Macro.ends_with("_"))
+    return false; // `MyLib`: a name, not a macro
+  StringRef Suffix = Recorded.drop_front(Macro.rtrim('_').size());
+  return Asked.size() > Suffix.size() && Asked.ends_with(Suffix);
+}
+
 Expected<std::vector<IndexedDefinition>> CodeIndex::findOp(StringRef Name) {
   Name = Name.trim();
-  StringRef Base = Name.contains("::") ? Name.rsplit("::").second : Name;
-  // A namespace written as a macro (vLLM's TORCH_EXTENSION_NAME, which the
-  // build sets to `_C`) stands for any: such registrations match by name.
-  auto Ops = selectDefinitions(
-      "d.kind = 'op' AND (d.qualified_name = ?1 OR (?1 = ?2 AND d.name = ?2) OR "
-      "(d.name = ?2 AND d.qualified_name GLOB '[A-Z_]*::*' AND "
-      "NOT substr(d.qualified_name, 1, instr(d.qualified_name, '::')) GLOB '*[a-z0-9]*'))",
-      {Name.str(), Base.str()});
+  auto [Namespace, Base] =
+      Name.contains("::") ? Name.rsplit("::") : std::pair(StringRef(), Name);
+  auto Ops = selectDefinitions("d.kind = 'op' AND d.name = ?1", {Base.str()});
   if (!Ops)
     return Ops;
+  llvm::erase_if(*Ops, [&](const IndexedDefinition &Op) {
+    return !Namespace.empty() &&
+           !opNamespaceMatches(StringRef(Op.Def.QualifiedName).rsplit("::").first, Namespace);
+  });
   // The implementing functions, once each, in the registrations' order.
   std::vector<IndexedDefinition> Out = *Ops;
   std::set<std::string> Seen;

@@ -1,12 +1,11 @@
 //===- PythonIndexer.cpp - Python definitions via tree-sitter ------------===//
 #include "ekka/Index/PythonIndexer.h"
+#include "PythonIndexerInternal.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
-
-#include <tree_sitter/api.h>
 
 #include <cstring>
 #include <memory>
@@ -103,17 +102,6 @@ TSParser *threadParser() {
   return Parser.get();
 }
 
-/// Calls F on each child (named or not) of N, in order, in O(children).
-template <typename Fn> void forEachChild(TSNode N, Fn F) {
-  TSTreeCursor C = ts_tree_cursor_new(N);
-  if (ts_tree_cursor_goto_first_child(&C)) {
-    do
-      F(ts_tree_cursor_current_node(&C));
-    while (ts_tree_cursor_goto_next_sibling(&C));
-  }
-  ts_tree_cursor_delete(&C);
-}
-
 struct Scope {
   std::string Prefix; ///< Qualified-name prefix for definitions in it.
   int ClassIndex = -1; ///< The class whose body this is, or -1.
@@ -135,6 +123,7 @@ public:
     Top.Prefix = ModuleName.str();
     TSNode Root = ts_tree_root_node(Tree.get());
     visit(Root, Top);
+    findPythonOpRegistrations(Root, Source, ModuleName, Out);
     Out.ParseErrors = countErrors(Root);
     return std::move(Out);
   }

@@ -5,6 +5,8 @@
 #include "llvm/Demangle/Demangle.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <set>
+
 using namespace llvm;
 
 namespace ekka {
@@ -47,9 +49,24 @@ std::string SourceLocator::op(StringRef Name) const {
       consumeError(Defs.takeError());
       continue;
     }
+    // A fake implementation (`register_fake`, vLLM's fake_impl) only makes
+    // output shapes for tracing: the source to name is the real one.
+    std::set<std::string> Fake, Real;
+    for (const IndexedDefinition &D : *Defs)
+      if (D.Def.Kind == DefinitionKind::Op)
+        for (const std::string &F : D.Def.Bases)
+          (D.Def.Decorators == std::vector<std::string>{"Fake"} ? Fake : Real).insert(F);
+    auto Rank = [&](const IndexedDefinition &D) {
+      if (D.Relation.empty())
+        return 0;
+      auto Named = [&](const std::set<std::string> &S) {
+        return S.count(D.Def.QualifiedName) || S.count(D.Def.Name);
+      };
+      return Named(Fake) && !Named(Real) ? 1 : 2;
+    };
     const IndexedDefinition *Best = nullptr;
     for (const IndexedDefinition &D : *Defs)
-      if (!Best || (!D.Relation.empty() && Best->Relation.empty()))
+      if (!Best || Rank(D) > Rank(*Best))
         Best = &D;
     if (Best)
       return Best->File + ":" + std::to_string(Best->Def.LineStart) +

@@ -147,20 +147,22 @@ void printWithSource(raw_ostream &OS, const IndexedDefinition &R) {
   OS << "# ";
   printHeader(OS, R);
   OS << '\n';
+  bool IsOp = R.Def.Kind == DefinitionKind::Op;
   if (!R.Def.Bases.empty())
-    OS << (R.Def.Kind == DefinitionKind::Op ? "# implemented by: " : "# bases: ")
-       << joined(R.Def.Bases)
-       << (R.Def.Kind == DefinitionKind::Op && !R.Def.Decorators.empty()
-               ? " (dispatch key " + joined(R.Def.Decorators) + ")"
-               : std::string())
+    OS << (IsOp ? "# implemented by: " : "# bases: ") << joined(R.Def.Bases)
+       << (!IsOp || R.Def.Decorators.empty() ? std::string()
+           : R.Def.Decorators == std::vector<std::string>{"Fake"}
+               ? " (fake implementation)"
+               : " (dispatch key " + joined(R.Def.Decorators) + ")")
        << '\n';
   if (!R.Def.Methods.empty())
     OS << "# methods: " << joined(R.Def.Methods) << '\n';
   if (!R.Def.MangledName.empty())
     OS << "# mangled: " << R.Def.MangledName << '\n';
-  if (R.Def.Kind == DefinitionKind::Op)
-    OS << "# registered in a TORCH_LIBRARY block" << (R.Def.IsDeclaration ? " (schema)" : "")
-       << '\n';
+  if (IsOp)
+    OS << (R.Language == "python" ? "# registered from Python (torch.library)"
+                                  : "# registered in a TORCH_LIBRARY block")
+       << (R.Def.IsDeclaration ? " (schema)" : "") << '\n';
   else if (R.Def.FoundByLexer)
     OS << "# found by the lexer: in code the parser did not see (an inactive #if branch, "
           "or names from a missing header)\n";

@@ -128,4 +128,28 @@ TEST_F(CxxIndexerTest, OnlyWantedFilesAreRecordedAndIncludesListed) {
   EXPECT_NE(llvm::find(TU.Includes, Header), TU.Includes.end());
 }
 
+TEST_F(CxxIndexerTest, RegistrationArgumentsThatAreNotTheFunction) {
+  // `>>>` is one token in CUDA (a launch); a lambda's body compares with `<`;
+  // tags come in braces.
+  std::string Main = write("ops.cu", R"(TORCH_LIBRARY(t, m) {
+  m.impl("nested", torch::kCPU, &ns::op<std::pair<int, std::pair<int, int>>>);
+  m.def("lambda(Tensor a) -> Tensor", [](at::Tensor a) { return a.size(0) < 2 ? a : a; });
+  m.def("tagged(Tensor a) -> Tensor", {at::Tag::pointwise, at::Tag::core});
+  m.impl("after", &after);
+}
+)");
+  FileDefinitions F = index(Main);
+  auto Bases = [&](StringRef Op) {
+    const Definition *D = find(F, Op, DefinitionKind::Op);
+    return D ? D->Bases : std::vector<std::string>{"(not found)"};
+  };
+  EXPECT_EQ(Bases("t::nested"), std::vector<std::string>{"ns::op"});
+  EXPECT_EQ(Bases("t::lambda"), std::vector<std::string>{"(lambda at line 3)"});
+  EXPECT_EQ(Bases("t::tagged"), std::vector<std::string>{});
+  EXPECT_EQ(Bases("t::after"), std::vector<std::string>{"after"});
+  const Definition *Tagged = find(F, "t::tagged", DefinitionKind::Op);
+  ASSERT_TRUE(Tagged);
+  EXPECT_TRUE(Tagged->IsDeclaration);
+}
+
 } // namespace

@@ -114,4 +114,43 @@ TEST(PythonIndexer, PackageInitResolvesDotToItself) {
   EXPECT_EQ(F.Imports[0].Target, "pkg.models.base.Model");
 }
 
+/// Each `op` registration as `namespace::op <- function [key]`.
+std::vector<std::string> ops(const FileDefinitions &F) {
+  std::vector<std::string> Out;
+  for (const Definition &D : F.Definitions)
+    if (D.Kind == DefinitionKind::Op)
+      Out.push_back(D.QualifiedName + " <- " + (D.Bases.empty() ? "" : D.Bases[0]) +
+                    (D.Decorators.empty() ? "" : " [" + D.Decorators[0] + "]"));
+  return Out;
+}
+
+TEST(PythonIndexer, OpRegistrationsThroughImportsAndOpObjects) {
+  FileDefinitions F = indexPythonSource(R"(
+from torch.library import custom_op, register_fake
+from torch import library as tl
+import kernels
+
+@custom_op("mylib::plain", mutates_args=())
+def plain(x): return x
+
+def setup():
+    my_lib = tl.Library("mine", "IMPL", "CUDA")
+    my_lib.impl("gemm.out", kernels.gemm_out)
+
+    @tl.impl(my_lib, "scale", "CPU")
+    def scale_cpu(x): return x
+
+register_fake(torch.ops.mylib.plain.default, lambda x: x)
+tl.define("mylib::schema_only(Tensor x) -> Tensor", "(Tensor x) -> Tensor")
+unrelated.impl("mylib::nothing", fn)
+)", "pkg.mod", false);
+  EXPECT_EQ(ops(F), (std::vector<std::string>{
+                        "mylib::plain <- pkg.mod.plain",
+                        "mine::gemm <- kernels.gemm_out [CUDA]",
+                        "mine::scale <- pkg.mod.setup.<locals>.scale_cpu [CPU]",
+                        "mylib::plain <- (lambda at line 16) [Fake]",
+                        "mylib::schema_only <- ",
+                    }));
+}
+
 } // namespace

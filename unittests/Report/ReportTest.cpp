@@ -1,7 +1,9 @@
 //===- ReportTest.cpp - Text, JSON, HTML and mapping reports ---------------===//
 #include "ekka/Report/Report.h"
+#include "ekka/Index/CodeIndex.h"
 
 #include "llvm/ADT/StringRef.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
 
 #include <gtest/gtest.h>
@@ -208,6 +210,46 @@ TEST(Report, OnlyAKnownGoodPairCalibrates) {
   ASSERT_TRUE(bool(Back)) << toString(Back.takeError());
   ASSERT_EQ(Back->size(), 1u);
   EXPECT_EQ((*Back)[0].Transpose, std::make_pair(0, 1));
+}
+
+TEST(SourceLocatorTest, AnOpIsTracedToItsImplementationNotItsFake) {
+  // vLLM's direct_register_custom_op registers both on one line; the fake
+  // is stored first here, so only the preference can pick the real one.
+  SmallString<128> Dir;
+  ASSERT_FALSE(sys::fs::createUniqueDirectory("ekka-sources", Dir));
+  std::string Path = (Dir + "/index.db").str();
+  {
+    auto Index = CodeIndex::openForWriting(Path);
+    ASSERT_TRUE(bool(Index)) << toString(Index.takeError());
+    ASSERT_FALSE(bool((*Index)->beginBatch()));
+    FileDefinitions F;
+    auto Add = [&](StringRef Name, StringRef Qualified, DefinitionKind K, unsigned Line) {
+      Definition D;
+      D.Name = Name.str();
+      D.QualifiedName = Qualified.str();
+      D.Kind = K;
+      D.LineStart = D.LineEnd = Line;
+      F.Definitions.push_back(D);
+      return &F.Definitions.back();
+    };
+    Add("attn_fake", "layer.attn_fake", DefinitionKind::Function, 1);
+    Add("attn", "layer.attn", DefinitionKind::Function, 4);
+    Definition *Fake = Add("attn", "vllm::attn", DefinitionKind::Op, 7);
+    Fake->Bases = {"layer.attn_fake"};
+    Fake->Decorators = {"Fake"};
+    Add("attn", "vllm::attn", DefinitionKind::Op, 7)->Bases = {"layer.attn"};
+    IndexedFile File;
+    File.Path = "/repo/layer.py";
+    File.Module = "layer";
+    ASSERT_FALSE(bool((*Index)->storeFile(File, "", F)));
+    ASSERT_FALSE(bool((*Index)->commitBatch()));
+    ASSERT_FALSE(bool((*Index)->finish()));
+  }
+  auto Index = CodeIndex::openForReading(Path);
+  ASSERT_TRUE(bool(Index)) << toString(Index.takeError());
+  CodeIndex *Indexes[] = {Index->get()};
+  EXPECT_EQ(SourceLocator(Indexes).op("vllm::attn"), "/repo/layer.py:4 (attn)");
+  sys::fs::remove_directories(Dir);
 }
 
 } // namespace
