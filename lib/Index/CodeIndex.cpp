@@ -303,7 +303,7 @@ Error CodeIndex::commitBatch() { return Db->exec("COMMIT"); }
 
 Expected<StringMap<IndexedFileState>> CodeIndex::fileStates() {
   StringMap<IndexedFileState> States;
-  auto S = Db->prepare("SELECT path, size, mtime_ns, hash, status, module FROM files");
+  auto S = Db->prepare("SELECT path, size, mtime_ns, hash, status, module, recorded_by FROM files");
   if (!S)
     return S.takeError();
   if (Error E = S->forEachRow([&](const SQLiteStatement &R) {
@@ -313,6 +313,7 @@ Expected<StringMap<IndexedFileState>> CodeIndex::fileStates() {
         St.Hash = R.columnText(3).str();
         St.Status = R.columnText(4).str();
         St.Module = R.columnText(5).str();
+        St.RecordedBy = R.columnText(6).str();
       }))
     return E;
   return States;
@@ -470,6 +471,23 @@ CodeIndex::includersOf(const std::vector<std::string> &RealPaths) {
                        "SELECT f.path FROM file_includes i JOIN files f ON f.id = i.file_id "
                        "WHERE i.included_path = ?1",
                        RealPaths);
+}
+
+Expected<StringMap<std::vector<std::string>>>
+CodeIndex::includersOfEach(const std::vector<std::string> &RealPaths) {
+  auto S = Db->prepare("SELECT f.path FROM file_includes i JOIN files f ON f.id = i.file_id "
+                       "WHERE i.included_path = ?1");
+  if (!S)
+    return S.takeError();
+  StringMap<std::vector<std::string>> Out;
+  for (const std::string &P : RealPaths) {
+    std::vector<std::string> &Mains = Out[P];
+    S->bind(1, P);
+    if (Error E = S->forEachRow(
+            [&](const SQLiteStatement &R) { Mains.push_back(R.columnText(0).str()); }))
+      return E;
+  }
+  return Out;
 }
 
 Expected<std::vector<std::string>>
