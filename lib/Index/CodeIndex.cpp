@@ -6,6 +6,7 @@
 #include "ekka/Support/Error.h"
 #include "ekka/Support/JSON.h"
 
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringSwitch.h"
@@ -17,6 +18,7 @@
 #include <cerrno>
 #include <deque>
 #include <set>
+#include <tuple>
 #include <signal.h>
 
 using namespace llvm;
@@ -706,12 +708,24 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findOp(StringRef Name) {
       {Name.str(), Base.str()});
   if (!Ops)
     return Ops;
-  // The implementing functions, once each, in the registrations' order.
-  std::vector<IndexedDefinition> Out = *Ops;
+  // The implementing functions, once each. First those a registration names
+  // (the qualified name as written: `&rms_norm` is the global rms_norm),
+  // then other C++ functions of that simple name (in the registration's file
+  // first, then the least qualified), then Python ones: a wrapper that calls
+  // torch.ops._C.rms_norm has the name but is not the implementation, and a
+  // report names the first.
+  struct Candidate {
+    int Rank;
+    bool OtherFile;
+    size_t Depth;
+    IndexedDefinition D;
+  };
+  std::vector<Candidate> Impls;
   std::set<std::string> Seen;
+  DenseMap<int64_t, size_t> ImplAt; // a definition two registrations name: its best rank
   for (const IndexedDefinition &Op : *Ops)
     for (const std::string &Function : Op.Def.Bases) {
-      StringRef Fn = StringRef(Function).ltrim("&");
+      StringRef Fn = StringRef(Function).ltrim("&").ltrim(":");
       if (!Seen.insert(Fn.str()).second)
         continue;
       StringRef Simple = Fn.contains("::") ? Fn.rsplit("::").second : Fn;
@@ -722,10 +736,28 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findOp(StringRef Name) {
       if (!Impl)
         return Impl.takeError();
       for (IndexedDefinition &D : *Impl) {
+        bool Python = D.Language == "python";
+        int Rank = Python ? 2 : D.Def.QualifiedName == Fn ? 0 : 1;
+        auto [It, New] = ImplAt.try_emplace(D.Id, Impls.size());
+        if (!New) {
+          Impls[It->second].Rank = std::min(Impls[It->second].Rank, Rank);
+          continue;
+        }
+        size_t Depth = StringRef(D.Def.QualifiedName).count("::");
         D.Relation = "implements " + Op.Def.QualifiedName;
-        Out.push_back(std::move(D));
+        Impls.push_back({Rank, D.File != Op.File, Depth, std::move(D)});
       }
     }
+  llvm::stable_sort(Impls, [](const Candidate &A, const Candidate &B) {
+    if (A.Rank != B.Rank)
+      return A.Rank < B.Rank;
+    if (A.Rank != 1)
+      return false; // in the registrations' order, then by path
+    return std::tie(A.OtherFile, A.Depth) < std::tie(B.OtherFile, B.Depth);
+  });
+  std::vector<IndexedDefinition> Out = std::move(*Ops);
+  for (Candidate &C : Impls)
+    Out.push_back(std::move(C.D));
   return Out;
 }
 
