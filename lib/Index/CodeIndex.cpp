@@ -153,6 +153,15 @@ std::string likePattern(StringRef Text) {
   return P + "%";
 }
 
+/// Whether a decorator (as written, without the `@`) makes a Triton kernel:
+/// `triton.jit`, `triton.autotune(...)`, `triton.heuristics(...)`, or the
+/// same imported bare (`from triton import jit`).
+bool isTritonDecorator(const std::string &Decorator) {
+  StringRef Callee = StringRef(Decorator).split('(').first.trim();
+  Callee.consume_front("triton.");
+  return Callee == "jit" || Callee == "autotune" || Callee == "heuristics";
+}
+
 /// Removes INDEX.tmp-PID files left by builds that were killed (their PID is
 /// gone), so a crash leaves no lasting litter next to the index.
 void removeStaleTemporaries(StringRef Path) {
@@ -690,10 +699,19 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findKernel(StringRef Symbol)
   auto ByName = selectDefinitions("d.kind = 'kernel' AND d.name = ?1", {Base.str()});
   if (!ByName || !ByName->empty())
     return Tag(std::move(ByName), "name");
-  // Triton kernels are Python functions; CUPTI reports their plain name.
-  return Tag(selectDefinitions("d.kind = 'function' AND d.language = 'python' AND d.name = ?1",
-                               {Base.str()}),
-             "function-name");
+  // Triton kernels are Python functions; CUPTI reports their plain name. A
+  // qualified or mangled name is a C++ kernel that is not indexed, and a
+  // Python function that is not jitted (a launcher of the same name) is not
+  // a kernel.
+  if (Base != Symbol)
+    return std::vector<IndexedDefinition>();
+  auto Triton = selectDefinitions(
+      "d.kind = 'function' AND d.language = 'python' AND d.name = ?1", {Base.str()});
+  if (Triton)
+    llvm::erase_if(*Triton, [](const IndexedDefinition &D) {
+      return !llvm::any_of(D.Def.Decorators, isTritonDecorator);
+    });
+  return Tag(std::move(Triton), "function-name");
 }
 
 Expected<std::vector<IndexedDefinition>> CodeIndex::findOp(StringRef Name) {

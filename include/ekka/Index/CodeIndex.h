@@ -116,8 +116,9 @@ public:
   llvm::Expected<std::vector<IndexedDefinition>> subclasses(llvm::StringRef Name,
                                                             bool Transitive);
   /// The definition of a kernel from its runtime symbol (see KernelSymbol.h).
-  /// Falls back to functions of that name (Triton kernels are Python
-  /// functions); Relation says which rule matched.
+  /// A plain name falls back to Python functions of that name decorated
+  /// with triton.jit, autotune or heuristics (Triton kernels); Relation says
+  /// which rule matched.
   llvm::Expected<std::vector<IndexedDefinition>> findKernel(llvm::StringRef Symbol);
   /// A PyTorch custom op by its registered name (`zoo::paged_attention`, or
   /// the name without its namespace): its registrations (`def`, `impl`),
