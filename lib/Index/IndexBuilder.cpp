@@ -114,9 +114,11 @@ public:
     if (Options.Log)
       for (const auto &[Path, Why] : Walk.Skipped)
         *Options.Log << "skipped " << Path << " (" << Why << ")\n";
-    Summary.Skipped += Walk.SymlinkLoops + Walk.Unreadable;
+    Summary.Skipped += Walk.SymlinkLoops + Walk.OutsideRoot + Walk.Unreadable;
     if (Walk.SymlinkLoops)
       Summary.SkipReasons["symlink-loop"] += Walk.SymlinkLoops;
+    if (Walk.OutsideRoot)
+      Summary.SkipReasons["outside-root"] += Walk.OutsideRoot;
     if (Walk.Unreadable)
       Summary.SkipReasons["unreadable"] += Walk.Unreadable;
     auto Counts = (*Index)->counts();
@@ -491,12 +493,16 @@ private:
 
   /// Files indexed under the roots last time that the walk did not find.
   std::vector<std::string> goneFiles(const StringMap<IndexedFileState> &Stored) {
+    // A root's files are named by real paths; an index that named them by
+    // the path given (a symlinked one) has those entries dropped too.
     std::vector<std::string> AbsRoots;
     for (const std::string &Root : Options.Roots) {
-      SmallString<256> Abs(Root);
+      SmallString<256> Abs(Root), Real;
       sys::fs::make_absolute(Abs);
       sys::path::remove_dots(Abs, true);
       AbsRoots.push_back(Abs.str().str());
+      if (!sys::fs::real_path(Abs, Real) && Real != Abs)
+        AbsRoots.push_back(Real.str().str());
     }
     std::vector<std::string> Out;
     for (const auto &Entry : Stored) {
