@@ -6,6 +6,7 @@
 #include "ekka/Support/Error.h"
 #include "ekka/Support/JSON.h"
 
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
@@ -18,6 +19,7 @@
 #include <cerrno>
 #include <deque>
 #include <set>
+#include <tuple>
 #include <signal.h>
 
 using namespace llvm;
@@ -150,6 +152,15 @@ std::string likePattern(StringRef Text) {
     P += C;
   }
   return P + "%";
+}
+
+/// Whether a decorator (as written, without the `@`) makes a Triton kernel:
+/// `triton.jit`, `triton.autotune(...)`, `triton.heuristics(...)`, or the
+/// same imported bare (`from triton import jit`).
+bool isTritonDecorator(const std::string &Decorator) {
+  StringRef Callee = StringRef(Decorator).split('(').first.trim();
+  Callee.consume_front("triton.");
+  return Callee == "jit" || Callee == "autotune" || Callee == "heuristics";
 }
 
 /// Removes INDEX.tmp-PID files left by builds that were killed (their PID is
@@ -304,7 +315,7 @@ Error CodeIndex::commitBatch() { return Db->exec("COMMIT"); }
 
 Expected<StringMap<IndexedFileState>> CodeIndex::fileStates() {
   StringMap<IndexedFileState> States;
-  auto S = Db->prepare("SELECT path, size, mtime_ns, hash, status, module FROM files");
+  auto S = Db->prepare("SELECT path, size, mtime_ns, hash, status, module, recorded_by FROM files");
   if (!S)
     return S.takeError();
   if (Error E = S->forEachRow([&](const SQLiteStatement &R) {
@@ -314,6 +325,7 @@ Expected<StringMap<IndexedFileState>> CodeIndex::fileStates() {
         St.Hash = R.columnText(3).str();
         St.Status = R.columnText(4).str();
         St.Module = R.columnText(5).str();
+        St.RecordedBy = R.columnText(6).str();
       }))
     return E;
   return States;
@@ -471,6 +483,23 @@ CodeIndex::includersOf(const std::vector<std::string> &RealPaths) {
                        "SELECT f.path FROM file_includes i JOIN files f ON f.id = i.file_id "
                        "WHERE i.included_path = ?1",
                        RealPaths);
+}
+
+Expected<StringMap<std::vector<std::string>>>
+CodeIndex::includersOfEach(const std::vector<std::string> &RealPaths) {
+  auto S = Db->prepare("SELECT f.path FROM file_includes i JOIN files f ON f.id = i.file_id "
+                       "WHERE i.included_path = ?1");
+  if (!S)
+    return S.takeError();
+  StringMap<std::vector<std::string>> Out;
+  for (const std::string &P : RealPaths) {
+    std::vector<std::string> &Mains = Out[P];
+    S->bind(1, P);
+    if (Error E = S->forEachRow(
+            [&](const SQLiteStatement &R) { Mains.push_back(R.columnText(0).str()); }))
+      return E;
+  }
+  return Out;
 }
 
 Expected<std::vector<std::string>>
@@ -671,10 +700,19 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findKernel(StringRef Symbol)
   auto ByName = selectDefinitions("d.kind = 'kernel' AND d.name = ?1", {Base.str()});
   if (!ByName || !ByName->empty())
     return Tag(std::move(ByName), "name");
-  // Triton kernels are Python functions; CUPTI reports their plain name.
-  return Tag(selectDefinitions("d.kind = 'function' AND d.language = 'python' AND d.name = ?1",
-                               {Base.str()}),
-             "function-name");
+  // Triton kernels are Python functions; CUPTI reports their plain name. A
+  // qualified or mangled name is a C++ kernel that is not indexed, and a
+  // Python function that is not jitted (a launcher of the same name) is not
+  // a kernel.
+  if (Base != Symbol)
+    return std::vector<IndexedDefinition>();
+  auto Triton = selectDefinitions(
+      "d.kind = 'function' AND d.language = 'python' AND d.name = ?1", {Base.str()});
+  if (Triton)
+    llvm::erase_if(*Triton, [](const IndexedDefinition &D) {
+      return !llvm::any_of(D.Def.Decorators, isTritonDecorator);
+    });
+  return Tag(std::move(Triton), "function-name");
 }
 
 /// Whether an op registered in namespace \p Recorded is the op a trace
@@ -707,12 +745,24 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findOp(StringRef Name) {
     return !Namespace.empty() &&
            !opNamespaceMatches(StringRef(Op.Def.QualifiedName).rsplit("::").first, Namespace);
   });
-  // The implementing functions, once each, in the registrations' order.
-  std::vector<IndexedDefinition> Out = *Ops;
+  // The implementing functions, once each. First those a registration names
+  // (the qualified name as written: `&rms_norm` is the global rms_norm),
+  // then other C++ functions of that simple name (in the registration's file
+  // first, then the least qualified), then Python ones: a wrapper that calls
+  // torch.ops._C.rms_norm has the name but is not the implementation, and a
+  // report names the first.
+  struct Candidate {
+    int Rank;
+    bool OtherFile;
+    size_t Depth;
+    IndexedDefinition D;
+  };
+  std::vector<Candidate> Impls;
   std::set<std::string> Seen;
+  DenseMap<int64_t, size_t> ImplAt; // a definition two registrations name: its best rank
   for (const IndexedDefinition &Op : *Ops)
     for (const std::string &Function : Op.Def.Bases) {
-      StringRef Fn = StringRef(Function).ltrim("&");
+      StringRef Fn = StringRef(Function).ltrim("&").ltrim(":");
       if (!Seen.insert(Fn.str()).second)
         continue;
       StringRef Simple = Fn.contains("::") ? Fn.rsplit("::").second : Fn;
@@ -723,10 +773,28 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findOp(StringRef Name) {
       if (!Impl)
         return Impl.takeError();
       for (IndexedDefinition &D : *Impl) {
+        bool Python = D.Language == "python";
+        int Rank = D.Def.QualifiedName == Fn ? 0 : Python ? 2 : 1;
+        auto [It, New] = ImplAt.try_emplace(D.Id, Impls.size());
+        if (!New) {
+          Impls[It->second].Rank = std::min(Impls[It->second].Rank, Rank);
+          continue;
+        }
+        size_t Depth = StringRef(D.Def.QualifiedName).count("::");
         D.Relation = "implements " + Op.Def.QualifiedName;
-        Out.push_back(std::move(D));
+        Impls.push_back({Rank, D.File != Op.File, Depth, std::move(D)});
       }
     }
+  llvm::stable_sort(Impls, [](const Candidate &A, const Candidate &B) {
+    if (A.Rank != B.Rank)
+      return A.Rank < B.Rank;
+    if (A.Rank != 1)
+      return false; // in the registrations' order, then by path
+    return std::tie(A.OtherFile, A.Depth) < std::tie(B.OtherFile, B.Depth);
+  });
+  std::vector<IndexedDefinition> Out = std::move(*Ops);
+  for (Candidate &C : Impls)
+    Out.push_back(std::move(C.D));
   return Out;
 }
 

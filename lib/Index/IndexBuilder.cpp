@@ -20,7 +20,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <mutex>
+#include <set>
 
 using namespace llvm;
 
@@ -90,26 +92,33 @@ public:
     if (!Stored)
       return Stored.takeError();
 
+    for (const SourceFile &F : *Files)
+      if (wanted(F.Language))
+        WalkedByPath[F.Path] = &F;
+    Gone = goneFiles(*Stored);
     selectWork(*Files, *Stored);
     ThreadPoolStrategy Strategy = hardware_concurrency(Options.Jobs);
     DefaultThreadPool Pool(Strategy);
     phase("walk");
     readAndParsePython(Pool, *Stored);
-    if (Error E = addDependentWork(**Index, *Files, *Stored))
+    if (Error E = addDependentWork(**Index, *Stored))
       return E;
     phase("read+python");
-    parseCxx(Pool);
+    if (Error E = parseCxx(Pool, **Index, *Stored, *Files))
+      return E;
     phase("c++");
-    if (Error E = write(**Index, *Files, *Stored))
+    if (Error E = write(**Index, *Stored))
       return E;
     phase("write");
 
     if (Options.Log)
       for (const auto &[Path, Why] : Walk.Skipped)
         *Options.Log << "skipped " << Path << " (" << Why << ")\n";
-    Summary.Skipped += Walk.SymlinkLoops + Walk.Unreadable;
+    Summary.Skipped += Walk.SymlinkLoops + Walk.OutsideRoot + Walk.Unreadable;
     if (Walk.SymlinkLoops)
       Summary.SkipReasons["symlink-loop"] += Walk.SymlinkLoops;
+    if (Walk.OutsideRoot)
+      Summary.SkipReasons["outside-root"] += Walk.OutsideRoot;
     if (Walk.Unreadable)
       Summary.SkipReasons["unreadable"] += Walk.Unreadable;
     auto Counts = (*Index)->counts();
@@ -164,11 +173,14 @@ private:
       W.Module = std::move(Module);
       W.IsPackageInit = sys::path::filename(F.Path) == "__init__.py";
       Work.push_back(std::move(W));
+      WorkAt[F.Path] = &Work.back();
     }
   }
 
   void readOne(FileWork &W, const StringMap<IndexedFileState> &Stored) {
     const SourceFile &F = *W.File;
+    W.Result = FileWork::Outcome::Parse;
+    W.Status = "indexed";
     auto Skip = [&](StringRef Why) {
       W.Status = Why.str();
       W.Result = FileWork::Outcome::Skipped;
@@ -221,18 +233,50 @@ private:
     Pool.wait();
   }
 
-  void parseCxx(DefaultThreadPool &Pool) {
-    StringMap<FileWork *> ByRealPath;
+  /// A translation unit's record of a file that this run did not set out to
+  /// parse: kept if it is what a fresh build would keep (see parseCxx).
+  struct Offer {
+    std::string RecordedBy;
+    FileDefinitions Defs;
+  };
+
+  /// The state of one build's C++ parsing.
+  struct CxxRun {
+    StringMap<FileWork *> WorkByReal;             ///< C++ work to parse.
+    StringMap<const SourceFile *> WalkedByReal;   ///< Every C++ file walked.
+    StringMap<Offer> Offers;                      ///< By real path.
+    StringSet<> Parsed;                           ///< Main files parsed.
+    std::mutex Mutex;
+  };
+
+  /// Parses the C++ work. Every translation unit records every C++ file it
+  /// contains; a file keeps the record of its own unit, else that of the
+  /// source including it whose path sorts first, else (no source includes
+  /// it) that of a header unit. A fresh build parses every source and gets
+  /// there directly. An incremental one parses the changed units and those
+  /// whose records depend on them (addDependentWork), then settles what they
+  /// cannot tell alone: a header they now include first takes their record
+  /// (adoptOffers), and a header whose first includer is a unit not parsed
+  /// (its recorder was removed or stopped including it) has that unit parsed
+  /// too (firstIncludersNotParsed). So each header is recorded as a fresh
+  /// build would record it.
+  Error parseCxx(DefaultThreadPool &Pool, CodeIndex &Index,
+                 const StringMap<IndexedFileState> &Stored,
+                 const std::vector<SourceFile> &Files) {
+    CxxRun Run;
     std::vector<FileWork *> Sources, Headers;
     for (FileWork &W : Work) {
       if (W.File->Language == SourceLanguage::Python ||
           W.Result != FileWork::Outcome::Parse)
         continue;
-      ByRealPath[W.File->RealPath] = &W;
+      Run.WorkByReal[W.File->RealPath] = &W;
       (isHeaderPath(W.File->Path) ? Headers : Sources).push_back(&W);
     }
-    if (ByRealPath.empty())
-      return;
+    if (Run.WorkByReal.empty())
+      return Error::success();
+    for (const SourceFile &F : Files)
+      if (F.Language != SourceLanguage::Python && wanted(F.Language))
+        Run.WalkedByReal[F.RealPath] = &F;
 
     CxxIndexerOptions CxxOptions;
     for (const std::string &Root : Options.Roots)
@@ -257,101 +301,220 @@ private:
         sys::fs::remove_directories(TempDir);
     });
 
-    // Every translation unit records every wanted file it contains; of
-    // those records, a file keeps the one of its own unit, else the one of
-    // the includer whose path sorts first. So the index does not depend on
-    // which thread finished first, and an incremental build that re-parses
-    // a header's includers records it as a cold build would.
-    std::mutex ResultMutex;
-    auto Wanted = [&](StringRef RealPath) { return ByRealPath.count(RealPath) != 0; };
     ProgressBar Bar("parsing C/C++/CUDA", Sources.size() + Headers.size());
-    auto ParseOne = [&](FileWork *W) {
-      if (isHeaderPath(W->File->Path)) {
-        std::lock_guard<std::mutex> Lock(ResultMutex);
-        if (W->Claimed) { // recorded by a source that includes it
+    auto ParseAll = [&](ArrayRef<FileWork *> Units) {
+      for (FileWork *W : Units)
+        Pool.async([&, W] {
+          parseUnit(Indexer, Run, *W);
           Bar.advance();
-          return;
-        }
-      }
-      auto TUStart = std::chrono::steady_clock::now();
-      CxxTranslationUnit TU =
-          Indexer.indexTranslationUnit(W->File->Path, W->File->Language, Wanted);
-      double TUSeconds = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - TUStart).count();
-      std::lock_guard<std::mutex> Lock(ResultMutex);
-      W->Includes = std::move(TU.Includes);
-      for (CxxFileDefinitions &R : TU.Files) {
-        auto It = ByRealPath.find(R.RealPath);
-        if (It == ByRealPath.end())
-          continue;
-        FileWork *Target = It->second;
-        bool Own = Target == W;
-        bool Better = !Target->Claimed || Own ||
-                      (Target->RecordedBy != Target->File->Path &&
-                       W->File->Path < Target->RecordedBy);
-        if (!Better)
-          continue;
-        Target->Defs = std::move(R.Definitions);
-        Target->RecordedBy = W->File->Path;
-        Target->Claimed = true;
-      }
-      if (Options.Log)
-        *Options.Log << "parsed " << W->File->Path << format(" in %.2f s", TUSeconds)
-                     << " (" << TU.Files.size() << " files recorded, " << TU.ParseErrors
-                     << " errors)\n";
-      Bar.advance();
+        });
+      Pool.wait();
     };
     // Sources first: a header is cheapest to index as part of a translation
     // unit that includes it anyway; headers no source includes come after.
-    for (FileWork *W : Sources)
-      Pool.async([&, W] { ParseOne(W); });
-    Pool.wait();
-    for (FileWork *W : Headers)
-      Pool.async([&, W] { ParseOne(W); });
-    Pool.wait();
+    ParseAll(Sources);
+    adoptOffers(Run, Stored);
+    auto Firsts = firstIncludersNotParsed(Index, Run, Headers);
+    if (!Firsts)
+      return Firsts.takeError();
+    if (!Firsts->empty()) {
+      std::vector<FileWork *> Again;
+      for (const SourceFile *F : *Firsts)
+        if (FileWork *W = addForcedWork(*F, Stored)) {
+          Run.WorkByReal[F->RealPath] = W;
+          Again.push_back(W);
+        }
+      Bar.restart("parsing C/C++/CUDA", Again.size() + Headers.size());
+      ParseAll(Again);
+      adoptOffers(Run, Stored);
+    }
+    ParseAll(Headers);
+    return Error::success();
   }
 
-  /// C++ files whose record depends on a changed file: the translation
-  /// units that include it are parsed again, and with them every file they
-  /// recorded. Without this a changed macro in a header would leave the
-  /// kernels that use it, and the headers it reaches, as they were.
-  Error addDependentWork(CodeIndex &Index, const std::vector<SourceFile> &Files,
-                         const StringMap<IndexedFileState> &Stored) {
-    std::vector<std::string> Changed;
-    StringSet<> InWork;
-    for (FileWork &W : Work) {
-      InWork.insert(W.File->Path);
-      if (W.File->Language != SourceLanguage::Python &&
-          W.Result == FileWork::Outcome::Parse)
-        Changed.push_back(W.File->RealPath);
+  void parseUnit(CxxIndexer &Indexer, CxxRun &Run, FileWork &W) {
+    bool IsHeader = isHeaderPath(W.File->Path);
+    if (IsHeader) {
+      std::lock_guard<std::mutex> Lock(Run.Mutex);
+      if (W.Claimed) // recorded by a source that includes it
+        return;
     }
+    auto TUStart = std::chrono::steady_clock::now();
+    CxxTranslationUnit TU = Indexer.indexTranslationUnit(
+        W.File->Path, W.File->Language,
+        [&](StringRef RealPath) { return Run.WalkedByReal.count(RealPath) != 0; });
+    double TUSeconds = std::chrono::duration<double>(
+                           std::chrono::steady_clock::now() - TUStart).count();
+    std::lock_guard<std::mutex> Lock(Run.Mutex);
+    Run.Parsed.insert(W.File->Path);
+    W.Includes = std::move(TU.Includes);
+    for (CxxFileDefinitions &R : TU.Files) {
+      FileWork *Target = Run.WorkByReal.lookup(R.RealPath);
+      if (!Target) {
+        // A file this run did not set out to parse: only a source's record
+        // can replace what the index holds (adoptOffers decides).
+        if (IsHeader)
+          continue;
+        Offer &O = Run.Offers[R.RealPath];
+        if (O.RecordedBy.empty() || W.File->Path < O.RecordedBy)
+          O = {W.File->Path, std::move(R.Definitions)};
+        continue;
+      }
+      bool Own = Target == &W;
+      bool Better = !Target->Claimed || Own ||
+                    (Target->RecordedBy != Target->File->Path &&
+                     W.File->Path < Target->RecordedBy);
+      if (!Better)
+        continue;
+      Target->Defs = std::move(R.Definitions);
+      Target->RecordedBy = W.File->Path;
+      Target->Claimed = true;
+    }
+    if (Options.Log)
+      *Options.Log << "parsed " << W.File->Path << format(" in %.2f s", TUSeconds)
+                   << " (" << TU.Files.size() << " files recorded, " << TU.ParseErrors
+                   << " errors)\n";
+  }
+
+  /// A header that a parsed source includes and that was recorded by a unit
+  /// sorting after it (or by no source at all) takes that source's record:
+  /// the source is new, or includes it now.
+  void adoptOffers(CxxRun &Run, const StringMap<IndexedFileState> &Stored) {
+    for (auto &Entry : Run.Offers) {
+      const SourceFile *F = Run.WalkedByReal.lookup(Entry.getKey());
+      if (!F || !isHeaderPath(F->Path))
+        continue; // a source is always its own unit's record
+      Offer &O = Entry.getValue();
+      auto It = Stored.find(F->Path);
+      StringRef Old = It == Stored.end() ? StringRef() : StringRef(It->second.RecordedBy);
+      if (!Old.empty() && !isHeaderPath(Old) && Old <= StringRef(O.RecordedBy))
+        continue;
+      FileWork *W = addForcedWork(*F, Stored);
+      if (!W || W->Result != FileWork::Outcome::Parse)
+        continue;
+      W->Defs = std::move(O.Defs);
+      W->RecordedBy = O.RecordedBy;
+      W->Claimed = true;
+      Run.WorkByReal[F->RealPath] = W;
+    }
+    Run.Offers.clear();
+  }
+
+  /// Sources not parsed in this run that include one of \p Headers and sort
+  /// before the unit that recorded it (or it has no record yet): the first
+  /// includer's record is the one to keep, so they must be parsed.
+  Expected<std::vector<const SourceFile *>>
+  firstIncludersNotParsed(CodeIndex &Index, CxxRun &Run, ArrayRef<FileWork *> Headers) {
+    std::vector<const SourceFile *> Out;
+    if (Headers.empty())
+      return Out;
+    std::vector<std::string> Reals;
+    for (const FileWork *H : Headers)
+      Reals.push_back(H->File->RealPath);
+    auto Includers = Index.includersOfEach(Reals);
+    if (!Includers)
+      return Includers.takeError();
+    std::set<std::string> Chosen;
+    for (const FileWork *H : Headers) {
+      const SourceFile *First = nullptr;
+      for (const std::string &Main : (*Includers)[H->File->RealPath]) {
+        if (isHeaderPath(Main) || Run.Parsed.count(Main))
+          continue;
+        auto It = WalkedByPath.find(Main);
+        const SourceFile *F = It == WalkedByPath.end() ? nullptr : It->second;
+        if (!F || (H->Claimed && Main >= H->RecordedBy) || (First && Main >= First->Path))
+          continue;
+        First = F;
+      }
+      if (First && Chosen.insert(First->Path).second)
+        Out.push_back(First);
+    }
+    return Out;
+  }
+
+  /// \p F as work to parse although unchanged (counted as unchanged by
+  /// selectWork); the work already there if \p F is in it (a time stamp
+  /// moved).
+  FileWork *addForcedWork(const SourceFile &F, const StringMap<IndexedFileState> &Stored) {
+    if (FileWork *W = WorkAt.lookup(F.Path)) {
+      if (W->Result == FileWork::Outcome::Touched) {
+        W->ForceParse = true;
+        readOne(*W, Stored);
+      }
+      return W;
+    }
+    Work.emplace_back();
+    FileWork &W = Work.back();
+    WorkAt[F.Path] = &W;
+    W.File = &F;
+    W.ForceParse = true;
+    --Summary.Unchanged;
+    readOne(W, Stored);
+    return &W;
+  }
+
+  /// C++ files whose record depends on a changed or removed file: the
+  /// translation units of changed files and those that include a changed or
+  /// removed file are parsed again, and with them every file they recorded.
+  /// Without this a changed macro in a header would leave the kernels that
+  /// use it, and the headers it reaches, as they were; a changed or removed
+  /// source would leave the headers it recorded as it saw them.
+  Error addDependentWork(CodeIndex &Index, const StringMap<IndexedFileState> &Stored) {
+    std::vector<std::string> Changed, Mains;
+    for (FileWork &W : Work) {
+      if (W.File->Language != SourceLanguage::Python &&
+          W.Result == FileWork::Outcome::Parse) {
+        Changed.push_back(W.File->RealPath);
+        Mains.push_back(W.File->Path);
+      }
+    }
+    for (const std::string &Path : Gone)
+      if (languageForPath(Path) != SourceLanguage::Python) {
+        Changed.push_back(Path);
+        Mains.push_back(Path);
+      }
     if (Changed.empty())
       return Error::success();
-    auto Mains = Index.includersOf(Changed);
-    if (!Mains)
-      return Mains.takeError();
-    auto Recorded = Index.filesRecordedBy(*Mains);
+    auto Includers = Index.includersOf(Changed);
+    if (!Includers)
+      return Includers.takeError();
+    Mains.insert(Mains.end(), Includers->begin(), Includers->end());
+    auto Recorded = Index.filesRecordedBy(Mains);
     if (!Recorded)
       return Recorded.takeError();
-    StringMap<const SourceFile *> ByPath;
-    for (const SourceFile &F : Files)
-      ByPath[F.Path] = &F;
-    size_t Before = Work.size();
-    for (const std::vector<std::string> *List : {&*Mains, &*Recorded})
+    for (const std::vector<std::string> *List : {&*Includers, &*Recorded})
       for (const std::string &Path : *List) {
-        auto It = ByPath.find(Path);
-        if (It == ByPath.end() || !wanted(It->second->Language) ||
-            !InWork.insert(Path).second)
-          continue;
-        FileWork W;
-        W.File = It->second;
-        W.ForceParse = true;
-        Work.push_back(std::move(W));
-        --Summary.Unchanged; // counted as unchanged by selectWork
+        auto It = WalkedByPath.find(Path);
+        if (It != WalkedByPath.end())
+          addForcedWork(*It->second, Stored);
       }
-    for (size_t I = Before; I < Work.size(); ++I)
-      readOne(Work[I], Stored);
     return Error::success();
+  }
+
+  /// Files indexed under the roots last time that the walk did not find.
+  std::vector<std::string> goneFiles(const StringMap<IndexedFileState> &Stored) {
+    // A root's files are named by real paths; an index that named them by
+    // the path given (a symlinked one) has those entries dropped too.
+    std::vector<std::string> AbsRoots;
+    for (const std::string &Root : Options.Roots) {
+      SmallString<256> Abs(Root), Real;
+      sys::fs::make_absolute(Abs);
+      sys::path::remove_dots(Abs, true);
+      AbsRoots.push_back(Abs.str().str());
+      if (!sys::fs::real_path(Abs, Real) && Real != Abs)
+        AbsRoots.push_back(Real.str().str());
+    }
+    std::vector<std::string> Out;
+    for (const auto &Entry : Stored) {
+      StringRef Path = Entry.getKey();
+      auto Lang = languageForPath(Path);
+      if (WalkedByPath.count(Path) || !Lang || !wanted(*Lang))
+        continue;
+      if (llvm::any_of(AbsRoots, [&](const std::string &R) { return underRoot(Path, R); }))
+        Out.push_back(Path.str());
+    }
+    llvm::sort(Out);
+    return Out;
   }
 
   static bool underRoot(StringRef Path, StringRef Root) {
@@ -361,8 +524,7 @@ private:
            (Root.ends_with("/") || Path.substr(Root.size()).starts_with("/"));
   }
 
-  Error write(CodeIndex &Index, const std::vector<SourceFile> &Files,
-              const StringMap<IndexedFileState> &Stored) {
+  Error write(CodeIndex &Index, const StringMap<IndexedFileState> &Stored) {
     if (Error E = Index.beginBatch())
       return E;
     bool Changed = false;
@@ -407,29 +569,11 @@ private:
         return E;
     }
 
-    // Files that were indexed under these roots and are gone now.
-    StringSet<> Present;
-    for (const SourceFile &F : Files)
-      if (wanted(F.Language))
-        Present.insert(F.Path);
-    std::vector<std::string> AbsRoots;
-    for (const std::string &Root : Options.Roots) {
-      SmallString<256> Abs(Root);
-      sys::fs::make_absolute(Abs);
-      sys::path::remove_dots(Abs, true);
-      AbsRoots.push_back(Abs.str().str());
-    }
-    for (const auto &Entry : Stored) {
-      StringRef Path = Entry.getKey();
-      auto Lang = languageForPath(Path);
-      if (Present.count(Path) || !Lang || !wanted(*Lang))
-        continue;
-      if (llvm::any_of(AbsRoots, [&](const std::string &R) { return underRoot(Path, R); })) {
-        if (Error E = Index.removeFile(Path))
-          return E;
-        ++Summary.Removed;
-        Changed = true;
-      }
+    for (const std::string &Path : Gone) {
+      if (Error E = Index.removeFile(Path))
+        return E;
+      ++Summary.Removed;
+      Changed = true;
     }
     if (Changed)
       if (Error E = Index.rebuildSubclassLinks())
@@ -438,7 +582,10 @@ private:
   }
 
   const IndexBuildOptions &Options;
-  std::vector<FileWork> Work;
+  std::deque<FileWork> Work; ///< Grows while C++ is parsed: no reallocation.
+  StringMap<FileWork *> WorkAt; ///< Work by path.
+  StringMap<const SourceFile *> WalkedByPath; ///< Files walked, of wanted languages.
+  std::vector<std::string> Gone;              ///< Indexed last time, not walked now.
   IndexBuildSummary Summary;
   std::chrono::steady_clock::time_point PhaseStart = std::chrono::steady_clock::now();
 };

@@ -120,6 +120,27 @@ private:
     } else {
       if (auto T = single(lookup(ByQualified, false, Base), Sub))
         return link(Sub, Written, *T, "qualified");
+      // A qualified base says where it lives: only a class whose qualified
+      // name ends with what was written can be it (`detail::Inner` in `fi`
+      // is `fi::detail::Inner`). `cutlass::Base`, from a library the index
+      // does not hold, is not the index's one `mine::Base`.
+      StringRef Name = Base;
+      bool Global = Name.consume_front("::");
+      if (Global || Name.contains("::")) {
+        if (Global)
+          if (auto T = single(lookup(ByQualified, false, Name), Sub))
+            return link(Sub, Written, *T, "qualified");
+        std::string Suffix = ("::" + Name.str());
+        std::vector<size_t> Candidates;
+        if (!Global)
+          if (const std::vector<size_t> *Named = lookup(ByName, false, Last))
+            for (size_t C : *Named)
+              if (StringRef(Classes[C].QualifiedName).ends_with(Suffix))
+                Candidates.push_back(C);
+        if (auto T = single(&Candidates, Sub))
+          return link(Sub, Written, *T, "unique-name");
+        return std::nullopt;
+      }
     }
     if (auto T = single(lookup(ByName, Sub.IsPython, Last), Sub))
       return link(Sub, Written, *T, "unique-name");

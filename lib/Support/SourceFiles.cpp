@@ -80,19 +80,33 @@ public:
       skip(Path, "unreadable", Stats.Unreadable);
       return;
     }
+    // Named by its real path: the same tree indexed through a symlinked path
+    // is the same files, not a second copy of each.
     SourceFile F;
-    F.Path = Path.str();
-    F.RealPath = Real.str().str();
+    F.Path = Real.str().str();
+    F.RealPath = F.Path;
     F.Size = St.getSize();
     F.MTimeNs = toNanoseconds(St.getLastModificationTime());
     F.Language = *Lang;
     Out.push_back(std::move(F));
   }
 
+  /// Walks one root (a real path), never leaving it through a symlink.
+  void walkRoot(StringRef Root) {
+    Boundary = Root;
+    walkDirectory(Root, /*ViaLink=*/false);
+  }
+
   void walkDirectory(StringRef Dir, bool ViaLink) {
     SmallString<256> Real;
     if (sys::fs::real_path(Dir, Real)) {
       skip(Dir, "unreadable", Stats.Unreadable);
+      return;
+    }
+    // A link out of the root (`up -> ..`) would index whatever lies outside
+    // it, a whole file system at worst.
+    if (ViaLink && !isUnder(Real, Boundary)) {
+      skip(Dir, "outside-root", Stats.OutsideRoot);
       return;
     }
     // A directory reached a second time through a symlink is a loop (or an
@@ -122,7 +136,12 @@ public:
         if (!isSkippedDirectory(Name))
           walkDirectory(Path, IsLink);
       } else if (sys::fs::is_regular_file(St)) {
-        addFile(Path, St);
+        SmallString<256> Real;
+        if (IsLink && languageForPath(Path) && !sys::fs::real_path(Path, Real) &&
+            !isUnder(Real, Boundary))
+          skip(Path, "outside-root", Stats.OutsideRoot);
+        else
+          addFile(Path, St);
       }
     }
     if (EC)
@@ -130,9 +149,16 @@ public:
   }
 
 private:
+  static bool isUnder(StringRef Path, StringRef Root) {
+    return Path == Root ||
+           (Path.starts_with(Root) &&
+            (Root.ends_with("/") || Path.substr(Root.size()).starts_with("/")));
+  }
+
   std::vector<SourceFile> &Out;
   WalkStats &Stats;
   StringSet<> SeenDirs;
+  std::string Boundary; ///< Real path of the root being walked.
 };
 
 } // namespace
@@ -149,8 +175,11 @@ collectSourceFiles(ArrayRef<std::string> Roots, WalkStats &Stats) {
     sys::fs::file_status St;
     if (std::error_code EC = sys::fs::status(Abs, St))
       return makeError("cannot read '" + Root + "': " + EC.message());
+    SmallString<256> Real;
+    if (std::error_code EC = sys::fs::real_path(Abs, Real))
+      return makeError("cannot resolve '" + Root + "': " + EC.message());
     if (sys::fs::is_directory(St))
-      Walker.walkDirectory(Abs, /*ViaLink=*/false);
+      Walker.walkRoot(Real);
     else if (sys::fs::is_regular_file(St))
       Walker.addFile(Abs, St);
     else

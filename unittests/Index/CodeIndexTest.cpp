@@ -41,7 +41,11 @@ protected:
     FileDefinitions Py;
     Py.Definitions.push_back(def("Attention", "models.llama.Attention",
                                  DefinitionKind::Class, 0, Text.size() - 1));
-    Py.Definitions.push_back(def("_fwd_kernel", "models.triton._fwd_kernel",
+    Definition Jitted = def("_fwd_kernel", "models.triton._fwd_kernel",
+                            DefinitionKind::Function, 0, 5);
+    Jitted.Decorators = {"triton.heuristics({\"EVEN\": lambda a: True})", "triton.jit"};
+    Py.Definitions.push_back(Jitted);
+    Py.Definitions.push_back(def("_launch", "models.triton._launch",
                                  DefinitionKind::Function, 0, 5));
     IndexedFile F;
     F.Path = "/repo/models/llama.py";
@@ -94,6 +98,13 @@ TEST_F(CodeIndexTest, FindKernelByEveryName) {
   auto Triton = (*Index)->findKernel("_fwd_kernel");
   ASSERT_TRUE(Triton && Triton->size() == 1u);
   EXPECT_EQ((*Triton)[0].Relation, "function-name");
+  // Neither a Python function that is not jitted, nor one named by a C++
+  // kernel's qualified or mangled name.
+  for (StringRef Name : {"_launch", "ns::_fwd_kernel", "_ZN2ns11_fwd_kernelEPf"}) {
+    auto None = (*Index)->findKernel(Name);
+    ASSERT_TRUE(bool(None));
+    EXPECT_TRUE(None->empty()) << Name.str();
+  }
 }
 
 TEST_F(CodeIndexTest, ReplacingAFileReplacesItsDefinitions) {

@@ -19,6 +19,11 @@ ClassInfo py(int64_t Id, int64_t File, std::string Module, std::string Name,
   return C;
 }
 
+std::string StringRefName(const std::string &Qualified) {
+  size_t At = Qualified.rfind("::");
+  return At == std::string::npos ? Qualified : Qualified.substr(At + 2);
+}
+
 std::vector<std::tuple<int64_t, int64_t, std::string>>
 links(const std::vector<ClassInfo> &Classes, const ImportTable &Imports) {
   std::vector<std::tuple<int64_t, int64_t, std::string>> Out;
@@ -72,6 +77,27 @@ TEST(SubclassResolver, CxxQualifiedNamesAndTemplates) {
   auto L = links({Base, Sub}, ImportTable());
   ASSERT_EQ(L.size(), 1u);
   EXPECT_EQ(L[0], std::make_tuple(int64_t(2), int64_t(1), std::string("qualified")));
+}
+
+TEST(SubclassResolver, CxxQualifiedBaseOnlyLinksToAClassOfThatQualification) {
+  auto Cxx = [](int64_t Id, std::string Qualified, std::vector<std::string> Bases = {}) {
+    ClassInfo C;
+    C.Id = Id;
+    C.QualifiedName = Qualified;
+    C.Name = StringRefName(Qualified);
+    C.IsPython = false;
+    C.Bases = std::move(Bases);
+    return C;
+  };
+  std::vector<ClassInfo> C = {
+      Cxx(1, "mine::Base"), Cxx(2, "fi::detail::Inner"),
+      Cxx(3, "fi::Sub1", {"cutlass::Base"}), Cxx(4, "fi::Sub2", {"std::Base"}),
+      Cxx(5, "fi::Sub3", {"detail::Inner"}), Cxx(6, "fi::Sub4", {"::Base"}),
+      Cxx(7, "fi::Sub5", {"Base"})};
+  auto L = links(C, ImportTable());
+  ASSERT_EQ(L.size(), 2u);
+  EXPECT_EQ(L[0], std::make_tuple(int64_t(5), int64_t(2), std::string("unique-name")));
+  EXPECT_EQ(L[1], std::make_tuple(int64_t(7), int64_t(1), std::string("unique-name")));
 }
 
 } // namespace

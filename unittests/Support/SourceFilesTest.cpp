@@ -67,6 +67,32 @@ TEST(SourceFiles, WalkSkipsHiddenDirsAndSymlinkLoops) {
   EXPECT_EQ(Stats.OtherFiles, 1u);
 }
 
+TEST(SourceFiles, WalkStaysInsideTheRootAndNamesFilesByRealPath) {
+  TempDir T;
+  T.file("repo/pkg/a.py", "x = 1\n");
+  T.file("other/o.py", "y = 1\n");
+  SmallString<256> Repo(T.Path), Up, OutLink, RepoLink(T.Path);
+  sys::path::append(Repo, "repo");
+  (Up = Repo) += "/up";
+  (OutLink = Repo) += "/o.py";
+  sys::path::append(RepoLink, "repolink");
+  ASSERT_FALSE(sys::fs::create_link("..", Up));
+  ASSERT_FALSE(sys::fs::create_link("../other/o.py", OutLink));
+  ASSERT_FALSE(sys::fs::create_link("repo", RepoLink));
+
+  SmallString<256> RealA;
+  ASSERT_FALSE(sys::fs::real_path(Repo + "/pkg/a.py", RealA));
+  for (StringRef Root : {Repo.str(), RepoLink.str()}) {
+    WalkStats Stats;
+    auto Files = collectSourceFiles({Root.str()}, Stats);
+    ASSERT_TRUE(bool(Files));
+    ASSERT_EQ(Files->size(), 1u) << Root.str();
+    EXPECT_EQ((*Files)[0].Path, RealA.str());
+    EXPECT_EQ(Stats.OutsideRoot, 2u);
+    EXPECT_EQ(Stats.SymlinkLoops, 0u);
+  }
+}
+
 TEST(SourceFiles, MissingRootIsAnError) {
   WalkStats Stats;
   auto Files = collectSourceFiles({"/definitely/not/here"}, Stats);

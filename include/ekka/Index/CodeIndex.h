@@ -42,6 +42,7 @@ struct IndexedFileState {
   std::string Hash;
   std::string Status; ///< indexed | binary | not-utf8 | too-large | unreadable
   std::string Module; ///< Python module name; empty otherwise.
+  std::string RecordedBy; ///< C++: the unit whose parse recorded the file.
 };
 
 /// A file about to be stored.
@@ -96,6 +97,9 @@ public:
   /// Main files of the translation units that included any of \p RealPaths.
   llvm::Expected<std::vector<std::string>>
   includersOf(const std::vector<std::string> &RealPaths);
+  /// For each of \p RealPaths, the main files of the units that included it.
+  llvm::Expected<llvm::StringMap<std::vector<std::string>>>
+  includersOfEach(const std::vector<std::string> &RealPaths);
   /// Files whose definitions the translation units of \p Mains recorded.
   llvm::Expected<std::vector<std::string>>
   filesRecordedBy(const std::vector<std::string> &Mains);
@@ -112,8 +116,9 @@ public:
   llvm::Expected<std::vector<IndexedDefinition>> subclasses(llvm::StringRef Name,
                                                             bool Transitive);
   /// The definition of a kernel from its runtime symbol (see KernelSymbol.h).
-  /// Falls back to functions of that name (Triton kernels are Python
-  /// functions); Relation says which rule matched.
+  /// A plain name falls back to Python functions of that name decorated
+  /// with triton.jit, autotune or heuristics (Triton kernels); Relation says
+  /// which rule matched.
   llvm::Expected<std::vector<IndexedDefinition>> findKernel(llvm::StringRef Symbol);
   /// A PyTorch custom op by its registered name (`zoo::paged_attention`, or
   /// the name without its namespace): its registrations (`def`, `impl`),

@@ -2,8 +2,8 @@
 //
 // What ekka-index walks: every Python, C, C++ and CUDA file under a set of
 // roots, without following a symlink into a directory it has already seen
-// (symlink loops are counted, not followed). Content checks (binary, UTF-8,
-// size) are separate so the walk itself only stats.
+// (symlink loops are counted, not followed) or out of the root. Content checks
+// (binary, UTF-8, size) are separate so the walk itself only stats.
 //
 //===----------------------------------------------------------------------===//
 #ifndef EKKA_SUPPORT_SOURCEFILES_H
@@ -34,8 +34,8 @@ std::optional<SourceLanguage> languageForPath(llvm::StringRef Path);
 bool isHeaderPath(llvm::StringRef Path);
 
 struct SourceFile {
-  std::string Path;     ///< Absolute, as walked (symlinks not resolved).
-  std::string RealPath; ///< Symlinks resolved: how a compiler names it.
+  std::string Path;     ///< Absolute, symlinks resolved.
+  std::string RealPath; ///< The same: how a compiler names it.
   uint64_t Size = 0;
   int64_t MTimeNs = 0;
   SourceLanguage Language = SourceLanguage::Python;
@@ -43,17 +43,20 @@ struct SourceFile {
 
 struct WalkStats {
   unsigned SymlinkLoops = 0;   ///< Directories reached again through a link.
+  unsigned OutsideRoot = 0;    ///< Links to directories or sources outside the root.
   unsigned Unreadable = 0;     ///< Source files or directories that could not be read.
   unsigned OtherFiles = 0;     ///< Files that are not source code.
-  /// Each skipped path and why ("symlink-loop", "unreadable").
+  /// Each skipped path and why ("symlink-loop", "outside-root", "unreadable").
   std::vector<std::pair<std::string, std::string>> Skipped;
 };
 
-/// Lists the source files under \p Roots (each a directory or a file), sorted
-/// by path, duplicates removed (a root given twice, or inside another, is
-/// walked once). Hidden directories (.git, .venv, ...) and __pycache__ are not
-/// entered; a symlink back into a directory already walked is counted as a
-/// loop. A root that does not exist is an error.
+/// Lists the source files under \p Roots (each a directory or a file) by their
+/// real paths, sorted, duplicates removed (a root given twice, or inside
+/// another, or reached through a symlinked path, is walked once). Hidden
+/// directories (.git, .venv, ...) and __pycache__ are not entered; a symlink
+/// back into a directory already walked is counted as a loop, and one that
+/// leads out of the root's real path is not followed (counted as
+/// outside-root). A root that does not exist is an error.
 llvm::Expected<std::vector<SourceFile>>
 collectSourceFiles(llvm::ArrayRef<std::string> Roots, WalkStats &Stats);
 

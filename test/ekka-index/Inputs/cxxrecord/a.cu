@@ -1,0 +1,2 @@
+#define PREFIX alpha
+#include "h.cuh"

@@ -1,0 +1,2 @@
+#define PREFIX beta
+#include "h.cuh"
