@@ -310,6 +310,17 @@ Error CodeIndex::setMeta(StringRef Key, StringRef Value) {
   return S->bind(1, Key).bind(2, Value).run();
 }
 
+Expected<std::string> CodeIndex::meta(StringRef Key) {
+  auto S = Db->prepare("SELECT value FROM meta WHERE key = ?1");
+  if (!S)
+    return S.takeError();
+  std::string Value;
+  if (Error E = S->bind(1, Key).forEachRow(
+          [&](const SQLiteStatement &R) { Value = R.columnText(0).str(); }))
+    return std::move(E);
+  return Value;
+}
+
 Error CodeIndex::beginBatch() { return Db->exec("BEGIN"); }
 Error CodeIndex::commitBatch() { return Db->exec("COMMIT"); }
 

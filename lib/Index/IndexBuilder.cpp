@@ -91,6 +91,16 @@ public:
     auto Stored = (*Index)->fileStates();
     if (!Stored)
       return Stored.takeError();
+    // Built by other extraction code: every file is taken as changed.
+    auto Revision = (*Index)->meta("parser_revision");
+    if (!Revision)
+      return Revision.takeError();
+    std::string Current = std::to_string(CodeIndex::ParserRevision);
+    if (*Revision != Current)
+      for (auto &Entry : *Stored) {
+        Entry.second.MTimeNs = -1;
+        Entry.second.Hash.clear();
+      }
 
     for (const SourceFile &F : *Files)
       if (wanted(F.Language))
@@ -109,6 +119,9 @@ public:
     phase("c++");
     if (Error E = write(**Index, *Stored))
       return E;
+    if (*Revision != Current)
+      if (Error E = (*Index)->setMeta("parser_revision", Current))
+        return E;
     phase("write");
 
     if (Options.Log)

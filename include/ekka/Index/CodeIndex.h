@@ -69,6 +69,11 @@ class CodeIndex {
 public:
   /// Version of the schema; a reader refuses an index of another major.
   static constexpr int FormatVersion = 1;
+  /// What the indexers extract; an index built by another revision (what
+  /// it lacks, or holds wrongly, is in unchanged files too) is parsed again
+  /// whole. 2: op registrations from Python, vLLM's sub-libraries and the
+  /// stable ABI's blocks.
+  static constexpr int ParserRevision = 2;
 
   /// Opens \p Path for building, creating it if needed. An existing file
   /// that is not an Ekka index is an error, never overwritten.
@@ -106,6 +111,8 @@ public:
   /// Recomputes every subclass link from the stored bases and imports.
   llvm::Error rebuildSubclassLinks();
   llvm::Error setMeta(llvm::StringRef Key, llvm::StringRef Value);
+  /// The value of meta \p Key; empty if none.
+  llvm::Expected<std::string> meta(llvm::StringRef Key);
 
   // --- Queries ----------------------------------------------------------------
   /// Every class/struct/union named \p Name (simple or qualified, or a dotted
