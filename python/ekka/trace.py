@@ -141,8 +141,10 @@ _scalars = frozenset((type(None), bool, int, float, str))
 def _opaque(leaf, outputs):
     """Whether _tensors_of_any would find no tensor in `leaf`, no tensor
     itself: a pytree leaf (no registered node, no namedtuple) that is no
-    ModelOutput and, among outputs, no dataclass (the leaves it looks into)."""
-    return (_is_leaf(leaf) and not hasattr(leaf, "to_tuple")
+    ModelOutput and, among outputs, no dataclass (the leaves it looks into).
+    Asked of the type: torch.fx's Proxy has every attribute, and using one
+    puts a node into the graph it traces."""
+    return (_is_leaf(leaf) and not _is_model_output(leaf)
             and not (outputs and dataclasses.is_dataclass(leaf)))
 
 
@@ -151,13 +153,22 @@ def _opaque(leaf, outputs):
 _is_leaf = getattr(_pytree, "tree_is_leaf", lambda leaf: False)
 
 
+def _is_model_output(leaf):
+    """Whether `leaf` is a transformers ModelOutput, or anything whose class
+    has its `to_tuple`. Never asked of the instance: an object that answers
+    every attribute (an fx.Proxy, which a module's hooks get while
+    torch.fx.symbolic_trace runs it) would be called, and symbolic_trace
+    would put that call into the program's graph."""
+    return callable(getattr(type(leaf), "to_tuple", None))
+
+
 def _tensors_of_any(value, outputs=False):
     leaves, _ = _pytree.tree_flatten(value)
     out = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             out.append(leaf)
-        elif hasattr(leaf, "to_tuple"):  # transformers' ModelOutput
+        elif _is_model_output(leaf):
             out.extend(t for t in leaf.to_tuple() if isinstance(t, torch.Tensor))
         elif outputs and dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
             # A returned dataclass (SGLang's LogitsProcessorOutput): its
