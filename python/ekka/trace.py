@@ -48,7 +48,8 @@ class _State:
         self.sources = {}        # class -> (qualname, file, line)
 
     @property
-    def stack(self):             # (module, call id, positional inputs, kwargs seen, tree)
+    def stack(self):             # (module, call id, positional inputs, kwargs seen, tree,
+                                 # direct-call marker, path)
         if not hasattr(self.local, "stack"):
             self.local.stack = []
         return self.local.stack
@@ -462,15 +463,16 @@ def _before(module, args, kwargs=None):
         # called on its own keeps its root's tree for its children too.
         tree = stack[0][4]
     path = None
+    parent, parent_path = (stack[-1][0], stack[-1][6]) if stack else (None, None)
     if tree is not None:
-        path = tree.path(named)
+        path = tree.path(named, parent, parent_path)
         if path is None and stack and tree.named_in != local.forwards:
             tree.rename(local.forwards)  # a module added since it was named
-            path = tree.path(named)
+            path = tree.path(named, parent, parent_path)
     if path is None:
         # A module outside the root's tree (created on the fly): named under
         # its caller.
-        parent = tree.path(stack[-1][0]) if stack and tree is not None else None
+        parent = parent_path if tree is not None else None
         parent = parent or ""
         path = f"{parent}.<{type(named).__name__}>" if parent else type(named).__name__
     cls = type(named)
@@ -479,7 +481,7 @@ def _before(module, args, kwargs=None):
     if kwargs:
         inputs += _tensors(kwargs)
     call_id = _enter(path, cls.__name__, qualname, file, line, is_root, inputs)
-    stack.append((module, call_id, len(inputs), kwargs is not None, tree, None))
+    stack.append((module, call_id, len(inputs), kwargs is not None, tree, None, path))
 
 
 _GraphModule = getattr(getattr(torch, "fx", None), "GraphModule", ())
@@ -634,10 +636,10 @@ def _open_direct(state, local, trees, stack, frame, owner):
     mark = object()
     values[_ROOT_MARK] = mark
     qualname, file, line = _class_source(state, type(owner))
-    call_id = _enter(tree.path(owner) or "", type(owner).__name__, qualname, file, line, root,
-                     inputs)
+    path = tree.path(owner) or ""
+    call_id = _enter(path, type(owner).__name__, qualname, file, line, root, inputs)
     marker = (code, mark)
-    stack.append((owner, call_id, len(inputs), True, tree, marker))
+    stack.append((owner, call_id, len(inputs), True, tree, marker, path))
     del values
     _watch_return(frame, marker)
     del frame
@@ -746,7 +748,7 @@ _hooked_classes = {}
 def _close_direct(stack, outputs=()):
     """Exits a directly called root's call, with its `outputs` where they
     were seen (_watch_return)."""
-    _, call_id, positional, _, _, _ = stack.pop()
+    _, call_id, positional, _, _, _, _ = stack.pop()
     _exit(call_id, list(outputs), [], positional)
 
 
@@ -756,7 +758,14 @@ _pre_hook_id = _post_hook_id = None  # the global hooks' handle ids
 class _Tree:
     """A root module's tree: its modules' paths, prefixed for a root that is
     not the first (a draft model next to the target model). The root is
-    held weakly: tracing must not keep a model alive."""
+    held weakly: tracing must not keep a model alive.
+
+    `names` maps a module's id to its name, (path, owner, key): the module
+    it is an attribute of (a weak reference; None for the root) and that
+    attribute's name. A module at several paths (vLLM's get_rope() gives
+    every layer one RotaryEmbedding) has a list of them, in named_modules()
+    order. The Python binding's `before` reads names of one path as this
+    does (`path`)."""
 
     def __init__(self, root, prefix):
         self.root = weakref.ref(root)
@@ -773,11 +782,53 @@ class _Tree:
             return
         names = _names_of(root)
         if self.prefix:
-            names = {k: f"{self.prefix}.{v}" if v else self.prefix for k, v in names.items()}
+            names = {k: self.prefixed(v) for k, v in names.items()}
         self.names = names
 
-    def path(self, module):
-        return self.names.get(id(module))
+    def prefixed(self, name):
+        if type(name) is list:
+            return [self.prefixed(n) for n in name]
+        path, owner, key = name
+        return (f"{self.prefix}.{path}" if path else self.prefix, owner, key)
+
+    def path(self, module, parent=None, parent_path=None):
+        """The path of `module`'s call, made from the call of `parent` at
+        `parent_path` (None: no call open), or None where it has none in
+        this tree. Of several paths, the one under the parent's, else the
+        first. A module that is no longer where it was named (a pruned
+        layer list, swapped modules, a dead module's id reused) renames the
+        tree first: paths follow named_modules() as it is now."""
+        name = self.names.get(id(module))
+        if name is None:
+            return None
+        if type(name) is list:
+            name = _under(name, parent_path)
+        if not self.still_named(module, name, parent):
+            self.rename(self.named_in)
+            name = self.names.get(id(module))
+            if name is None:
+                return None
+            if type(name) is list:
+                name = _under(name, parent_path)
+        return name[0]
+
+    def still_named(self, module, name, parent):
+        """Whether `module` is still the attribute its `name` says, and its
+        owner too, up to `parent` (the module whose call is open around
+        it), or the root: one dictionary look-up for a call of a child."""
+        while True:
+            _, owner, key = name
+            if owner is None:  # the root
+                return True
+            owner = owner()
+            modules = getattr(owner, "_modules", None)
+            if type(modules) is not dict or modules.get(key) is not module:
+                return False
+            if owner is parent:
+                return True
+            module, name = owner, self.names.get(id(owner))
+            if type(name) is not tuple:
+                return name is not None  # several paths: not followed up
 
 
 def _tree_holding(local, module):
@@ -830,6 +881,17 @@ def _new_tree(trees, module):
     return tree
 
 
+def _under(names, parent_path):
+    """Of a module's several names, the one under `parent_path`, else the
+    first."""
+    if parent_path:
+        prefix = parent_path + "."
+        for name in names:
+            if name[0].startswith(prefix):
+                return name
+    return names[0]
+
+
 def _names_of(root):
     """The paths of a root's modules. Each is also marked to give the global
     pre-hook its keyword arguments: PyTorch's global pre-hooks get only the
@@ -837,10 +899,19 @@ def _names_of(root):
     with-kwargs hooks. So HF's `hidden_states=` is recorded at the call's
     entry, before the module can change it in place. An OptimizedModule
     (torch.compile(module)) and the module it compiled share a path: its
-    own, `layers.0`, not `layers.0._orig_mod`."""
+    own, `layers.0`, not `layers.0._orig_mod`. See _Tree for what names
+    are."""
     names = {}
+    modules = {}  # named_modules()'s own names: where the owners are
     optimized = []  # the paths of OptimizedModules: theirs is their module's
     for name, m in root.named_modules(remove_duplicate=False):
+        modules[name] = m
+        owner_name, _, key = name.rpartition(".")
+        owner = modules.get(owner_name) if name else None
+        try:
+            owner = weakref.ref(owner) if owner is not None else None
+        except TypeError:  # a class with __slots__ and no __weakref__: not checked
+            owner = None
         for path in optimized:
             inner = f"{path}._orig_mod" if path else "_orig_mod"
             if name == inner or name.startswith(inner + "."):
@@ -848,7 +919,14 @@ def _names_of(root):
                 name = path + rest if path else rest[1:]
         if _is_optimized(m):
             optimized.append(name)
-        names[id(m)] = name
+        entry = (name, owner, key)
+        known = names.get(id(m))
+        if known is None:
+            names[id(m)] = entry
+        elif type(known) is list:
+            known.append(entry)
+        else:
+            names[id(m)] = [known, entry]
         with_kwargs = getattr(m, "_forward_pre_hooks_with_kwargs", None)
         if _pre_hook_id is not None and isinstance(with_kwargs, dict):
             with_kwargs[_pre_hook_id] = True
@@ -871,7 +949,7 @@ def _after(module, args, *rest):
         stack.pop()
     if not stack:
         return
-    _, call_id, positional, kwargs_seen, _, _ = stack.pop()
+    _, call_id, positional, kwargs_seen, _, _, _ = stack.pop()
     # Keyword arguments the pre-hook did not see (a module outside a named
     # tree) are recorded here, as the inputs after the positional ones.
     try:
