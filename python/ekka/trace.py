@@ -426,6 +426,8 @@ def _before(module, args, kwargs=None):
     if stack and _runs_compiled(local, stack[-1][0], module):
         return
     is_root = not stack
+    if is_root and getattr(local, "checking_trace", False):
+        return  # torch.jit.trace's check runs the module again: not the program's step
     trees = getattr(local, "trees", None)
     if trees is None:
         trees = local.trees = {}
@@ -1435,6 +1437,33 @@ def _set_aside(owner, name, module):
     setattr(cls, name, benchmark)
 
 
+def _wrap_check_trace(jit_trace):
+    """torch.jit.trace checks what it traced by tracing again (the hooks are
+    skipped while tracing) and running the module eagerly once more: that
+    run is torch.jit's, not a forward step of the program's, which would
+    shift the steps of the program's own forwards. Its module calls and ops
+    are not recorded."""
+    check = getattr(jit_trace, "_check_trace", None)
+    if not callable(check) or getattr(check, "_ekka_aside", False):
+        return
+
+    @functools.wraps(check)
+    def check_unrecorded(*args, **kwargs):
+        local = _state.local if _state is not None else None
+        if local is None:
+            return check(*args, **kwargs)
+        checking = getattr(local, "checking_trace", False)
+        local.checking_trace = True
+        try:
+            with _aside():
+                return check(*args, **kwargs)
+        finally:
+            local.checking_trace = checking
+
+    check_unrecorded._ekka_aside = True
+    jit_trace._check_trace = check_unrecorded
+
+
 def _wrap_init_process_group(dist):
     """A rank whose environment says so only as it joins its group (mp.spawn
     workers set RANK and WORLD_SIZE themselves, after importing torch)
@@ -1507,6 +1536,7 @@ def install(trace_dir, options="", runtime_library=None):
     _when_imported("torch._dynamo", _watch_compiles)
     _wrap_exec()
     _when_imported("torch.distributed", _wrap_init_process_group)
+    _when_imported("torch.jit._trace", _wrap_check_trace)
     _wrap_export()
     _wrap_module_compile()
     for module, (owner, name) in _AUTOTUNER_BENCHMARKS.items():

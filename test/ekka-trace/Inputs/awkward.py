@@ -75,8 +75,11 @@ if kind == "raise":
     m(x)
     m(x)
 elif kind == "jit":
-    traced = torch.jit.trace(torch.nn.Linear(4, 4), x)
+    lin = torch.nn.Linear(4, 4)
+    lin(x)
+    traced = torch.jit.trace(lin, x)
     traced(x)
+    lin(x)
 elif kind == "fx":
     # symbolic_trace calls the submodules that are no leaf (Block) with
     # fx.Proxy arguments, through the hooks: a Proxy has every attribute,
