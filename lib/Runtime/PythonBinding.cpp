@@ -374,7 +374,7 @@ PyObject *owned(PyObject *Object) {
 /// and torch._C._functorch.maybe_current_level. The names of the
 /// attributes read.
 PyObject *StateDict, *Sources, *Local, *FunctorchLevel;
-PyObject *ActiveName, *StartedName, *StackName, *NamesName, *NameName;
+PyObject *ActiveName, *StartedName, *StackName, *NamesName, *NameName, *ModulesName;
 
 /// The shim's _traced_otherwise(): torch.jit's tracer, or a torch.func
 /// transform, at work: 1, 0, or -1 with an exception set. Its third
@@ -428,9 +428,66 @@ bool hooksSet(const char *Function) {
 }
 
 /// A stack entry as the shim makes them: (module, call id, positional
-/// inputs, keyword arguments seen, tree, direct-call marker).
+/// inputs, keyword arguments seen, tree, direct-call marker, path).
 bool isEntry(PyObject *Entry) {
-  return PyTuple_CheckExact(Entry) && PyTuple_GET_SIZE(Entry) == 6;
+  return PyTuple_CheckExact(Entry) && PyTuple_GET_SIZE(Entry) == 7;
+}
+
+/// The object \p WeakRef refers to, a new reference, or null where it died.
+PyObject *ownerOf(PyObject *WeakRef) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject *Object = nullptr;
+  if (PyWeakref_GetRef(WeakRef, &Object) < 0)
+    PyErr_Clear();
+  return Object;
+#else
+  PyObject *Object = PyWeakref_GET_OBJECT(WeakRef);
+  return Object == Py_None ? nullptr : owned(Object);
+#endif
+}
+
+/// The shim's `_Tree.still_named` for a module of one path: whether
+/// \p Module is still the attribute its name in \p Names says, and each
+/// owner up to \p Parent (or the root) too: 1, 0 (`_before` is to be asked:
+/// it renames the tree), or -1 with an exception set.
+int stillNamed(PyObject *Names, PyObject *Module, PyObject *Name, PyObject *Parent) {
+  Ref HeldModule(owned(Module));
+  for (;;) {
+    if (!PyTuple_CheckExact(Name) || PyTuple_GET_SIZE(Name) != 3)
+      return 0;
+    Ref HeldName(owned(Name));
+    PyObject *OwnerRef = PyTuple_GET_ITEM(Name, 1);
+    if (OwnerRef == Py_None)
+      return 1;
+    if (!PyWeakref_CheckRefExact(OwnerRef))
+      return 0;
+    Ref Held(ownerOf(OwnerRef));
+    PyObject *Owner = Held.get();
+    if (!Owner)
+      return 0;
+    Ref Modules(PyObject_GetAttr(Owner, ModulesName));
+    if (!Modules) {
+      PyErr_Clear();
+      return 0;
+    }
+    if (!PyDict_CheckExact(Modules.get()))
+      return 0;
+    PyObject *Slot = PyDict_GetItemWithError(Modules.get(), PyTuple_GET_ITEM(Name, 2));
+    if (Slot != Module)
+      return PyErr_Occurred() ? -1 : 0;
+    if (Owner == Parent)
+      return 1;
+    Ref Key(PyLong_FromVoidPtr(Owner));
+    if (!Key)
+      return -1;
+    Name = PyDict_GetItemWithError(Names, Key.get());
+    if (!Name)
+      return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_CheckExact(Name))
+      return 1; // several paths: not followed up, as the shim's
+    HeldModule.reset(owned(Owner));
+    Module = Owner;
+  }
 }
 
 /// before(module, args, kwargs=None) -> bool: the shim's `_before` for its
@@ -469,6 +526,7 @@ PyObject *before(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   PyObject *Top = PyList_GET_ITEM(Stack.get(), PyList_GET_SIZE(Stack.get()) - 1);
   if (!isEntry(Top) || PyTuple_GET_ITEM(Top, 0) == Module)
     return owned(Py_False);
+  Ref Parent(owned(PyTuple_GET_ITEM(Top, 0)));
   if (!PyDict_GetItemWithError(Sources, (PyObject *)Py_TYPE(PyTuple_GET_ITEM(Top, 0))))
     return PyErr_Occurred() ? nullptr : owned(Py_False);
   // Held: finding the tensors may run Python (pytree), which may change the
@@ -480,10 +538,18 @@ PyObject *before(PyObject *, PyObject *const *Args, Py_ssize_t N) {
     return nullptr;
   if (!PyDict_CheckExact(Names.get()))
     return owned(Py_False);
-  PyObject *Path = PyDict_GetItemWithError(Names.get(), Key.get());
-  if (!Path)
+  // A module of one path, still where it was named; else _before.
+  PyObject *Name = PyDict_GetItemWithError(Names.get(), Key.get());
+  if (!Name)
     return PyErr_Occurred() ? nullptr : owned(Py_False);
-  Ref PathRef(owned(Path));
+  if (!PyTuple_CheckExact(Name) || PyTuple_GET_SIZE(Name) != 3 ||
+      !PyUnicode_CheckExact(PyTuple_GET_ITEM(Name, 0)))
+    return owned(Py_False);
+  Ref NameRef(owned(Name));
+  int Named = stillNamed(Names.get(), Module, Name, Parent.get());
+  if (Named <= 0)
+    return Named < 0 ? nullptr : owned(Py_False);
+  PyObject *Path = PyTuple_GET_ITEM(Name, 0);
   // (qualname, file, line), as _class_source keeps them; the name, as
   // _before, asked anew.
   PyObject *Source = PyDict_GetItemWithError(Sources, (PyObject *)Py_TYPE(Module));
@@ -520,9 +586,9 @@ PyObject *before(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   if (!Id)
     return nullptr;
   Ref CountObject(PyLong_FromSsize_t(Count));
-  Ref Entry(CountObject ? PyTuple_Pack(6, Module, Id.get(), CountObject.get(),
+  Ref Entry(CountObject ? PyTuple_Pack(7, Module, Id.get(), CountObject.get(),
                                        Keywords != Py_None ? Py_True : Py_False, Tree.get(),
-                                       Py_None)
+                                       Py_None, Path)
                         : nullptr);
   if (!Entry || PyList_Append(Stack.get(), Entry.get()) < 0)
     return nullptr;
@@ -720,8 +786,8 @@ PyObject *setHookFallbacks(PyObject *, PyObject *const *Args, Py_ssize_t N) {
 PyObject *setHooks(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   if (!arity("set_hooks", N, 2))
     return nullptr;
-  if (!intern({&ActiveName, &StartedName, &StackName, &NamesName, &NameName},
-              {"active", "started", "stack", "names", "__name__"}))
+  if (!intern({&ActiveName, &StartedName, &StackName, &NamesName, &NameName, &ModulesName},
+              {"active", "started", "stack", "names", "__name__", "_modules"}))
     return nullptr;
   Ref Dict(PyObject_GenericGetDict(Args[0], nullptr));
   Ref SourcesObject(Dict ? PyObject_GetAttrString(Args[0], "sources") : nullptr);

@@ -48,7 +48,8 @@ class _State:
         self.sources = {}        # class -> (qualname, file, line)
 
     @property
-    def stack(self):             # (module, call id, positional inputs, kwargs seen, tree)
+    def stack(self):             # (module, call id, positional inputs, kwargs seen, tree,
+                                 # direct-call marker, path)
         if not hasattr(self.local, "stack"):
             self.local.stack = []
         return self.local.stack
@@ -141,8 +142,10 @@ _scalars = frozenset((type(None), bool, int, float, str))
 def _opaque(leaf, outputs):
     """Whether _tensors_of_any would find no tensor in `leaf`, no tensor
     itself: a pytree leaf (no registered node, no namedtuple) that is no
-    ModelOutput and, among outputs, no dataclass (the leaves it looks into)."""
-    return (_is_leaf(leaf) and not hasattr(leaf, "to_tuple")
+    ModelOutput and, among outputs, no dataclass (the leaves it looks into).
+    Asked of the type: torch.fx's Proxy has every attribute, and using one
+    puts a node into the graph it traces."""
+    return (_is_leaf(leaf) and not _is_model_output(leaf)
             and not (outputs and dataclasses.is_dataclass(leaf)))
 
 
@@ -151,13 +154,22 @@ def _opaque(leaf, outputs):
 _is_leaf = getattr(_pytree, "tree_is_leaf", lambda leaf: False)
 
 
+def _is_model_output(leaf):
+    """Whether `leaf` is a transformers ModelOutput, or anything whose class
+    has its `to_tuple`. Never asked of the instance: an object that answers
+    every attribute (an fx.Proxy, which a module's hooks get while
+    torch.fx.symbolic_trace runs it) would be called, and symbolic_trace
+    would put that call into the program's graph."""
+    return callable(getattr(type(leaf), "to_tuple", None))
+
+
 def _tensors_of_any(value, outputs=False):
     leaves, _ = _pytree.tree_flatten(value)
     out = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             out.append(leaf)
-        elif hasattr(leaf, "to_tuple"):  # transformers' ModelOutput
+        elif _is_model_output(leaf):
             out.extend(t for t in leaf.to_tuple() if isinstance(t, torch.Tensor))
         elif outputs and dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
             # A returned dataclass (SGLang's LogitsProcessorOutput): its
@@ -414,6 +426,8 @@ def _before(module, args, kwargs=None):
     if stack and _runs_compiled(local, stack[-1][0], module):
         return
     is_root = not stack
+    if is_root and getattr(local, "checking_trace", False):
+        return  # torch.jit.trace's check runs the module again: not the program's step
     trees = getattr(local, "trees", None)
     if trees is None:
         trees = local.trees = {}
@@ -451,15 +465,16 @@ def _before(module, args, kwargs=None):
         # called on its own keeps its root's tree for its children too.
         tree = stack[0][4]
     path = None
+    parent, parent_path = (stack[-1][0], stack[-1][6]) if stack else (None, None)
     if tree is not None:
-        path = tree.path(named)
+        path = tree.path(named, parent, parent_path)
         if path is None and stack and tree.named_in != local.forwards:
             tree.rename(local.forwards)  # a module added since it was named
-            path = tree.path(named)
+            path = tree.path(named, parent, parent_path)
     if path is None:
         # A module outside the root's tree (created on the fly): named under
         # its caller.
-        parent = tree.path(stack[-1][0]) if stack and tree is not None else None
+        parent = parent_path if tree is not None else None
         parent = parent or ""
         path = f"{parent}.<{type(named).__name__}>" if parent else type(named).__name__
     cls = type(named)
@@ -468,7 +483,7 @@ def _before(module, args, kwargs=None):
     if kwargs:
         inputs += _tensors(kwargs)
     call_id = _enter(path, cls.__name__, qualname, file, line, is_root, inputs)
-    stack.append((module, call_id, len(inputs), kwargs is not None, tree, None))
+    stack.append((module, call_id, len(inputs), kwargs is not None, tree, None, path))
 
 
 _GraphModule = getattr(getattr(torch, "fx", None), "GraphModule", ())
@@ -623,10 +638,10 @@ def _open_direct(state, local, trees, stack, frame, owner):
     mark = object()
     values[_ROOT_MARK] = mark
     qualname, file, line = _class_source(state, type(owner))
-    call_id = _enter(tree.path(owner) or "", type(owner).__name__, qualname, file, line, root,
-                     inputs)
+    path = tree.path(owner) or ""
+    call_id = _enter(path, type(owner).__name__, qualname, file, line, root, inputs)
     marker = (code, mark)
-    stack.append((owner, call_id, len(inputs), True, tree, marker))
+    stack.append((owner, call_id, len(inputs), True, tree, marker, path))
     del values
     _watch_return(frame, marker)
     del frame
@@ -735,7 +750,7 @@ _hooked_classes = {}
 def _close_direct(stack, outputs=()):
     """Exits a directly called root's call, with its `outputs` where they
     were seen (_watch_return)."""
-    _, call_id, positional, _, _, _ = stack.pop()
+    _, call_id, positional, _, _, _, _ = stack.pop()
     _exit(call_id, list(outputs), [], positional)
 
 
@@ -745,7 +760,14 @@ _pre_hook_id = _post_hook_id = None  # the global hooks' handle ids
 class _Tree:
     """A root module's tree: its modules' paths, prefixed for a root that is
     not the first (a draft model next to the target model). The root is
-    held weakly: tracing must not keep a model alive."""
+    held weakly: tracing must not keep a model alive.
+
+    `names` maps a module's id to its name, (path, owner, key): the module
+    it is an attribute of (a weak reference; None for the root) and that
+    attribute's name. A module at several paths (vLLM's get_rope() gives
+    every layer one RotaryEmbedding) has a list of them, in named_modules()
+    order. The Python binding's `before` reads names of one path as this
+    does (`path`)."""
 
     def __init__(self, root, prefix):
         self.root = weakref.ref(root)
@@ -762,11 +784,53 @@ class _Tree:
             return
         names = _names_of(root)
         if self.prefix:
-            names = {k: f"{self.prefix}.{v}" if v else self.prefix for k, v in names.items()}
+            names = {k: self.prefixed(v) for k, v in names.items()}
         self.names = names
 
-    def path(self, module):
-        return self.names.get(id(module))
+    def prefixed(self, name):
+        if type(name) is list:
+            return [self.prefixed(n) for n in name]
+        path, owner, key = name
+        return (f"{self.prefix}.{path}" if path else self.prefix, owner, key)
+
+    def path(self, module, parent=None, parent_path=None):
+        """The path of `module`'s call, made from the call of `parent` at
+        `parent_path` (None: no call open), or None where it has none in
+        this tree. Of several paths, the one under the parent's, else the
+        first. A module that is no longer where it was named (a pruned
+        layer list, swapped modules, a dead module's id reused) renames the
+        tree first: paths follow named_modules() as it is now."""
+        name = self.names.get(id(module))
+        if name is None:
+            return None
+        if type(name) is list:
+            name = _under(name, parent_path)
+        if not self.still_named(module, name, parent):
+            self.rename(self.named_in)
+            name = self.names.get(id(module))
+            if name is None:
+                return None
+            if type(name) is list:
+                name = _under(name, parent_path)
+        return name[0]
+
+    def still_named(self, module, name, parent):
+        """Whether `module` is still the attribute its `name` says, and its
+        owner too, up to `parent` (the module whose call is open around
+        it), or the root: one dictionary look-up for a call of a child."""
+        while True:
+            _, owner, key = name
+            if owner is None:  # the root
+                return True
+            owner = owner()
+            modules = getattr(owner, "_modules", None)
+            if type(modules) is not dict or modules.get(key) is not module:
+                return False
+            if owner is parent:
+                return True
+            module, name = owner, self.names.get(id(owner))
+            if type(name) is not tuple:
+                return name is not None  # several paths: not followed up
 
 
 def _tree_holding(local, module):
@@ -819,6 +883,17 @@ def _new_tree(trees, module):
     return tree
 
 
+def _under(names, parent_path):
+    """Of a module's several names, the one under `parent_path`, else the
+    first."""
+    if parent_path:
+        prefix = parent_path + "."
+        for name in names:
+            if name[0].startswith(prefix):
+                return name
+    return names[0]
+
+
 def _names_of(root):
     """The paths of a root's modules. Each is also marked to give the global
     pre-hook its keyword arguments: PyTorch's global pre-hooks get only the
@@ -826,10 +901,19 @@ def _names_of(root):
     with-kwargs hooks. So HF's `hidden_states=` is recorded at the call's
     entry, before the module can change it in place. An OptimizedModule
     (torch.compile(module)) and the module it compiled share a path: its
-    own, `layers.0`, not `layers.0._orig_mod`."""
+    own, `layers.0`, not `layers.0._orig_mod`. See _Tree for what names
+    are."""
     names = {}
+    modules = {}  # named_modules()'s own names: where the owners are
     optimized = []  # the paths of OptimizedModules: theirs is their module's
     for name, m in root.named_modules(remove_duplicate=False):
+        modules[name] = m
+        owner_name, _, key = name.rpartition(".")
+        owner = modules.get(owner_name) if name else None
+        try:
+            owner = weakref.ref(owner) if owner is not None else None
+        except TypeError:  # a class with __slots__ and no __weakref__: not checked
+            owner = None
         for path in optimized:
             inner = f"{path}._orig_mod" if path else "_orig_mod"
             if name == inner or name.startswith(inner + "."):
@@ -837,7 +921,14 @@ def _names_of(root):
                 name = path + rest if path else rest[1:]
         if _is_optimized(m):
             optimized.append(name)
-        names[id(m)] = name
+        entry = (name, owner, key)
+        known = names.get(id(m))
+        if known is None:
+            names[id(m)] = entry
+        elif type(known) is list:
+            known.append(entry)
+        else:
+            names[id(m)] = [known, entry]
         with_kwargs = getattr(m, "_forward_pre_hooks_with_kwargs", None)
         if _pre_hook_id is not None and isinstance(with_kwargs, dict):
             with_kwargs[_pre_hook_id] = True
@@ -860,7 +951,7 @@ def _after(module, args, *rest):
         stack.pop()
     if not stack:
         return
-    _, call_id, positional, kwargs_seen, _, _ = stack.pop()
+    _, call_id, positional, kwargs_seen, _, _, _ = stack.pop()
     # Keyword arguments the pre-hook did not see (a module outside a named
     # tree) are recorded here, as the inputs after the positional ones.
     try:
@@ -1346,6 +1437,33 @@ def _set_aside(owner, name, module):
     setattr(cls, name, benchmark)
 
 
+def _wrap_check_trace(jit_trace):
+    """torch.jit.trace checks what it traced by tracing again (the hooks are
+    skipped while tracing) and running the module eagerly once more: that
+    run is torch.jit's, not a forward step of the program's, which would
+    shift the steps of the program's own forwards. Its module calls and ops
+    are not recorded."""
+    check = getattr(jit_trace, "_check_trace", None)
+    if not callable(check) or getattr(check, "_ekka_aside", False):
+        return
+
+    @functools.wraps(check)
+    def check_unrecorded(*args, **kwargs):
+        local = _state.local if _state is not None else None
+        if local is None:
+            return check(*args, **kwargs)
+        checking = getattr(local, "checking_trace", False)
+        local.checking_trace = True
+        try:
+            with _aside():
+                return check(*args, **kwargs)
+        finally:
+            local.checking_trace = checking
+
+    check_unrecorded._ekka_aside = True
+    jit_trace._check_trace = check_unrecorded
+
+
 def _wrap_init_process_group(dist):
     """A rank whose environment says so only as it joins its group (mp.spawn
     workers set RANK and WORLD_SIZE themselves, after importing torch)
@@ -1418,6 +1536,7 @@ def install(trace_dir, options="", runtime_library=None):
     _when_imported("torch._dynamo", _watch_compiles)
     _wrap_exec()
     _when_imported("torch.distributed", _wrap_init_process_group)
+    _when_imported("torch.jit._trace", _wrap_check_trace)
     _wrap_export()
     _wrap_module_compile()
     for module, (owner, name) in _AUTOTUNER_BENCHMARKS.items():

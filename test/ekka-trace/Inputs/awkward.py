@@ -75,8 +75,35 @@ if kind == "raise":
     m(x)
     m(x)
 elif kind == "jit":
-    traced = torch.jit.trace(torch.nn.Linear(4, 4), x)
+    lin = torch.nn.Linear(4, 4)
+    lin(x)
+    traced = torch.jit.trace(lin, x)
     traced(x)
+    lin(x)
+elif kind == "fx":
+    # symbolic_trace calls the submodules that are no leaf (Block) with
+    # fx.Proxy arguments, through the hooks: a Proxy has every attribute,
+    # and each one the hooks used became a node of the program's graph.
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).relu() + x
+
+    class Blocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Block(), Block()
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    blocks = Blocks()
+    traced = torch.fx.symbolic_trace(blocks)
+    print("graph:", " ".join(n.name for n in traced.graph.nodes))
+    assert torch.equal(traced(x), blocks(x))
 elif kind == "compile":
     compiled = torch.compile(torch.nn.Linear(4, 4), backend="eager")
     compiled(x)
