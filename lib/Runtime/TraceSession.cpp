@@ -895,8 +895,16 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     }
     if (Written && Inputs[I].isList()) // _foreach_mul_'s Tensor(a!)[]
       WrittenLists.push_back(I);
-    if (!Inputs[I].isTensor())
+    if (!Inputs[I].isTensor()) {
+      // A list it reads: index_put_'s indices (a KV-cache write's slot
+      // mapping, a Tensor?[]), cat's and stack's Tensor[]: each tensor of it.
+      if (Inputs[I].isList() && !Written && !Kind.WritesUnmarked && Ctx->Capture &&
+          S->Options.OpInputs)
+        for (const c10::IValue &V : Inputs[I].toListRef())
+          if (V.isTensor())
+            Read.push_back(V.toTensor());
       continue;
+    }
     if (Written)
       Ctx->Mutated.push_back(Inputs[I].toTensor());
     else if (Ctx->Capture && S->Options.OpInputs)
