@@ -10,6 +10,7 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <dlfcn.h>
@@ -175,7 +176,8 @@ struct Session {
   std::atomic<uint64_t> CapturedBytes{0};
   /// Tensors that --budget left uncaptured (statistics and metadata only).
   std::atomic<uint64_t> OverBudget{0};
-  std::atomic<int64_t> LastOpenCall{0}; ///< For ops on threads without hooks.
+  /// For ops of a backward pass on a thread with no call open (openCall).
+  std::atomic<int64_t> LastOpenCall{0};
   std::optional<at::CallbackHandle> Observer;
   /// CPU tensors whose statistics the writer's thread computes.
   DeferredStatsQueue Deferred;
@@ -405,10 +407,17 @@ void forgetProducers(ThreadState &TS, bool Unwatch = true) {
         StorageWriteCounts::process().unwatch(Produced.Storage);
   TS.Producers.clear();
 }
+/// The module call an op on this thread belongs to: the last one open on
+/// it, or, for an op of a backward pass (autograd runs a GPU's on a thread
+/// of its own, where no call is open), the last one open in the process. Not
+/// any other op's on a thread with no call open: a helper thread's are no
+/// module's, however long another thread's call stays open.
 int64_t openCall(const ThreadState &TS) {
   if (!TS.CallStack.empty())
     return TS.CallStack.back().Id;
-  return Current ? Current->LastOpenCall.load() : 0;
+  if (!Current || torch::autograd::get_current_graph_task_id() == -1)
+    return 0;
+  return Current->LastOpenCall.load();
 }
 
 OpKind &opKind(ThreadState &TS, const at::RecordFunction &Fn) {
