@@ -1,6 +1,7 @@
 //===- TraceSession.cpp - The recorder inside a traced process ------------===//
 #include "ekka/Runtime/TraceSession.h"
 #include "SessionInternal.h"
+#include "StorageWrites.h"
 #include "TensorRecording.h"
 #include "ekka/Trace/TraceWriter.h"
 #include "llvm/ADT/ScopeExit.h"
@@ -9,6 +10,7 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <dlfcn.h>
@@ -87,14 +89,18 @@ struct OpenCall {
 
 /// A module output the trace recorded, to recognise it when it comes back as
 /// another module's input: that is the dataflow between module calls. Weak,
-/// so tracing keeps no activation alive; the version counter tells an output
-/// changed in place since (vLLM's fused residual add) from the one recorded.
-/// An inference tensor (torch.inference_mode, as vLLM and SGLang run) has
-/// no version counter: the op observer counts the writes to its storage
-/// instead (StorageWrites).
+/// so tracing keeps no activation alive. An output changed in place since
+/// (vLLM's fused residual add) is told from the one recorded by the writes
+/// the op observer counted to its storage, on any thread (StorageWrites.h):
+/// an inference tensor (torch.inference_mode, as vLLM and SGLang run) has no
+/// version counter, and a write through `.data` or `detach()` bumps another
+/// tensor's. The version counter, where there is one, still tells a write
+/// that no op announced to the observer (one under its own op, inside Ekka).
 struct ProducedTensor {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> Impl;
-  int64_t Version; ///< For an inference tensor, its storage's writes then.
+  const void *Storage; ///< Watched in StorageWriteCounts::process(); or null.
+  int64_t Writes;      ///< The writes to it counted then.
+  int64_t Version;     ///< Its version counter then; 0 for an inference tensor.
   bool Inference;
   int64_t TensorId;
   /// Its statistics, where this thread computed or deferred them, and how
@@ -170,7 +176,8 @@ struct Session {
   std::atomic<uint64_t> CapturedBytes{0};
   /// Tensors that --budget left uncaptured (statistics and metadata only).
   std::atomic<uint64_t> OverBudget{0};
-  std::atomic<int64_t> LastOpenCall{0}; ///< For ops on threads without hooks.
+  /// For ops of a backward pass on a thread with no call open (openCall).
+  std::atomic<int64_t> LastOpenCall{0};
   std::optional<at::CallbackHandle> Observer;
   /// CPU tensors whose statistics the writer's thread computes.
   DeferredStatsQueue Deferred;
@@ -303,14 +310,9 @@ struct ThreadState {
   uint64_t StepIn = 0;
   /// The module calls open on this thread.
   std::vector<OpenCall> CallStack;
-  /// The module outputs recorded in this root forward (see ProducedTensor).
+  /// The module outputs recorded in this root forward (see ProducedTensor),
+  /// their storages watched while they are here.
   std::unordered_map<const c10::TensorImpl *, ProducedTensor> Producers;
-  /// Whether Producers holds an inference tensor, whose writes the op
-  /// observer must count.
-  bool ProducedInference = false;
-  /// While it does: how many ops have begun writing to each storage, the
-  /// version counter that inference tensors lack. Cleared with Producers.
-  std::unordered_map<const c10::StorageImpl *, int64_t> StorageWrites;
   std::vector<OpContext *> OpStack; ///< Ops running on this thread.
   /// Ops of the program this thread began, and the writes to device memory
   /// it made that no op announced (CUPTI's callbacks count those).
@@ -335,6 +337,9 @@ struct ThreadState {
     ThisThread.State = this;
   }
   ~ThreadState() {
+    for (const auto &[Impl, Produced] : Producers) // a thread ended mid-forward
+      if (Produced.Storage)
+        StorageWriteCounts::process().unwatch(Produced.Storage);
     ThisThread.State = nullptr; // an op context freed later goes to the heap
     ThisThread.StateGone = true;
     for (void *Memory : Spare)
@@ -383,29 +388,36 @@ void OpContext::operator delete(void *Memory, size_t Size) {
   ::operator delete(Memory);
 }
 
-int64_t storageWrites(ThreadState &TS, const at::Tensor &T) {
-  if (!T.has_storage())
-    return 0;
-  auto It = TS.StorageWrites.find(T.storage().unsafeGetStorageImpl());
-  return It == TS.StorageWrites.end() ? 0 : It->second;
+const void *storageOf(const at::Tensor &T) {
+  return T.defined() && T.has_storage() ? T.storage().unsafeGetStorageImpl() : nullptr;
 }
 
 /// An op is about to write to \p T.
-void noteWrite(ThreadState &TS, const at::Tensor &T) {
-  if (T.defined() && T.has_storage())
-    ++TS.StorageWrites[T.storage().unsafeGetStorageImpl()];
+void noteWrite(const at::Tensor &T) {
+  if (const void *Storage = storageOf(T))
+    StorageWriteCounts::process().noteWrite(Storage);
 }
 
-/// The end of a root's forward: its outputs feed nothing later.
-void forgetProducers(ThreadState &TS) {
+/// The end of a root's forward: its outputs feed nothing later. \p Unwatch
+/// is false in a forked child, whose table of writes is new.
+void forgetProducers(ThreadState &TS, bool Unwatch = true) {
+  if (Unwatch)
+    for (const auto &[Impl, Produced] : TS.Producers)
+      if (Produced.Storage)
+        StorageWriteCounts::process().unwatch(Produced.Storage);
   TS.Producers.clear();
-  TS.StorageWrites.clear();
-  TS.ProducedInference = false;
 }
+/// The module call an op on this thread belongs to: the last one open on
+/// it, or, for an op of a backward pass (autograd runs a GPU's on a thread
+/// of its own, where no call is open), the last one open in the process. Not
+/// any other op's on a thread with no call open: a helper thread's are no
+/// module's, however long another thread's call stays open.
 int64_t openCall(const ThreadState &TS) {
   if (!TS.CallStack.empty())
     return TS.CallStack.back().Id;
-  return Current ? Current->LastOpenCall.load() : 0;
+  if (!Current || torch::autograd::get_current_graph_task_id() == -1)
+    return 0;
+  return Current->LastOpenCall.load();
 }
 
 OpKind &opKind(ThreadState &TS, const at::RecordFunction &Fn) {
@@ -724,7 +736,11 @@ Provenance provenanceOf(ThreadState &TS, const at::Tensor &T) {
   auto Alive = It->second.Impl.lock();
   if (Alive.get() != T.unsafeGetTensorImpl())
     return P;
-  if ((It->second.Inference ? storageWrites(TS, T) : T._version()) != It->second.Version) {
+  const ProducedTensor &Produced = It->second;
+  bool Changed = (Produced.Storage &&
+                  StorageWriteCounts::process().writes(Produced.Storage) != Produced.Writes) ||
+                 (!Produced.Inference && T._version() != Produced.Version);
+  if (Changed) {
     P.ChangedInPlace = true;
   } else {
     P.Source = It->second.TensorId;
@@ -888,8 +904,16 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
     }
     if (Written && Inputs[I].isList()) // _foreach_mul_'s Tensor(a!)[]
       WrittenLists.push_back(I);
-    if (!Inputs[I].isTensor())
+    if (!Inputs[I].isTensor()) {
+      // A list it reads: index_put_'s indices (a KV-cache write's slot
+      // mapping, a Tensor?[]), cat's and stack's Tensor[]: each tensor of it.
+      if (Inputs[I].isList() && !Written && !Kind.WritesUnmarked && Ctx->Capture &&
+          S->Options.OpInputs)
+        for (const c10::IValue &V : Inputs[I].toListRef())
+          if (V.isTensor())
+            Read.push_back(V.toTensor());
       continue;
+    }
     if (Written)
       Ctx->Mutated.push_back(Inputs[I].toTensor());
     else if (Ctx->Capture && S->Options.OpInputs)
@@ -901,13 +925,14 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
   }
   // Before anything that may fail: statistics the writer's thread has not
   // computed yet, of what the op is about to write, are computed now,
-  // before it runs; and the writes to recorded inference tensors counted.
-  if (S->Deferred.holding() || S->DeviceDeferred.waiting() || TS.ProducedInference) {
+  // before it runs; and the writes to recorded module outputs counted.
+  bool Watching = StorageWriteCounts::process().watching();
+  if (S->Deferred.holding() || S->DeviceDeferred.waiting() || Watching) {
     auto WillWrite = [&](const at::Tensor &T) {
       S->Deferred.beforeWrite(T);
       S->DeviceDeferred.beforeWrite(T);
-      if (TS.ProducedInference)
-        noteWrite(TS, T);
+      if (Watching)
+        noteWrite(T);
     };
     for (const at::Tensor &T : Ctx->Mutated)
       WillWrite(T);
@@ -1034,7 +1059,8 @@ void forgetSessionInChild() {
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
   ThreadState &TS = thisThread();
   TS.CallStack.clear();
-  forgetProducers(TS);
+  StorageWriteCounts::forgetInChild();
+  forgetProducers(TS, /*Unwatch=*/false);
   TS.PendingSnapshots.clear();
   TS.LastLaunch = {};
   new (&SessionMutex) std::mutex();
@@ -1370,6 +1396,25 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
   return Id;
 }
 
+/// \p T, recorded as the output \p TensorId, may feed a later module call.
+static void produced(ThreadState &TS, const at::Tensor &T, int64_t TensorId,
+                     std::shared_ptr<DeferredStats> Computed) {
+  StorageWriteCounts &Counts = StorageWriteCounts::process();
+  const void *Storage = storageOf(T);
+  int64_t Writes = Storage ? Counts.watch(Storage) : 0;
+  bool Inference = T.is_inference();
+  ProducedTensor Produced{
+      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(T.getIntrusivePtr()),
+      Storage, Writes, Inference ? 0 : T._version(), Inference, TensorId, std::move(Computed),
+      TS.OpsBegun};
+  auto [It, New] = TS.Producers.try_emplace(T.unsafeGetTensorImpl(), Produced);
+  if (!New) {
+    if (It->second.Storage)
+      Counts.unwatch(It->second.Storage);
+    It->second = std::move(Produced);
+  }
+}
+
 void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
                 const std::vector<at::Tensor> &KeywordInputs, int64_t FirstKeywordIndex) {
   Session *S = Current;
@@ -1423,18 +1468,10 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     int64_t TensorId = recordTensor(*S, T, TensorOwner::ModuleCall, Id, "output", int64_t(I),
                                     /*Stats=*/true, Capture, std::nullopt,
                                     provenanceOf(TS, T).Stats, &Computed);
-    // An inference tensor's writes are counted by storage; a jagged one's
-    // go to its values' storage, not its own: it feeds no dataflow.
-    if (TensorId && T.defined() && !(T.is_inference() && isJagged(T))) {
-      bool Inference = T.is_inference();
-      TS.ProducedInference |= Inference;
-      TS.Producers.insert_or_assign(
-          T.unsafeGetTensorImpl(),
-          ProducedTensor{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-                             T.getIntrusivePtr()),
-                         Inference ? storageWrites(TS, T) : T._version(), Inference, TensorId,
-                         Computed, TS.OpsBegun});
-    }
+    // An inference tensor's writes are counted by storage alone; a jagged
+    // one's go to its values' storage, not its own: it feeds no dataflow.
+    if (TensorId && T.defined() && !(T.is_inference() && isJagged(T)))
+      produced(TS, T, TensorId, std::move(Computed));
   }
 }
 
