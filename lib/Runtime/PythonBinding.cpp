@@ -470,7 +470,9 @@ int stillNamed(PyObject *Names, PyObject *Module, PyObject *Name, PyObject *Pare
       PyErr_Clear();
       return 0;
     }
-    if (!PyDict_CheckExact(Modules.get()))
+    // A dict, or a subclass (an OrderedDict some modules still keep):
+    // anything else is asked of the shim, which renames the tree.
+    if (!PyDict_Check(Modules.get()))
       return 0;
     PyObject *Slot = PyDict_GetItemWithError(Modules.get(), PyTuple_GET_ITEM(Name, 2));
     if (Slot != Module)

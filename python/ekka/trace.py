@@ -824,7 +824,7 @@ class _Tree:
                 return True
             owner = owner()
             modules = getattr(owner, "_modules", None)
-            if type(modules) is not dict or modules.get(key) is not module:
+            if not isinstance(modules, dict) or modules.get(key) is not module:
                 return False
             if owner is parent:
                 return True
