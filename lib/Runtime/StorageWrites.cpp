@@ -18,7 +18,7 @@ void StorageWriteCounts::forgetInChild() noexcept {
     ProcessCounts = Fresh;
 }
 
-int64_t StorageWriteCounts::watch(const void *Storage) noexcept {
+std::optional<int64_t> StorageWriteCounts::watch(const void *Storage) noexcept {
   Stripe &S = stripeOf(Storage);
   try {
     std::lock_guard<std::mutex> Lock(S.Mutex);
@@ -29,7 +29,7 @@ int64_t StorageWriteCounts::watch(const void *Storage) noexcept {
     }
     return E.Writes;
   } catch (...) {
-    return 0; // out of memory: unwatched, as if there were no such output
+    return std::nullopt; // out of memory: unwatched
   }
 }
 

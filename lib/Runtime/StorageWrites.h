@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace ekka {
@@ -28,8 +29,9 @@ namespace ekka {
 class StorageWriteCounts {
 public:
   /// Starts watching \p Storage (once more, if it is watched already) and
-  /// returns the writes counted so far (since it was first watched).
-  int64_t watch(const void *Storage) noexcept;
+  /// returns the writes counted so far (since it was first watched); none
+  /// if it could not (out of memory), and then it is not watched.
+  std::optional<int64_t> watch(const void *Storage) noexcept;
   /// Undoes one watch(); the count is dropped with the last.
   void unwatch(const void *Storage) noexcept;
   /// An op is about to write to \p Storage.

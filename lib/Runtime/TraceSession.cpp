@@ -737,9 +737,12 @@ Provenance provenanceOf(ThreadState &TS, const at::Tensor &T) {
   if (Alive.get() != T.unsafeGetTensorImpl())
     return P;
   const ProducedTensor &Produced = It->second;
+  // Written (its storage's count moved, or its version), or given other
+  // memory since (`y.data = z`, set_: no op the observer sees, no version).
   bool Changed = (Produced.Storage &&
                   StorageWriteCounts::process().writes(Produced.Storage) != Produced.Writes) ||
-                 (!Produced.Inference && T._version() != Produced.Version);
+                 (!Produced.Inference && T._version() != Produced.Version) ||
+                 storageOf(T) != Produced.Storage;
   if (Changed) {
     P.ChangedInPlace = true;
   } else {
@@ -910,7 +913,7 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
       if (Inputs[I].isList() && !Written && !Kind.WritesUnmarked && Ctx->Capture &&
           S->Options.OpInputs)
         for (const c10::IValue &V : Inputs[I].toListRef())
-          if (V.isTensor())
+          if (V.isTensor() && V.toTensor().defined()) // `cache[:, idx]`: an undefined first
             Read.push_back(V.toTensor());
       continue;
     }
@@ -1401,11 +1404,21 @@ static void produced(ThreadState &TS, const at::Tensor &T, int64_t TensorId,
                      std::shared_ptr<DeferredStats> Computed) {
   StorageWriteCounts &Counts = StorageWriteCounts::process();
   const void *Storage = storageOf(T);
-  int64_t Writes = Storage ? Counts.watch(Storage) : 0;
+  std::optional<int64_t> Writes = Storage ? Counts.watch(Storage) : 0;
+  if (!Writes) {
+    // Out of memory: unwatched, so no later input can be vouched for as
+    // this output unchanged. It is recorded as what it is, then.
+    if (auto It = TS.Producers.find(T.unsafeGetTensorImpl()); It != TS.Producers.end()) {
+      if (It->second.Storage)
+        Counts.unwatch(It->second.Storage);
+      TS.Producers.erase(It);
+    }
+    return;
+  }
   bool Inference = T.is_inference();
   ProducedTensor Produced{
       c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(T.getIntrusivePtr()),
-      Storage, Writes, Inference ? 0 : T._version(), Inference, TensorId, std::move(Computed),
+      Storage, *Writes, Inference ? 0 : T._version(), Inference, TensorId, std::move(Computed),
       TS.OpsBegun};
   auto [It, New] = TS.Producers.try_emplace(T.unsafeGetTensorImpl(), Produced);
   if (!New) {

@@ -88,7 +88,8 @@ TEST_F(TraceTest, WriteThenRead) {
   auto R = TraceReader::open(Dir);
   ASSERT_TRUE(bool(R)) << toString(R.takeError());
   EXPECT_EQ((*R)->meta().at("framework"), "hf");
-  EXPECT_EQ((*R)->meta().at("format"), "ekka-trace 1.6");
+  EXPECT_EQ((*R)->meta().at("format"), "ekka-trace " + std::to_string(TraceFormatMajor) + "." +
+                                             std::to_string(TraceFormatMinor));
   auto Calls = (*R)->moduleCalls();
   ASSERT_TRUE(Calls && Calls->size() == 1u);
   EXPECT_EQ((*Calls)[0].Path, "model.layers.0.mlp");

@@ -1,8 +1,9 @@
 """A module output that the program writes in place before the next module
 takes it, in ways no version counter of that output sees: through `.data`
-or `detach()`, and on another thread under torch.inference_mode. Usage:
-dataflow_writes.py HOW MODE, HOW one of data, detach, thread, MODE one of
-grad, nograd, inference. b's input is then 10 times a's output."""
+or `detach()`, and on another thread under torch.inference_mode, or given
+other memory (`h.data = ...`, no op on h at all). Usage:
+dataflow_writes.py HOW MODE, HOW one of data, detach, thread, assign, MODE
+one of grad, nograd, inference. b's input is then 10 times a's output."""
 import sys
 import threading
 
@@ -18,6 +19,8 @@ def scale(h):
         h.data.mul_(10)
     elif how == "detach":
         h.detach().mul_(10)
+    elif how == "assign":
+        h.data = h.detach() * 10
     elif how == "thread":
         def helper():
             with context():

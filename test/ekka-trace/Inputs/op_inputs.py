@@ -13,7 +13,10 @@ class Cache(torch.nn.Module):
     def forward(self, k, slots):
         self.cache[slots] = k
         stacked = torch.stack([k, k * 2])
-        return torch.cat([stacked.flatten(), slots.float()])
+        out = torch.cat([stacked.flatten(), slots.float()])
+        # A column write: index_put_'s indices are [an undefined tensor, cols].
+        self.cache[:, torch.tensor([2])] = torch.full((16, 1), 7.0)
+        return out
 
 
 k = torch.arange(12.0).reshape(3, 4)
@@ -23,3 +26,4 @@ with torch.no_grad():
 print("index_put_", slots.sum().item(), k.sum().item())
 print("stack", k.sum().item(), (k * 2).sum().item())
 print("cat", (k.sum() * 3).item(), slots.float().sum().item())
+print("index_put_", 2, 16 * 7.0)
