@@ -766,7 +766,7 @@ class _Tree:
     it is an attribute of (a weak reference; None for the root) and that
     attribute's name. A module at several paths (vLLM's get_rope() gives
     every layer one RotaryEmbedding) has a list of them, in named_modules()
-    order. The Python binding's `before` reads names of one path as this
+    order. The Python binding's `before` reads names as this
     does (`path`)."""
 
     def __init__(self, root, prefix):
