@@ -1453,12 +1453,20 @@ def _wrap_check_trace(jit_trace):
         if local is None:
             return check(*args, **kwargs)
         checking = getattr(local, "checking_trace", False)
-        local.checking_trace = True
+        # Inside a module's forward too (a module that traces a child): the
+        # calls are then roots, which _before leaves alone while checking,
+        # and the C hooks, which take only calls with one open, leave to it.
+        stack = getattr(local, "stack", None)
+        local.checking_trace, local.stack = True, []
         try:
             with _aside():
                 return check(*args, **kwargs)
         finally:
             local.checking_trace = checking
+            if stack is None:
+                del local.stack
+            else:
+                local.stack = stack
 
     check_unrecorded._ekka_aside = True
     jit_trace._check_trace = check_unrecorded

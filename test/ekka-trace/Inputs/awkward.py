@@ -80,6 +80,18 @@ elif kind == "jit":
     traced = torch.jit.trace(lin, x)
     traced(x)
     lin(x)
+elif kind == "jit-inside":
+    # A forward that traces its child: the check's run is not recorded there
+    # either.
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.jit.trace(self.m, x)(x)
+
+    Outer()(x)
 elif kind == "fx":
     # symbolic_trace calls the submodules that are no leaf (Block) with
     # fx.Proxy arguments, through the hooks: a Proxy has every attribute,
