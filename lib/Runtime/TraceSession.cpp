@@ -1403,29 +1403,23 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
 static void produced(ThreadState &TS, const at::Tensor &T, int64_t TensorId,
                      std::shared_ptr<DeferredStats> Computed) {
   StorageWriteCounts &Counts = StorageWriteCounts::process();
-  const void *Storage = storageOf(T);
-  std::optional<int64_t> Writes = Storage ? Counts.watch(Storage) : 0;
-  if (!Writes) {
-    // Out of memory: unwatched, so no later input can be vouched for as
-    // this output unchanged. It is recorded as what it is, then.
-    if (auto It = TS.Producers.find(T.unsafeGetTensorImpl()); It != TS.Producers.end()) {
-      if (It->second.Storage)
-        Counts.unwatch(It->second.Storage);
-      TS.Producers.erase(It);
-    }
-    return;
-  }
-  bool Inference = T.is_inference();
-  ProducedTensor Produced{
-      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(T.getIntrusivePtr()),
-      Storage, *Writes, Inference ? 0 : T._version(), Inference, TensorId, std::move(Computed),
-      TS.OpsBegun};
-  auto [It, New] = TS.Producers.try_emplace(T.unsafeGetTensorImpl(), Produced);
-  if (!New) {
+  // What the same tensor was recorded as before: this output replaces it.
+  if (auto It = TS.Producers.find(T.unsafeGetTensorImpl()); It != TS.Producers.end()) {
     if (It->second.Storage)
       Counts.unwatch(It->second.Storage);
-    It->second = std::move(Produced);
+    TS.Producers.erase(It);
   }
+  const void *Storage = storageOf(T);
+  std::optional<int64_t> Writes = Storage ? Counts.watch(Storage) : 0;
+  if (!Writes)
+    return; // out of memory: unwatched, so no later input is vouched for as it
+  bool Inference = T.is_inference();
+  TS.Producers.emplace(
+      T.unsafeGetTensorImpl(),
+      ProducedTensor{
+          c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(T.getIntrusivePtr()),
+          Storage, *Writes, Inference ? 0 : T._version(), Inference, TensorId,
+          std::move(Computed), TS.OpsBegun});
 }
 
 void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
