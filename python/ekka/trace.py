@@ -426,8 +426,8 @@ def _before(module, args, kwargs=None):
     if stack and _runs_compiled(local, stack[-1][0], module):
         return
     is_root = not stack
-    if is_root and getattr(local, "checking_trace", False):
-        return  # torch.jit.trace's check runs the module again: not the program's step
+    if is_root and getattr(local, "unrecorded", False):
+        return  # torch.jit.trace's check, fx's tracer: not the program's step (_unrecorded)
     trees = getattr(local, "trees", None)
     if trees is None:
         trees = local.trees = {}
@@ -1437,39 +1437,54 @@ def _set_aside(owner, name, module):
     setattr(cls, name, benchmark)
 
 
-def _wrap_check_trace(jit_trace):
-    """torch.jit.trace checks what it traced by tracing again (the hooks are
-    skipped while tracing) and running the module eagerly once more: that
-    run is torch.jit's, not a forward step of the program's, which would
-    shift the steps of the program's own forwards. Its module calls and ops
-    are not recorded."""
-    check = getattr(jit_trace, "_check_trace", None)
-    if not callable(check) or getattr(check, "_ekka_aside", False):
-        return
-
-    @functools.wraps(check)
-    def check_unrecorded(*args, **kwargs):
+def _unrecorded(run):
+    """`run`, wrapped so that what it runs on this thread is no module call,
+    op or launch of the program's: its calls are then roots, which _before
+    leaves alone while `unrecorded` is set, and the C hooks, which take only
+    calls with one open, leave to it; its ops are set aside. Inside a
+    module's forward too (a module that traces a child): the thread's stack
+    is set aside meanwhile."""
+    @functools.wraps(run)
+    def unrecorded(*args, **kwargs):
         local = _state.local if _state is not None else None
         if local is None:
-            return check(*args, **kwargs)
-        checking = getattr(local, "checking_trace", False)
-        # Inside a module's forward too (a module that traces a child): the
-        # calls are then roots, which _before leaves alone while checking,
-        # and the C hooks, which take only calls with one open, leave to it.
+            return run(*args, **kwargs)
+        was = getattr(local, "unrecorded", False)
         stack = getattr(local, "stack", None)
-        local.checking_trace, local.stack = True, []
+        local.unrecorded, local.stack = True, []
         try:
             with _aside():
-                return check(*args, **kwargs)
+                return run(*args, **kwargs)
         finally:
-            local.checking_trace = checking
+            local.unrecorded = was
             if stack is None:
                 del local.stack
             else:
                 local.stack = stack
 
-    check_unrecorded._ekka_aside = True
-    jit_trace._check_trace = check_unrecorded
+    unrecorded._ekka_aside = True
+    return unrecorded
+
+
+def _wrap_unrecorded(owner, name, module):
+    """Makes `owner.name` in `module` (`owner` None: the module's own) run
+    unrecorded (see _unrecorded), once."""
+    holder = getattr(module, owner, None) if owner else module
+    run = getattr(holder, name, None) if holder is not None else None
+    if not callable(run) or getattr(run, "_ekka_aside", False):
+        return
+    setattr(holder, name, _unrecorded(run))
+
+
+# Runs of the program's modules that are no step of its own, by module:
+# torch.jit.trace checks what it traced by running the module eagerly once
+# more (the hooks are skipped while it traces), which would shift the steps
+# of the program's own forwards; torch.fx's symbolic tracer (symbolic_trace,
+# HF's fx tracer, make_fx) calls the modules that are no leaf with Proxies.
+_UNRECORDED_RUNS = {
+    "torch.jit._trace": (None, "_check_trace"),
+    "torch.fx._symbolic_trace": ("Tracer", "trace"),
+}
 
 
 def _wrap_init_process_group(dist):
@@ -1544,7 +1559,8 @@ def install(trace_dir, options="", runtime_library=None):
     _when_imported("torch._dynamo", _watch_compiles)
     _wrap_exec()
     _when_imported("torch.distributed", _wrap_init_process_group)
-    _when_imported("torch.jit._trace", _wrap_check_trace)
+    for module, (owner, name) in _UNRECORDED_RUNS.items():
+        _when_imported(module, functools.partial(_wrap_unrecorded, owner, name))
     _wrap_export()
     _wrap_module_compile()
     for module, (owner, name) in _AUTOTUNER_BENCHMARKS.items():
