@@ -117,6 +117,9 @@ Error TraceReader::readMeta() {
     return makeError("'" + Dir + "' is a trace of format " + Version +
                      "; this Ekka reads format " + Twine(TraceFormatMajor) +
                      ".x and older (upgrade Ekka)");
+  FormatMajor = Major;
+  if (MinorText.getAsInteger(10, FormatMinor))
+    FormatMinor = ~0u; // digits past any number: newer than any minor
   return Error::success();
 }
 

@@ -107,13 +107,7 @@ std::vector<std::unique_ptr<TraceReader>> openRanks(StringRef Flag, StringRef Di
     };
     auto [Idle, IdleCount] = List(true);
     auto [Missing, MissingCount] = List(false);
-    bool Marks = false;
-    if (auto Format = Meta.find("format"); Format != Meta.end()) {
-      auto [Major, Minor] = StringRef(Format->second).drop_front(11).split('.');
-      unsigned Ma = 0, Mi = 0;
-      Marks = !Major.getAsInteger(10, Ma) && !Minor.getAsInteger(10, Mi) &&
-              (Ma > 1 || (Ma == 1 && Mi >= 7));
-    }
+    bool Marks = (*Ranks)[0]->formatAtLeast(1, 7);
     errs() << Tool << ": warning: --" << Flag << " holds " << Ranks->size() << " of its "
            << World << " ranks' traces";
     if (IdleCount)

@@ -919,6 +919,27 @@ TEST_F(TraceTest, NewerMajorFormatIsRefused) {
             std::string::npos);
 }
 
+TEST_F(TraceTest, FormatAtLeastComparesMajorThenMinor) {
+  for (auto [Format, AtLeast17, AtLeast110] :
+       {std::tuple("1.6", false, false), std::tuple("1.7", true, false),
+        std::tuple("1.12", true, true), std::tuple("0.9", false, false),
+        std::tuple("1.99999999999999999999", true, true)}) {
+    {
+      TraceWriterOptions O;
+      O.Force = true;
+      auto W = TraceWriter::create(Dir, O);
+      ASSERT_TRUE(bool(W));
+      (*W)->setMeta("format", std::string("ekka-trace ") + Format);
+      ASSERT_FALSE(bool((*W)->close()));
+    }
+    auto R = TraceReader::open(Dir);
+    ASSERT_TRUE(bool(R)) << toString(R.takeError());
+    EXPECT_EQ((*R)->formatAtLeast(1, 7), AtLeast17) << Format;
+    EXPECT_EQ((*R)->formatAtLeast(1, 10), AtLeast110) << Format;
+    EXPECT_TRUE((*R)->formatAtLeast(0, 9)) << Format;
+  }
+}
+
 TEST_F(TraceTest, MultiRankDirectoriesOpenInRankOrder) {
   for (int Rank : {0, 1}) {
     auto W = TraceWriter::create(Dir + "/rank-" + std::to_string(Rank));

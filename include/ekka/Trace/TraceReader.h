@@ -42,6 +42,12 @@ public:
   static std::vector<unsigned> startedRanks(llvm::StringRef Dir);
 
   const std::map<std::string, std::string> &meta() const { return Meta; }
+  /// Whether the trace's format is \p Major.\p Minor or newer (what a
+  /// feature that came with that version needs, such as the start markers
+  /// of 1.7).
+  bool formatAtLeast(unsigned Major, unsigned Minor) const {
+    return FormatMajor != Major ? FormatMajor > Major : FormatMinor >= Minor;
+  }
   llvm::StringRef directory() const { return Dir; }
 
   llvm::Expected<std::vector<ModuleCallRecord>> moduleCalls();
@@ -76,6 +82,7 @@ private:
   std::string Dir;
   std::unique_ptr<SQLiteDatabase> Db;
   std::map<std::string, std::string> Meta;
+  unsigned FormatMajor = 0, FormatMinor = 0; // validated by readMeta
   std::mutex ShardsMutex;
   llvm::StringMap<std::unique_ptr<SafeTensorsFile>> Shards;
 };
