@@ -242,15 +242,26 @@ std::optional<double> Diagnoser::ratioOf(std::optional<std::vector<double>> XT, 
       size_t Row = XT->size() / size_t(Total), Off = 0;
       bool WithY = YR && YR->size() == XT->size();
       std::vector<std::pair<int64_t, double>> Steps;
+      // The whole's sums are the steps' added: one pass for both, unless a
+      // value is not finite (each ratio is then taken element by element).
+      RatioSums Whole;
       for (const auto &[Step, Rows] : Joined.Rows) {
         size_t Len = size_t(Rows) * Row;
         auto Part = [&](const Elements &X) { return ArrayRef<double>(X).slice(Off, Len); };
-        if (auto Ratio = ratioValues(Part(*XT), TargetType, Part(*XR), B->Type,
-                                     WithY ? Part(*YR) : ArrayRef<double>()))
-          Steps.emplace_back(Step, *Ratio);
+        ArrayRef<double> PT = Part(*XT), PR = Part(*XR), PY = WithY ? Part(*YR) : ArrayRef<double>();
         Off += Len;
+        if (Len == 0)
+          continue;
+        RatioSums S = ratioSums(PT, PR, PY);
+        Whole += S;
+        auto Ratio = S.Finite ? std::optional(ratioFromSums(S, WithY, TargetType, B->Type))
+                              : ratioValues(PT, TargetType, PR, B->Type, PY);
+        if (Ratio)
+          Steps.emplace_back(Step, *Ratio);
       }
       StepRatios[Joined.Call] = std::move(Steps);
+      if (Whole.Finite && Off == XT->size())
+        return ratioFromSums(Whole, WithY, TargetType, B->Type);
     }
   }
   return ratioValues(*XT, TargetType, *XR, B->Type, YR ? ArrayRef<double>(*YR) : std::nullopt);

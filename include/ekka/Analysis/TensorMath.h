@@ -43,6 +43,14 @@ struct RatioSums {
 };
 RatioSums ratioSums(llvm::ArrayRef<double> XT, llvm::ArrayRef<double> XR,
                     llvm::ArrayRef<double> YR);
+/// The sums of two parts, as one: a part's sums are the whole's when
+/// added up (finite where both are).
+inline RatioSums &operator+=(RatioSums &A, const RatioSums &B) {
+  A.TR += B.TR, A.TY += B.TY, A.RY += B.RY, A.YY += B.YY, A.RR += B.RR;
+  A.ST += B.ST, A.SR += B.SR, A.SY += B.SY;
+  A.Finite &= B.Finite;
+  return A;
+}
 
 /// The same sums straight from captured bytes, without widened copies:
 /// XT of dtype TT, XR of RT and, unless \p YR is empty, YR of YT, each
