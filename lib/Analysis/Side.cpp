@@ -203,21 +203,27 @@ std::optional<std::vector<double>> Side::values(const TensorRecord *T) const {
 }
 
 bool Side::matchesStats(const TensorRecord &T, ArrayRef<double> V) const {
+  if (!sumChecked(T))
+    return true; // and no pass over the values for nothing
   double Sum = 0;
   for (double X : V)
     Sum += X;
   return matchesSum(T, Sum, V.size());
 }
 
-bool Side::matchesSum(const TensorRecord &T, double Sum, size_t N) const {
+bool Side::sumChecked(const TensorRecord &T) {
   // The statistics of a captured CPU tensor were computed from the bytes
-  // written (in doubles, as here): the two sums of the same values differ
-  // by rounding only, at most 2 n 2^-53 sum|x| each, and sum|x| is at most
-  // sqrt(n sum x^2). GPU statistics are the device's own, in another order
-  // and precision: not checked.
-  if (!T.Stats || T.Device != "cpu" || T.Stats->NanCount || T.Stats->InfCount ||
-      partType(T.Type) != T.Type || !std::isfinite(T.Stats->Sum) ||
-      !std::isfinite(T.Stats->SumSq))
+  // written (in doubles, as here). GPU statistics are the device's own, in
+  // another order and precision: not checked.
+  return T.Stats && T.Device == "cpu" && !T.Stats->NanCount && !T.Stats->InfCount &&
+         partType(T.Type) == T.Type && std::isfinite(T.Stats->Sum) &&
+         std::isfinite(T.Stats->SumSq);
+}
+
+bool Side::matchesSum(const TensorRecord &T, double Sum, size_t N) const {
+  // Two sums of the same values differ by rounding only, at most
+  // 2 n 2^-53 sum|x| each, and sum|x| is at most sqrt(n sum x^2).
+  if (!sumChecked(T))
     return true;
   double Bound = 4 * double(N) * 0x1p-53 * std::sqrt(double(N) * T.Stats->SumSq);
   if (std::fabs(Sum - T.Stats->Sum) <= Bound)

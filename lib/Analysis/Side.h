@@ -109,6 +109,9 @@ struct Side {
   /// The same for a captured tensor's \p N values summed elsewhere (the
   /// bytes' comparison kernel) to \p Sum.
   bool matchesSum(const TensorRecord &T, double Sum, size_t N) const;
+  /// Whether \p T's statistics can check its bytes at all: a CPU tensor's,
+  /// finite, of a dtype summed as its values.
+  static bool sumChecked(const TensorRecord &T);
 
   /// A batch padded to one length: the root was given token ids [batch,
   /// seq] and an attention mask of that shape, zeros marking the padding.

@@ -76,6 +76,28 @@ TEST(TensorMath, NormsAndFirstDifference) {
   EXPECT_EQ(unitRoundoff(DType::BF16), std::ldexp(1.0, -8));
 }
 
+// A whole's sums are its parts' added (a joined output's ratio is its
+// steps'); a part with a NaN makes the whole not finite.
+TEST(TensorMath, RatioSumsAddUp) {
+  std::vector<double> T = {1, 2, 3, 4, 5}, R = {1, 2.5, 3, 4, 4}, Y = {1, 2, 3.5, 4, 5};
+  llvm::ArrayRef<double> AT(T), AR(R), AY(Y);
+  RatioSums Whole = ratioSums(AT, AR, AY);
+  RatioSums Parts = ratioSums(AT.take_front(2), AR.take_front(2), AY.take_front(2));
+  Parts += ratioSums(AT.drop_front(2), AR.drop_front(2), AY.drop_front(2));
+  EXPECT_EQ(Parts.TR, Whole.TR);
+  EXPECT_EQ(Parts.RR, Whole.RR);
+  EXPECT_EQ(Parts.TY, Whole.TY);
+  EXPECT_EQ(Parts.RY, Whole.RY);
+  EXPECT_EQ(Parts.YY, Whole.YY);
+  EXPECT_EQ(Parts.ST, 15);
+  EXPECT_EQ(Parts.SR, 14.5);
+  EXPECT_EQ(Parts.SY, 15.5);
+  EXPECT_TRUE(Parts.Finite);
+  std::vector<double> N = {std::nan("")};
+  Parts += ratioSums(N, N, {});
+  EXPECT_FALSE(Parts.Finite);
+}
+
 /// Values in a dtype's bytes (rounded to it) and as doubles.
 struct Encoded {
   std::string Bytes;
