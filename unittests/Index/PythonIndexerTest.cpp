@@ -153,4 +153,20 @@ unrelated.impl("mylib::nothing", fn)
                     }));
 }
 
+// The pass skips what names no registering method and no Library: a
+// Library imported under another name still counts, in any nesting.
+TEST(PythonIndexer, OpRegistrationsThroughAnAliasedLibrary) {
+  FileDefinitions F = indexPythonSource(R"(
+from torch.library import Library as L
+import torch
+
+def make():
+    if torch.cuda.is_available():
+        lib = L("aliased", "DEF")
+        lib.define("scale(Tensor x) -> Tensor")
+    return None
+)", "pkg.alias", false);
+  EXPECT_EQ(ops(F), (std::vector<std::string>{"aliased::scale <- "}));
+}
+
 } // namespace
