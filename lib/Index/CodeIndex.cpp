@@ -730,13 +730,16 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findKernel(StringRef Symbol)
 /// names in \p Asked. A namespace written as a macro (vLLM's
 /// TORCH_EXTENSION_NAME, which the build sets to `_C`) stands for any; one
 /// pasted from a macro and a suffix (`TORCH_EXTENSION_NAME_cache_ops`, which
-/// is `_C_cache_ops`) for any that ends with the suffix.
+/// is `_C_cache_ops`) for any that ends with the suffix. A macro starts with
+/// a capital: `_C`, as vLLM's Python and stable-ABI blocks write it, is the
+/// namespace `_C` itself, and `_C_cache_ops` is not a macro `_C_` pasted.
 static bool opNamespaceMatches(StringRef Recorded, StringRef Asked) {
   if (Recorded == Asked)
     return true;
-  StringRef Macro = Recorded.take_while([](char C) { return isUpper(C) || C == '_'; });
-  if (Macro.empty() || Macro.find_if([](char C) { return isUpper(C); }) == StringRef::npos)
+  if (Recorded.empty() || !isUpper(Recorded.front()))
     return false;
+  StringRef Macro =
+      Recorded.take_while([](char C) { return isUpper(C) || isDigit(C) || C == '_'; });
   if (Macro.size() == Recorded.size())
     return true;
   if (!Macro.ends_with("_"))
