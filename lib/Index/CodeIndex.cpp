@@ -48,6 +48,13 @@ CREATE TABLE IF NOT EXISTS file_includes(
   included_path TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS file_includes_path ON file_includes(included_path);
 CREATE INDEX IF NOT EXISTS file_includes_file ON file_includes(file_id);
+-- Where each C++ translation unit's #includes looked in vain before finding
+-- their files: a file created there changes what the unit includes.
+CREATE TABLE IF NOT EXISTS include_misses(
+  file_id INTEGER NOT NULL REFERENCES files(id),
+  path TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS include_misses_path ON include_misses(path);
+CREATE INDEX IF NOT EXISTS include_misses_file ON include_misses(file_id);
 CREATE TABLE IF NOT EXISTS definitions(
   id INTEGER PRIMARY KEY,
   file_id INTEGER NOT NULL REFERENCES files(id),
@@ -370,7 +377,8 @@ Expected<int64_t> CodeIndex::fileId(StringRef Path) {
 Error CodeIndex::deleteFileContents(int64_t Id) {
   for (const char *SQL : {"DELETE FROM definitions WHERE file_id = ?1",
                           "DELETE FROM imports WHERE file_id = ?1",
-                          "DELETE FROM file_includes WHERE file_id = ?1"}) {
+                          "DELETE FROM file_includes WHERE file_id = ?1",
+                          "DELETE FROM include_misses WHERE file_id = ?1"}) {
     auto S = cached(SQL);
     if (!S)
       return S.takeError();
@@ -464,6 +472,12 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
   for (const std::string &P : F.Includes)
     if (Error E = (*Inc)->bind(1, *Id).bind(2, P).run())
       return E;
+  auto Miss = cached("INSERT INTO include_misses(file_id, path) VALUES(?1, ?2)");
+  if (!Miss)
+    return Miss.takeError();
+  for (const std::string &P : F.IncludeMisses)
+    if (Error E = (*Miss)->bind(1, *Id).bind(2, P).run())
+      return E;
   return Error::success();
 }
 
@@ -511,6 +525,14 @@ CodeIndex::includersOfEach(const std::vector<std::string> &RealPaths) {
       return E;
   }
   return Out;
+}
+
+Expected<std::vector<std::string>>
+CodeIndex::unitsMissing(const std::vector<std::string> &RealPaths) {
+  return collectPerKey(*Db,
+                       "SELECT f.path FROM include_misses m JOIN files f ON f.id = m.file_id "
+                       "WHERE m.path = ?1",
+                       RealPaths);
 }
 
 Expected<std::vector<std::string>>

@@ -69,6 +69,7 @@ struct FileWork {
   bool ForceParse = false; ///< C++: unchanged, but an included file changed.
   std::string RecordedBy; ///< C++: the unit (main file path) that recorded it.
   std::vector<std::string> Includes; ///< C++ main files: what the unit read.
+  std::vector<std::string> IncludeMisses; ///< C++ main files: where it looked.
 };
 
 std::string hashText(StringRef Text) {
@@ -361,6 +362,7 @@ private:
     std::lock_guard<std::mutex> Lock(Run.Mutex);
     Run.Parsed.insert(W.File->Path);
     W.Includes = std::move(TU.Includes);
+    W.IncludeMisses = std::move(TU.IncludeMisses);
     for (CxxFileDefinitions &R : TU.Files) {
       FileWork *Target = Run.WorkByReal.lookup(R.RealPath);
       if (!Target) {
@@ -466,19 +468,24 @@ private:
     return &W;
   }
 
-  /// C++ files whose record depends on a changed or removed file: the
-  /// translation units of changed files and those that include a changed or
-  /// removed file are parsed again, and with them every file they recorded.
-  /// Without this a changed macro in a header would leave the kernels that
-  /// use it, and the headers it reaches, as they were; a changed or removed
-  /// source would leave the headers it recorded as it saw them.
+  /// C++ files whose record depends on a changed, removed or new file: the
+  /// translation units of changed files, those that include a changed or
+  /// removed file and those whose #include would now find a new file first
+  /// are parsed again, and with them every file they recorded. Without this
+  /// a changed macro in a header would leave the kernels that use it, and
+  /// the headers it reaches, as they were; a changed or removed source would
+  /// leave the headers it recorded as it saw them; a new header beside a
+  /// source would not replace the one its `#include` found further along
+  /// the search path.
   Error addDependentWork(CodeIndex &Index, const StringMap<IndexedFileState> &Stored) {
-    std::vector<std::string> Changed, Mains;
+    std::vector<std::string> Changed, Mains, New;
     for (FileWork &W : Work) {
       if (W.File->Language != SourceLanguage::Python &&
           W.Result == FileWork::Outcome::Parse) {
         Changed.push_back(W.File->RealPath);
         Mains.push_back(W.File->Path);
+        if (!Stored.count(W.File->Path))
+          New.push_back(W.File->RealPath);
       }
     }
     for (const std::string &Path : Gone)
@@ -491,6 +498,10 @@ private:
     auto Includers = Index.includersOf(Changed);
     if (!Includers)
       return Includers.takeError();
+    auto Missing = Index.unitsMissing(New);
+    if (!Missing)
+      return Missing.takeError();
+    Includers->insert(Includers->end(), Missing->begin(), Missing->end());
     Mains.insert(Mains.end(), Includers->begin(), Includers->end());
     auto Recorded = Index.filesRecordedBy(Mains);
     if (!Recorded)
@@ -552,6 +563,7 @@ private:
       F.Status = W.Status;
       F.RecordedBy = W.RecordedBy;
       F.Includes = std::move(W.Includes);
+      F.IncludeMisses = std::move(W.IncludeMisses);
       // The file's rows, as this run found it: an Error assigned over
       // another unchecked one would be a contract violation in LLVM.
       auto Store = [&]() -> Error {

@@ -58,6 +58,9 @@ struct IndexedFile {
   /// this file's definitions, and, for a main file, every file it included.
   std::string RecordedBy;
   std::vector<std::string> Includes;
+  /// C++ main files: where their #includes looked before finding their
+  /// files (CxxTranslationUnit::IncludeMisses).
+  std::vector<std::string> IncludeMisses;
 };
 
 struct IndexCounts {
@@ -72,8 +75,8 @@ public:
   /// What the indexers extract; an index built by another revision (what
   /// it lacks, or holds wrongly, is in unchanged files too) is parsed again
   /// whole. 2: op registrations from Python, vLLM's sub-libraries and the
-  /// stable ABI's blocks.
-  static constexpr int ParserRevision = 2;
+  /// stable ABI's blocks. 3: the include search's misses.
+  static constexpr int ParserRevision = 3;
 
   /// Opens \p Path for building, creating it if needed. An existing file
   /// that is not an Ekka index is an error, never overwritten.
@@ -105,6 +108,10 @@ public:
   /// For each of \p RealPaths, the main files of the units that included it.
   llvm::Expected<llvm::StringMap<std::vector<std::string>>>
   includersOfEach(const std::vector<std::string> &RealPaths);
+  /// Main files of the translation units whose #include search looked for
+  /// any of \p RealPaths and went on (or found nothing).
+  llvm::Expected<std::vector<std::string>>
+  unitsMissing(const std::vector<std::string> &RealPaths);
   /// Files whose definitions the translation units of \p Mains recorded.
   llvm::Expected<std::vector<std::string>>
   filesRecordedBy(const std::vector<std::string> &Mains);
