@@ -374,11 +374,13 @@ Expected<int64_t> CodeIndex::fileId(StringRef Path) {
   return Id;
 }
 
-Error CodeIndex::deleteFileContents(int64_t Id) {
+Error CodeIndex::deleteFileContents(int64_t Id, bool KeepIncludes) {
   for (const char *SQL : {"DELETE FROM definitions WHERE file_id = ?1",
                           "DELETE FROM imports WHERE file_id = ?1",
                           "DELETE FROM file_includes WHERE file_id = ?1",
                           "DELETE FROM include_misses WHERE file_id = ?1"}) {
+    if (KeepIncludes && StringRef(SQL).contains("include"))
+      continue;
     auto S = cached(SQL);
     if (!S)
       return S.takeError();
@@ -398,7 +400,7 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
   if (!Existing)
     return Existing.takeError();
   if (*Existing >= 0)
-    if (Error E = deleteFileContents(*Existing))
+    if (Error E = deleteFileContents(*Existing, F.KeepIncludes))
       return E;
   auto Up = cached(
       "INSERT INTO files(path, language, module, size, mtime_ns, hash, status, "

@@ -61,6 +61,9 @@ struct IndexedFile {
   /// C++ main files: where their #includes looked before finding their
   /// files (CxxTranslationUnit::IncludeMisses).
   std::vector<std::string> IncludeMisses;
+  /// Keep the includes and misses stored for the file (its own unit did not
+  /// run) instead of replacing them with the two above.
+  bool KeepIncludes = false;
 };
 
 struct IndexCounts {
@@ -75,8 +78,10 @@ public:
   /// What the indexers extract; an index built by another revision (what
   /// it lacks, or holds wrongly, is in unchanged files too) is parsed again
   /// whole. 2: op registrations from Python, vLLM's sub-libraries and the
-  /// stable ABI's blocks. 3: the include search's misses.
-  static constexpr int ParserRevision = 3;
+  /// stable ABI's blocks. 3: the include search's misses. 4: every header
+  /// unit no source records runs, and a header's record no longer depends
+  /// on thread order.
+  static constexpr int ParserRevision = 4;
 
   /// Opens \p Path for building, creating it if needed. An existing file
   /// that is not an Ekka index is an error, never overwritten.
@@ -154,7 +159,9 @@ private:
   llvm::Expected<int64_t> fileId(llvm::StringRef Path);
   /// A statement prepared once per index, reset for reuse.
   llvm::Expected<SQLiteStatement *> cached(llvm::StringRef SQL);
-  llvm::Error deleteFileContents(int64_t FileId);
+  /// Deletes a file's definitions and imports, and its includes and
+  /// include misses unless \p KeepIncludes.
+  llvm::Error deleteFileContents(int64_t FileId, bool KeepIncludes = false);
 
   std::unique_ptr<SQLiteDatabase> Db;
   llvm::StringMap<SQLiteStatement> Statements; ///< Before Db in destruction.
