@@ -227,6 +227,18 @@ private:
     return Value;
   }
 
+  /// A dispatch key's value, or the expression as written when it is not
+  /// a literal: what it is at run time, a reader can look up. None for
+  /// `None`, and for an f-string, whose text would read as a key.
+  std::string key(TSNode N) const {
+    if (std::optional<std::string> L = literal(N))
+      return *L;
+    TSSymbol S = ts_node_symbol(N);
+    if (S == G.None || S == G.String || S == G.ConcatenatedString)
+      return "";
+    return text(N).str();
+  }
+
   /// A dotted name with its first part replaced by what the module's
   /// imports bind it to: `tl.custom_op` -> `torch.library.custom_op`.
   std::string resolved(StringRef Dotted) const {
@@ -285,7 +297,7 @@ private:
       return;
     LibraryObject L{*Name, ""};
     if (std::optional<TSNode> Key = A.get("dispatch_key", 2))
-      L.DispatchKey = literal(*Key).value_or("");
+      L.DispatchKey = key(*Key);
     Libraries[text(Left)] = L;
   }
 
@@ -347,6 +359,12 @@ struct RegistrationFinder::RegisteringCall {
     std::optional<TSNode> N = A.get(Keyword, Position);
     return N ? F.literal(*N).value_or("") : std::string();
   }
+  /// A dispatch key or device types: the literal's value, else the
+  /// expression as written (`current_platform.dispatch_key`).
+  std::string key(StringRef Keyword, size_t Position) const {
+    std::optional<TSNode> N = A.get(Keyword, Position);
+    return N ? F.key(*N) : std::string();
+  }
   /// The function a decorator decorates, or the one an argument names.
   std::string function(StringRef Keyword, size_t Position) const {
     if (!Decorated.empty())
@@ -397,7 +415,7 @@ void RegistrationFinder::vllmRegistration(const RegisteringCall &C, Registration
   }
   R.Op = C.literal("op_name", 0);
   R.Function = C.function("op_func", 1);
-  R.DispatchKey = C.literal("dispatch_key", 5);
+  R.DispatchKey = C.key("dispatch_key", 5);
   add(R, /*IsDef=*/true);
   R.Function = C.function("fake_impl", 3);
   R.DispatchKey = "Fake";
@@ -418,7 +436,7 @@ void RegistrationFinder::torchLibraryRegistration(const RegisteringCall &C, Regi
       return;
     R.Namespace = It->second.Namespace;
     R.Op = C.literal("name", 1);
-    R.DispatchKey = C.literal("dispatch_key", 2);
+    R.DispatchKey = C.key("dispatch_key", 2);
     R.Function = C.function("func", 3);
     add(R, /*IsDef=*/false);
     return;
@@ -435,7 +453,7 @@ void RegistrationFinder::torchLibraryRegistration(const RegisteringCall &C, Regi
     R.DispatchKey = "Fake";
   } else if (API == "register_kernel" || API == "impl") {
     R.Function = C.function("func", 2);
-    R.DispatchKey = C.literal("device_types", 1);
+    R.DispatchKey = C.key("device_types", 1);
   } else if (API != "define") {
     return;
   }
@@ -452,7 +470,7 @@ void RegistrationFinder::libraryRegistration(const RegisteringCall &C, Registrat
     if (!Fake && C.Method != "register_kernel")
       return;
     R.Function = C.function("fn", Fake ? 0 : 1);
-    R.DispatchKey = Fake ? "Fake" : C.literal("device_types", 0);
+    R.DispatchKey = Fake ? "Fake" : C.key("device_types", 0);
     add(R, /*IsDef=*/false);
     return;
   }
@@ -467,7 +485,7 @@ void RegistrationFinder::libraryRegistration(const RegisteringCall &C, Registrat
   } else if (C.Method == "impl") {
     R.Op = C.literal("op_name", 0);
     R.Function = C.function("fn", 1);
-    R.DispatchKey = C.literal("dispatch_key", 2);
+    R.DispatchKey = C.key("dispatch_key", 2);
     if (R.DispatchKey.empty())
       R.DispatchKey = Lib.DispatchKey;
     add(R, /*IsDef=*/false);
