@@ -116,7 +116,7 @@ def bench_python(args, tree, tmp):
     e_classes = db.execute("SELECT count(*) FROM definitions WHERE kind = 'class'").fetchone()[0]
     e_funcs = db.execute("SELECT count(*) FROM definitions WHERE kind IN ('function', 'method')").fetchone()[0]
     e_files = db.execute("SELECT count(*) FROM files WHERE status = 'indexed'").fetchone()[0]
-    e_bases = db.execute("SELECT count(*) FROM definitions WHERE bases != '[]'").fetchone()[0]
+    e_bases = db.execute("SELECT count(*) FROM definitions WHERE kind = 'class' AND bases != '[]'").fetchone()[0]
     db.close()
     r_dt, _ = ekka(args.ekka_index, [tree], idx, "python")
     c_dt, tags = ctags([tree], "Python", [])
