@@ -48,6 +48,13 @@ CREATE TABLE IF NOT EXISTS file_includes(
   included_path TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS file_includes_path ON file_includes(included_path);
 CREATE INDEX IF NOT EXISTS file_includes_file ON file_includes(file_id);
+-- Where each C++ translation unit's #includes looked in vain before finding
+-- their files: a file created there changes what the unit includes.
+CREATE TABLE IF NOT EXISTS include_misses(
+  file_id INTEGER NOT NULL REFERENCES files(id),
+  path TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS include_misses_path ON include_misses(path);
+CREATE INDEX IF NOT EXISTS include_misses_file ON include_misses(file_id);
 CREATE TABLE IF NOT EXISTS definitions(
   id INTEGER PRIMARY KEY,
   file_id INTEGER NOT NULL REFERENCES files(id),
@@ -367,10 +374,13 @@ Expected<int64_t> CodeIndex::fileId(StringRef Path) {
   return Id;
 }
 
-Error CodeIndex::deleteFileContents(int64_t Id) {
+Error CodeIndex::deleteFileContents(int64_t Id, bool KeepIncludes) {
   for (const char *SQL : {"DELETE FROM definitions WHERE file_id = ?1",
                           "DELETE FROM imports WHERE file_id = ?1",
-                          "DELETE FROM file_includes WHERE file_id = ?1"}) {
+                          "DELETE FROM file_includes WHERE file_id = ?1",
+                          "DELETE FROM include_misses WHERE file_id = ?1"}) {
+    if (KeepIncludes && StringRef(SQL).contains("include"))
+      continue;
     auto S = cached(SQL);
     if (!S)
       return S.takeError();
@@ -390,7 +400,7 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
   if (!Existing)
     return Existing.takeError();
   if (*Existing >= 0)
-    if (Error E = deleteFileContents(*Existing))
+    if (Error E = deleteFileContents(*Existing, F.KeepIncludes))
       return E;
   auto Up = cached(
       "INSERT INTO files(path, language, module, size, mtime_ns, hash, status, "
@@ -464,6 +474,12 @@ Error CodeIndex::storeFile(const IndexedFile &F, StringRef Text,
   for (const std::string &P : F.Includes)
     if (Error E = (*Inc)->bind(1, *Id).bind(2, P).run())
       return E;
+  auto Miss = cached("INSERT INTO include_misses(file_id, path) VALUES(?1, ?2)");
+  if (!Miss)
+    return Miss.takeError();
+  for (const std::string &P : F.IncludeMisses)
+    if (Error E = (*Miss)->bind(1, *Id).bind(2, P).run())
+      return E;
   return Error::success();
 }
 
@@ -511,6 +527,14 @@ CodeIndex::includersOfEach(const std::vector<std::string> &RealPaths) {
       return E;
   }
   return Out;
+}
+
+Expected<std::vector<std::string>>
+CodeIndex::unitsMissing(const std::vector<std::string> &RealPaths) {
+  return collectPerKey(*Db,
+                       "SELECT f.path FROM include_misses m JOIN files f ON f.id = m.file_id "
+                       "WHERE m.path = ?1",
+                       RealPaths);
 }
 
 Expected<std::vector<std::string>>
@@ -730,13 +754,16 @@ Expected<std::vector<IndexedDefinition>> CodeIndex::findKernel(StringRef Symbol)
 /// names in \p Asked. A namespace written as a macro (vLLM's
 /// TORCH_EXTENSION_NAME, which the build sets to `_C`) stands for any; one
 /// pasted from a macro and a suffix (`TORCH_EXTENSION_NAME_cache_ops`, which
-/// is `_C_cache_ops`) for any that ends with the suffix.
+/// is `_C_cache_ops`) for any that ends with the suffix. A macro starts with
+/// a capital: `_C`, as vLLM's Python and stable-ABI blocks write it, is the
+/// namespace `_C` itself, and `_C_cache_ops` is not a macro `_C_` pasted.
 static bool opNamespaceMatches(StringRef Recorded, StringRef Asked) {
   if (Recorded == Asked)
     return true;
-  StringRef Macro = Recorded.take_while([](char C) { return isUpper(C) || C == '_'; });
-  if (Macro.empty() || Macro.find_if([](char C) { return isUpper(C); }) == StringRef::npos)
+  if (Recorded.empty() || !isUpper(Recorded.front()))
     return false;
+  StringRef Macro =
+      Recorded.take_while([](char C) { return isUpper(C) || isDigit(C) || C == '_'; });
   if (Macro.size() == Recorded.size())
     return true;
   if (!Macro.ends_with("_"))

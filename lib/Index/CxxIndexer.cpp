@@ -20,11 +20,15 @@
 #include "clang/Frontend/FrontendAction.h"
 #include "clang/Frontend/FrontendActions.h"
 #include "clang/Index/USRGeneration.h"
+#include "clang/Lex/HeaderSearch.h"
 #include "clang/Lex/Lexer.h"
+#include "clang/Lex/PPCallbacks.h"
+#include "clang/Lex/Preprocessor.h"
 #include "clang/Tooling/Tooling.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/VirtualFileSystem.h"
 
 #include <memory>
@@ -402,6 +406,69 @@ private:
   CxxTranslationUnit &Out;
 };
 
+/// Records where each `#include` looked without finding its file, in the
+/// order Clang's header search tries: the includer's directory (quoted
+/// forms), then the -I directories. System directories are left out: no
+/// indexed file appears there.
+class IncludeMissRecorder : public PPCallbacks {
+public:
+  IncludeMissRecorder(const SourceManager &SM, HeaderSearch &HS, CxxTranslationUnit &Out)
+      : SM(SM), HS(HS), Out(Out) {}
+
+  void InclusionDirective(SourceLocation HashLoc, const Token &IncludeTok, StringRef FileName,
+                          bool IsAngled, CharSourceRange, OptionalFileEntryRef File,
+                          StringRef SearchPath, StringRef, const Module *, bool,
+                          SrcMgr::CharacteristicKind) override {
+    if (sys::path::is_absolute(FileName) || (File && SearchPath.empty()))
+      return;
+    OptionalDirectoryEntryRef Found;
+    if (File)
+      Found = HS.getFileMgr().getOptionalDirectoryRef(SearchPath);
+    // Stops at the directory the file was found in; false then.
+    auto Miss = [&](DirectoryEntryRef Dir) {
+      if (Found && &Found->getDirEntry() == &Dir.getDirEntry())
+        return false;
+      SmallString<256> Path(realDir(Dir.getName()));
+      sys::path::append(Path, FileName);
+      sys::path::remove_dots(Path, /*remove_dot_dot=*/true);
+      if (Seen.insert(Path).second)
+        Out.IncludeMisses.push_back(Path.str().str());
+      return true;
+    };
+    // #include_next starts after the includer's own directory: taking the
+    // whole list only records more than needed.
+    if (!IsAngled && IncludeTok.getIdentifierInfo() &&
+        IncludeTok.getIdentifierInfo()->getName() != "include_next")
+      if (OptionalFileEntryRef Includer = SM.getFileEntryRefForID(SM.getFileID(HashLoc)))
+        if (!Miss(Includer->getDir()))
+          return;
+    for (auto It = IsAngled ? HS.angled_dir_begin() : HS.search_dir_begin();
+         It != HS.search_dir_end(); ++It) {
+      OptionalDirectoryEntryRef Dir = It->getDirRef();
+      if (!Dir || It->getDirCharacteristic() != SrcMgr::C_User)
+        continue;
+      if (!Miss(*Dir))
+        return;
+    }
+  }
+
+private:
+  StringRef realDir(StringRef Dir) {
+    auto [It, New] = RealDirs.try_emplace(Dir);
+    if (New) {
+      SmallString<256> Real;
+      It->second = sys::fs::real_path(Dir, Real) ? Dir.str() : Real.str().str();
+    }
+    return It->second;
+  }
+
+  const SourceManager &SM;
+  HeaderSearch &HS;
+  CxxTranslationUnit &Out;
+  StringMap<std::string> RealDirs;
+  StringSet<> Seen;
+};
+
 class IndexAction : public ASTFrontendAction {
 public:
   IndexAction(function_ref<bool(StringRef)> Claim,
@@ -420,6 +487,9 @@ public:
     // that an ordinary, recoverable error.
     CI.getDiagnostics().setSeverity(diag::err_pp_file_not_found,
                                     diag::Severity::Error, SourceLocation());
+    Preprocessor &PP = CI.getPreprocessor();
+    PP.addPPCallbacks(
+        std::make_unique<IncludeMissRecorder>(CI.getSourceManager(), PP.getHeaderSearchInfo(), Out));
     return true;
   }
 

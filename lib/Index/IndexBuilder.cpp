@@ -66,13 +66,32 @@ struct FileWork {
   enum class Outcome { Touched, Skipped, Parse } Result = Outcome::Parse;
   FileDefinitions Defs;
   bool Claimed = false;   ///< C++: some translation unit recorded it.
+  bool UnitRan = false;   ///< C++: parsed as a translation unit of its own.
   bool ForceParse = false; ///< C++: unchanged, but an included file changed.
   std::string RecordedBy; ///< C++: the unit (main file path) that recorded it.
   std::vector<std::string> Includes; ///< C++ main files: what the unit read.
+  std::vector<std::string> IncludeMisses; ///< C++ main files: where it looked.
 };
 
 std::string hashText(StringRef Text) {
   return utohexstr(xxh3_64bits(arrayRefFromStringRef(Text)), /*LowerCase=*/true);
+}
+
+/// Whose record of a file counts, lower first: a source's own unit; a
+/// source that includes it; a header unit that includes it; a header's own
+/// unit, which sees it out of any includer's context. Among includers of a
+/// kind, the first by path. A build keeps the lowest of the units that ran,
+/// whichever thread finished first.
+std::pair<int, StringRef> recordRank(StringRef Unit, StringRef File) {
+  bool Own = Unit == File;
+  if (!isHeaderPath(Unit))
+    return {Own ? 0 : 1, Own ? StringRef() : Unit};
+  return {Own ? 3 : 2, Own ? StringRef() : Unit};
+}
+
+/// Whether \p Unit's record of \p File counts before \p Other's (none).
+bool recordsBefore(StringRef Unit, StringRef Other, StringRef File) {
+  return Other.empty() || recordRank(Unit, File) < recordRank(Other, File);
 }
 
 class Builder {
@@ -263,16 +282,19 @@ private:
   };
 
   /// Parses the C++ work. Every translation unit records every C++ file it
-  /// contains; a file keeps the record of its own unit, else that of the
-  /// source including it whose path sorts first, else (no source includes
-  /// it) that of a header unit. A fresh build parses every source and gets
-  /// there directly. An incremental one parses the changed units and those
-  /// whose records depend on them (addDependentWork), then settles what they
-  /// cannot tell alone: a header they now include first takes their record
+  /// contains; a file keeps the record of its own unit if it is a source,
+  /// else that of the source including it whose path sorts first, else (no
+  /// source includes it) that of the header unit including it whose path
+  /// sorts first, else its own (recordRank). A header's own unit runs
+  /// unless a source includes it. A fresh build parses every source, then
+  /// every header no source included, and gets there directly. An
+  /// incremental one parses the changed units and those whose records
+  /// depend on them (addDependentWork), then settles what they cannot tell
+  /// alone: a header they now include first takes their record
   /// (adoptOffers), and a header whose first includer is a unit not parsed
   /// (its recorder was removed or stopped including it) has that unit parsed
-  /// too (firstIncludersNotParsed). So each header is recorded as a fresh
-  /// build would record it.
+  /// too (firstIncludersNotParsed, firstHeaderIncluders). So each header is
+  /// recorded as a fresh build would record it.
   Error parseCxx(DefaultThreadPool &Pool, CodeIndex &Index,
                  const StringMap<IndexedFileState> &Stored,
                  const std::vector<SourceFile> &Files) {
@@ -341,15 +363,21 @@ private:
       ParseAll(Again);
       adoptOffers(Run, Stored);
     }
+    if (Error E = firstHeaderIncluders(Index, Run, Headers, Stored))
+      return E;
     ParseAll(Headers);
+    adoptOffers(Run, Stored);
     return Error::success();
   }
 
   void parseUnit(CxxIndexer &Indexer, CxxRun &Run, FileWork &W) {
     bool IsHeader = isHeaderPath(W.File->Path);
     if (IsHeader) {
+      // Recorded by a source that includes it (all sources are parsed by
+      // now); what header units did so far does not count, or which ran
+      // would depend on thread order.
       std::lock_guard<std::mutex> Lock(Run.Mutex);
-      if (W.Claimed) // recorded by a source that includes it
+      if (W.Claimed && !isHeaderPath(W.RecordedBy))
         return;
     }
     auto TUStart = std::chrono::steady_clock::now();
@@ -360,24 +388,21 @@ private:
                            std::chrono::steady_clock::now() - TUStart).count();
     std::lock_guard<std::mutex> Lock(Run.Mutex);
     Run.Parsed.insert(W.File->Path);
+    W.UnitRan = true;
     W.Includes = std::move(TU.Includes);
+    W.IncludeMisses = std::move(TU.IncludeMisses);
     for (CxxFileDefinitions &R : TU.Files) {
       FileWork *Target = Run.WorkByReal.lookup(R.RealPath);
       if (!Target) {
-        // A file this run did not set out to parse: only a source's record
-        // can replace what the index holds (adoptOffers decides).
-        if (IsHeader)
-          continue;
+        // A file this run did not set out to parse: adoptOffers decides
+        // whether this record replaces what the index holds.
         Offer &O = Run.Offers[R.RealPath];
-        if (O.RecordedBy.empty() || W.File->Path < O.RecordedBy)
+        if (recordsBefore(W.File->Path, O.RecordedBy, StringRef()))
           O = {W.File->Path, std::move(R.Definitions)};
         continue;
       }
-      bool Own = Target == &W;
-      bool Better = !Target->Claimed || Own ||
-                    (Target->RecordedBy != Target->File->Path &&
-                     W.File->Path < Target->RecordedBy);
-      if (!Better)
+      if (Target->Claimed &&
+          !recordsBefore(W.File->Path, Target->RecordedBy, Target->File->Path))
         continue;
       Target->Defs = std::move(R.Definitions);
       Target->RecordedBy = W.File->Path;
@@ -389,9 +414,9 @@ private:
                    << " errors)\n";
   }
 
-  /// A header that a parsed source includes and that was recorded by a unit
-  /// sorting after it (or by no source at all) takes that source's record:
-  /// the source is new, or includes it now.
+  /// A header that a parsed unit includes and whose record counts after
+  /// that unit's (recordRank) takes that unit's record: the unit is new, or
+  /// includes it now.
   void adoptOffers(CxxRun &Run, const StringMap<IndexedFileState> &Stored) {
     for (auto &Entry : Run.Offers) {
       const SourceFile *F = Run.WalkedByReal.lookup(Entry.getKey());
@@ -400,7 +425,7 @@ private:
       Offer &O = Entry.getValue();
       auto It = Stored.find(F->Path);
       StringRef Old = It == Stored.end() ? StringRef() : StringRef(It->second.RecordedBy);
-      if (!Old.empty() && !isHeaderPath(Old) && Old <= StringRef(O.RecordedBy))
+      if (!recordsBefore(O.RecordedBy, Old, F->Path))
         continue;
       FileWork *W = addForcedWork(*F, Stored);
       if (!W || W->Result != FileWork::Outcome::Parse)
@@ -445,6 +470,52 @@ private:
     return Out;
   }
 
+  /// Header units that must run for \p Headers to be recorded as a fresh
+  /// build would: for each header no source records, the first (by path)
+  /// header including it whose own unit runs, among those not parsed in
+  /// this run (those that are may no longer include it); then the same for
+  /// those. They are added to \p Headers.
+  Error firstHeaderIncluders(CodeIndex &Index, CxxRun &Run, std::vector<FileWork *> &Headers,
+                             const StringMap<IndexedFileState> &Stored) {
+    StringSet<> InRun;
+    for (const FileWork *H : Headers)
+      InRun.insert(H->File->Path);
+    auto UnitRuns = [&](StringRef Header) {
+      auto It = Stored.find(Header);
+      return It == Stored.end() || It->second.RecordedBy.empty() ||
+             isHeaderPath(It->second.RecordedBy);
+    };
+    for (std::vector<FileWork *> Pending = Headers; !Pending.empty();) {
+      std::vector<std::string> Reals;
+      for (const FileWork *H : Pending)
+        if (!H->Claimed || isHeaderPath(H->RecordedBy))
+          Reals.push_back(H->File->RealPath);
+      auto Includers = Index.includersOfEach(Reals);
+      if (!Includers)
+        return Includers.takeError();
+      Pending.clear();
+      for (const std::string &Real : Reals) {
+        const SourceFile *First = nullptr;
+        for (const std::string &Main : (*Includers)[Real]) {
+          const SourceFile *F = WalkedByPath.lookup(Main);
+          if (F && isHeaderPath(Main) && F->RealPath != Real && !InRun.count(Main) &&
+              UnitRuns(Main) && (!First || Main < First->Path))
+            First = F;
+        }
+        if (!First)
+          continue;
+        InRun.insert(First->Path);
+        FileWork *W = addForcedWork(*First, Stored);
+        if (!W || W->Result != FileWork::Outcome::Parse)
+          continue;
+        Run.WorkByReal[First->RealPath] = W;
+        Headers.push_back(W);
+        Pending.push_back(W);
+      }
+    }
+    return Error::success();
+  }
+
   /// \p F as work to parse although unchanged (counted as unchanged by
   /// selectWork); the work already there if \p F is in it (a time stamp
   /// moved).
@@ -466,19 +537,24 @@ private:
     return &W;
   }
 
-  /// C++ files whose record depends on a changed or removed file: the
-  /// translation units of changed files and those that include a changed or
-  /// removed file are parsed again, and with them every file they recorded.
-  /// Without this a changed macro in a header would leave the kernels that
-  /// use it, and the headers it reaches, as they were; a changed or removed
-  /// source would leave the headers it recorded as it saw them.
+  /// C++ files whose record depends on a changed, removed or new file: the
+  /// translation units of changed files, those that include a changed or
+  /// removed file and those whose #include would now find a new file first
+  /// are parsed again, and with them every file they recorded. Without this
+  /// a changed macro in a header would leave the kernels that use it, and
+  /// the headers it reaches, as they were; a changed or removed source would
+  /// leave the headers it recorded as it saw them; a new header beside a
+  /// source would not replace the one its `#include` found further along
+  /// the search path.
   Error addDependentWork(CodeIndex &Index, const StringMap<IndexedFileState> &Stored) {
-    std::vector<std::string> Changed, Mains;
+    std::vector<std::string> Changed, Mains, New;
     for (FileWork &W : Work) {
       if (W.File->Language != SourceLanguage::Python &&
           W.Result == FileWork::Outcome::Parse) {
         Changed.push_back(W.File->RealPath);
         Mains.push_back(W.File->Path);
+        if (!Stored.count(W.File->Path))
+          New.push_back(W.File->RealPath);
       }
     }
     for (const std::string &Path : Gone)
@@ -491,6 +567,10 @@ private:
     auto Includers = Index.includersOf(Changed);
     if (!Includers)
       return Includers.takeError();
+    auto Missing = Index.unitsMissing(New);
+    if (!Missing)
+      return Missing.takeError();
+    Includers->insert(Includers->end(), Missing->begin(), Missing->end());
     Mains.insert(Mains.end(), Includers->begin(), Includers->end());
     auto Recorded = Index.filesRecordedBy(Mains);
     if (!Recorded)
@@ -552,6 +632,12 @@ private:
       F.Status = W.Status;
       F.RecordedBy = W.RecordedBy;
       F.Includes = std::move(W.Includes);
+      F.IncludeMisses = std::move(W.IncludeMisses);
+      // A header unit that did not run this time (another header's record
+      // was adopted for it) still runs in a fresh build: what it included
+      // last time still holds.
+      F.KeepIncludes = !W.UnitRan && F.Language != SourceLanguage::Python &&
+                       isHeaderPath(F.Path) && isHeaderPath(W.RecordedBy);
       // The file's rows, as this run found it: an Error assigned over
       // another unchecked one would be a contract violation in LLVM.
       auto Store = [&]() -> Error {

@@ -27,7 +27,8 @@ template <typename Fn> void forEachChild(TSNode N, Fn F) {
 /// each registration to \p Out as an `op` definition named `namespace::op`,
 /// like the C++ registrations: its bases are the implementing function
 /// (qualified where this file defines or imports it), its decorators the
-/// dispatch key (`Fake` for a fake implementation). \p Out already holds the
+/// dispatch key (`Fake` for a fake implementation; as written where it is not
+/// a literal: `current_platform.dispatch_key`). \p Out already holds the
 /// file's functions and imports. A name built at run time is not read.
 void findPythonOpRegistrations(TSNode Root, llvm::StringRef Source, llvm::StringRef ModuleName,
                                FileDefinitions &Out);

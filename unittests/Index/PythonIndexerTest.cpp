@@ -153,4 +153,40 @@ unrelated.impl("mylib::nothing", fn)
                     }));
 }
 
+// The pass skips what names no registering method and no Library: a
+// Library imported under another name still counts, in any nesting.
+TEST(PythonIndexer, OpRegistrationsThroughAnAliasedLibrary) {
+  FileDefinitions F = indexPythonSource(R"(
+from torch.library import Library as L
+import torch
+
+def make():
+    if torch.cuda.is_available():
+        lib = L("aliased", "DEF")
+        lib.define("scale(Tensor x) -> Tensor")
+    return None
+)", "pkg.alias", false);
+  EXPECT_EQ(ops(F), (std::vector<std::string>{"aliased::scale <- "}));
+}
+
+// A dispatch key that is not a literal is kept as written; None is no key.
+TEST(PythonIndexer, OpDispatchKeysAsWritten) {
+  FileDefinitions F = indexPythonSource(R"(
+from torch.library import Library
+from vllm.utils import direct_register_custom_op
+
+lib = Library("keys", "IMPL", current_platform.dispatch_key)
+lib.impl("a", fa)
+lib.impl("b", fb, dispatch_key=KEYS[0])
+direct_register_custom_op("c", fc, [], None, None, None)
+direct_register_custom_op("d", fd, dispatch_key=f"{platform}")
+)", "pkg.keys", false);
+  EXPECT_EQ(ops(F), (std::vector<std::string>{
+                        "keys::a <- fa [current_platform.dispatch_key]",
+                        "keys::b <- fb [KEYS[0]]",
+                        "vllm::c <- fc",
+                        "vllm::d <- fd",
+                    }));
+}
+
 } // namespace

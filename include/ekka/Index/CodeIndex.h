@@ -58,6 +58,12 @@ struct IndexedFile {
   /// this file's definitions, and, for a main file, every file it included.
   std::string RecordedBy;
   std::vector<std::string> Includes;
+  /// C++ main files: where their #includes looked before finding their
+  /// files (CxxTranslationUnit::IncludeMisses).
+  std::vector<std::string> IncludeMisses;
+  /// Keep the includes and misses stored for the file (its own unit did not
+  /// run) instead of replacing them with the two above.
+  bool KeepIncludes = false;
 };
 
 struct IndexCounts {
@@ -72,8 +78,10 @@ public:
   /// What the indexers extract; an index built by another revision (what
   /// it lacks, or holds wrongly, is in unchanged files too) is parsed again
   /// whole. 2: op registrations from Python, vLLM's sub-libraries and the
-  /// stable ABI's blocks.
-  static constexpr int ParserRevision = 2;
+  /// stable ABI's blocks. 3: the include search's misses. 4: every header
+  /// unit no source records runs, and a header's record no longer depends
+  /// on thread order. 5: Python dispatch keys that are not literals.
+  static constexpr int ParserRevision = 5;
 
   /// Opens \p Path for building, creating it if needed. An existing file
   /// that is not an Ekka index is an error, never overwritten.
@@ -105,6 +113,10 @@ public:
   /// For each of \p RealPaths, the main files of the units that included it.
   llvm::Expected<llvm::StringMap<std::vector<std::string>>>
   includersOfEach(const std::vector<std::string> &RealPaths);
+  /// Main files of the translation units whose #include search looked for
+  /// any of \p RealPaths and went on (or found nothing).
+  llvm::Expected<std::vector<std::string>>
+  unitsMissing(const std::vector<std::string> &RealPaths);
   /// Files whose definitions the translation units of \p Mains recorded.
   llvm::Expected<std::vector<std::string>>
   filesRecordedBy(const std::vector<std::string> &Mains);
@@ -147,7 +159,9 @@ private:
   llvm::Expected<int64_t> fileId(llvm::StringRef Path);
   /// A statement prepared once per index, reset for reuse.
   llvm::Expected<SQLiteStatement *> cached(llvm::StringRef SQL);
-  llvm::Error deleteFileContents(int64_t FileId);
+  /// Deletes a file's definitions and imports, and its includes and
+  /// include misses unless \p KeepIncludes.
+  llvm::Error deleteFileContents(int64_t FileId, bool KeepIncludes = false);
 
   std::unique_ptr<SQLiteDatabase> Db;
   llvm::StringMap<SQLiteStatement> Statements; ///< Before Db in destruction.

@@ -46,6 +46,11 @@ struct CxxTranslationUnit {
   /// Real paths of every file the unit included: when one changes, the unit
   /// must be parsed again.
   std::vector<std::string> Includes;
+  /// Paths (real directory, then the name as written) that an `#include`
+  /// looked for in a user search directory before the one it was found in,
+  /// or in every one when it was not found: a file created at one of them
+  /// changes what the unit includes.
+  std::vector<std::string> IncludeMisses;
   unsigned ParseErrors = 0; ///< Errors Clang recovered from.
 };
 

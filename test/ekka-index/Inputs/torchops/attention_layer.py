@@ -62,3 +62,13 @@ lib.impl("foo", lambda a: a, dispatch_key="CPU")
 for name in ["relu", "gelu"]:
     lib.define(name + "(Tensor a) -> Tensor")
     direct_register_custom_op(op_name=f"{name}_op", op_func=foo_cuda, mutates_args=[])
+
+
+# vLLM's fake implementations of its C++ ops name the namespace as written:
+# `_C` is the library TORCH_EXTENSION_NAME makes, not a macro.
+@torch.library.register_fake("_C::rotary_embedding")
+def _rotary_embedding_fake(positions, query, key):
+    return None
+
+
+torch.library.register_fake("_C_cache_ops::swap_blocks", lambda src, dst: None)

@@ -1,0 +1,2 @@
+#define PREFIX other
+#include "inner.cuh"

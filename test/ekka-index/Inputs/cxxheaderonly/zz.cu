@@ -1,0 +1,2 @@
+#define SHARED from_source
+#include "shared.cuh"

@@ -1,0 +1,1 @@
+#define B_KERNEL old_b

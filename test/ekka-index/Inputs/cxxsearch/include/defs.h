@@ -1,0 +1,1 @@
+#define A_KERNEL old_a
