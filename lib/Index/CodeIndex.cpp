@@ -324,7 +324,7 @@ Expected<std::string> CodeIndex::meta(StringRef Key) {
   std::string Value;
   if (Error E = S->bind(1, Key).forEachRow(
           [&](const SQLiteStatement &R) { Value = R.columnText(0).str(); }))
-    return std::move(E);
+    return E;
   return Value;
 }
 
