@@ -327,6 +327,10 @@ struct ThreadState {
   /// The module outputs recorded in this root forward (see ProducedTensor),
   /// their storages watched while they are here.
   std::unordered_map<const c10::TensorImpl *, ProducedTensor> Producers;
+  /// Producers' size at which those freed meanwhile are let go
+  /// (pruneProducers): twice what lived at the last look.
+  static constexpr size_t ProducersPrunedFrom = 64;
+  size_t PruneProducersAt = ProducersPrunedFrom;
   std::vector<OpContext *> OpStack; ///< Ops running on this thread.
   /// Ops of the program this thread began, and the writes to device memory
   /// it made that no op announced (CUPTI's callbacks count those).
@@ -446,6 +450,27 @@ void forgetProducers(ThreadState &TS, bool Unwatch = true) {
       if (Produced.Storage)
         StorageWriteCounts::process().unwatch(Produced.Storage);
   TS.Producers.clear();
+  TS.PruneProducersAt = ThreadState::ProducersPrunedFrom;
+}
+
+/// Lets go of the outputs recorded in this forward that are freed: no later
+/// input can be one (its record's weak reference keeps its address from
+/// another tensor), and the watch of its storage would count the writes to
+/// whatever uses that storage, or is allocated at its address, next. Once
+/// the table has doubled since the last look, so that a long forward (a
+/// loop of steps inside one root) keeps about what lives.
+void pruneProducers(ThreadState &TS) {
+  StorageWriteCounts &Counts = StorageWriteCounts::process();
+  for (auto It = TS.Producers.begin(); It != TS.Producers.end();) {
+    if (!It->second.Impl.expired()) {
+      ++It;
+      continue;
+    }
+    if (It->second.Storage)
+      Counts.unwatch(It->second.Storage);
+    It = TS.Producers.erase(It);
+  }
+  TS.PruneProducersAt = std::max(ThreadState::ProducersPrunedFrom, 2 * TS.Producers.size());
 }
 /// Sets the call open on this thread now, for the backward passes of other
 /// threads that look it up (openCall).
@@ -1505,6 +1530,8 @@ static void produced(ThreadState &TS, const at::Tensor &T, int64_t TensorId,
       Counts.unwatch(It->second.Storage);
     TS.Producers.erase(It);
   }
+  if (TS.Producers.size() >= TS.PruneProducersAt)
+    pruneProducers(TS);
   const void *Storage = storageOf(T);
   std::optional<int64_t> Writes = Storage ? Counts.watch(Storage) : 0;
   if (!Writes)
