@@ -45,6 +45,8 @@ public:
   int64_t writes(const void *Storage) const noexcept;
   /// Whether any storage is watched: else the observer need not look.
   bool watching() const noexcept { return Watching.load(std::memory_order_relaxed) != 0; }
+  /// How many storages are watched.
+  int64_t watched() const noexcept { return Watching.load(std::memory_order_relaxed); }
 
   /// The table every thread of the process counts in. Never destroyed: a
   /// thread's state may let go of its watches after static destructors ran.

@@ -10,9 +10,11 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
+#include <array>
 #include <dlfcn.h>
 #include <atomic>
 #include <chrono>
@@ -176,8 +178,6 @@ struct Session {
   std::atomic<uint64_t> CapturedBytes{0};
   /// Tensors that --budget left uncaptured (statistics and metadata only).
   std::atomic<uint64_t> OverBudget{0};
-  /// For ops of a backward pass on a thread with no call open (openCall).
-  std::atomic<int64_t> LastOpenCall{0};
   std::optional<at::CallbackHandle> Observer;
   /// CPU tensors whose statistics the writer's thread computes.
   DeferredStatsQueue Deferred;
@@ -298,6 +298,20 @@ struct RecentLaunch {
   uint64_t Stream = 0;
 };
 
+/// The module call open on each thread now, by RecordFunction's id of the
+/// thread (never reused), which autograd's nodes keep as their forward's
+/// (Node::thread_id): an op of a backward pass on a thread with no call open
+/// belongs to the call open on the thread that ran its node's forward
+/// (openCall). Each thread's cell is shared, so that a reader that found it
+/// may keep it past the thread's end (it then holds 0).
+struct OpenCallTable {
+  std::mutex Mutex;
+  std::unordered_map<uint64_t, std::shared_ptr<std::atomic<int64_t>>> ByThread;
+};
+/// Made as the runtime is loaded; replaced in a forked child, which has one
+/// thread (the parent's lock may be held by threads the child does not have).
+OpenCallTable *OpenCalls = new OpenCallTable;
+
 /// What the runtime keeps per thread, in one place, built at the thread's
 /// first module call or op and reached through ThreadFlags::State. The
 /// observer's callbacks look it up once (thisThread) and hand it on.
@@ -313,6 +327,10 @@ struct ThreadState {
   /// The module outputs recorded in this root forward (see ProducedTensor),
   /// their storages watched while they are here.
   std::unordered_map<const c10::TensorImpl *, ProducedTensor> Producers;
+  /// Producers' size at which those freed meanwhile are let go
+  /// (pruneProducers): twice what lived at the last look.
+  static constexpr size_t ProducersPrunedFrom = 64;
+  size_t PruneProducersAt = ProducersPrunedFrom;
   std::vector<OpContext *> OpStack; ///< Ops running on this thread.
   /// Ops of the program this thread began, and the writes to device memory
   /// it made that no op announced (CUPTI's callbacks count those).
@@ -331,15 +349,41 @@ struct ThreadState {
   /// Freed OpContexts' memory, for the next ops (at most SpareKept).
   std::vector<void *> Spare;
   static constexpr size_t SpareKept = 64;
+  /// RecordFunction's id of this thread, and the call open on it now
+  /// (CallStack's last, or 0): this thread's cell of OpenCalls.
+  uint64_t RecordThreadId;
+  std::shared_ptr<std::atomic<int64_t>> OpenNow;
+  /// The backward passes (graph tasks) whose ops this thread ran last with
+  /// no call open, newest first, and the call each belongs to: for its ops
+  /// outside any node (its final callbacks).
+  struct BackwardOwner {
+    int Task = -1;
+    int64_t Call = 0;
+  };
+  std::array<BackwardOwner, 4> BackwardOwners;
+  /// The thread whose cell of OpenCalls this thread looked up last.
+  uint64_t LookedUpThread = 0;
+  std::shared_ptr<const std::atomic<int64_t>> LookedUpCell;
 
-  ThreadState() {
+  ThreadState()
+      : RecordThreadId(at::RecordFunction::currentThreadId()),
+        OpenNow(std::make_shared<std::atomic<int64_t>>(0)) {
     Spare.reserve(SpareKept); // a push never allocates
+    {
+      std::lock_guard<std::mutex> Lock(OpenCalls->Mutex);
+      OpenCalls->ByThread[RecordThreadId] = OpenNow;
+    }
     ThisThread.State = this;
   }
   ~ThreadState() {
     for (const auto &[Impl, Produced] : Producers) // a thread ended mid-forward
       if (Produced.Storage)
         StorageWriteCounts::process().unwatch(Produced.Storage);
+    OpenNow->store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> Lock(OpenCalls->Mutex);
+      OpenCalls->ByThread.erase(RecordThreadId);
+    }
     ThisThread.State = nullptr; // an op context freed later goes to the heap
     ThisThread.StateGone = true;
     for (void *Memory : Spare)
@@ -406,18 +450,83 @@ void forgetProducers(ThreadState &TS, bool Unwatch = true) {
       if (Produced.Storage)
         StorageWriteCounts::process().unwatch(Produced.Storage);
   TS.Producers.clear();
+  TS.PruneProducersAt = ThreadState::ProducersPrunedFrom;
 }
+
+/// Lets go of the outputs recorded in this forward that are freed: no later
+/// input can be one (its record's weak reference keeps its address from
+/// another tensor), and the watch of its storage would count the writes to
+/// whatever uses that storage, or is allocated at its address, next. Once
+/// the table has doubled since the last look, so that a long forward (a
+/// loop of steps inside one root) keeps about what lives.
+void pruneProducers(ThreadState &TS) {
+  StorageWriteCounts &Counts = StorageWriteCounts::process();
+  for (auto It = TS.Producers.begin(); It != TS.Producers.end();) {
+    if (!It->second.Impl.expired()) {
+      ++It;
+      continue;
+    }
+    if (It->second.Storage)
+      Counts.unwatch(It->second.Storage);
+    It = TS.Producers.erase(It);
+  }
+  TS.PruneProducersAt = std::max(ThreadState::ProducersPrunedFrom, 2 * TS.Producers.size());
+}
+/// Sets the call open on this thread now, for the backward passes of other
+/// threads that look it up (openCall).
+void publishOpenCall(ThreadState &TS) {
+  TS.OpenNow->store(TS.CallStack.empty() ? 0 : TS.CallStack.back().Id,
+                    std::memory_order_relaxed);
+}
+
+/// The call open now on the thread whose RecordFunction id is \p Thread
+/// (0 if none, or if that thread never recorded or is gone).
+int64_t openCallOn(ThreadState &TS, uint64_t Thread) {
+  if (Thread != TS.LookedUpThread || !TS.LookedUpCell) {
+    std::lock_guard<std::mutex> Lock(OpenCalls->Mutex);
+    auto It = OpenCalls->ByThread.find(Thread);
+    if (It == OpenCalls->ByThread.end())
+      return 0;
+    TS.LookedUpThread = Thread;
+    TS.LookedUpCell = It->second;
+  }
+  return TS.LookedUpCell->load(std::memory_order_relaxed);
+}
+
+/// The call an op of the backward pass \p Task belongs to, on a thread
+/// with no call open: the call open on the thread that ran the forward of
+/// the node being evaluated (the call that waits for the backward pass it
+/// runs, or none). Outside any node, the call the task's last node here
+/// belonged to.
+[[gnu::noinline]] int64_t backwardCall(ThreadState &TS, int Task) {
+  auto &Owners = TS.BackwardOwners;
+  auto Known = std::find_if(Owners.begin(), Owners.end(),
+                            [&](const ThreadState::BackwardOwner &O) { return O.Task == Task; });
+  c10::intrusive_ptr<torch::autograd::Node> Evaluated = torch::autograd::get_current_node();
+  if (!Evaluated)
+    return Known == Owners.end() ? 0 : Known->Call;
+  uint64_t Forward = Evaluated->thread_id();
+  // Its own forward: no call is open on this thread.
+  int64_t Call = Forward == TS.RecordThreadId ? 0 : openCallOn(TS, Forward);
+  // The task's entry goes first; the oldest makes room for a new one.
+  auto Moved = Known == Owners.end() ? Owners.end() - 1 : Known;
+  std::rotate(Owners.begin(), Moved, Moved + 1);
+  Owners[0] = {Task, Call};
+  return Call;
+}
+
 /// The module call an op on this thread belongs to: the last one open on
 /// it, or, for an op of a backward pass (autograd runs a GPU's on a thread
-/// of its own, where no call is open), the last one open in the process. Not
+/// of its own, where no call is open; a thread may call backward() with
+/// none open), the one open on the thread that ran the forward
+/// (backwardCall): not another thread's call, which runs meanwhile. Not
 /// any other op's on a thread with no call open: a helper thread's are no
 /// module's, however long another thread's call stays open.
-int64_t openCall(const ThreadState &TS) {
+int64_t openCall(ThreadState &TS) {
   if (!TS.CallStack.empty())
     return TS.CallStack.back().Id;
-  if (!Current || torch::autograd::get_current_graph_task_id() == -1)
-    return 0;
-  return Current->LastOpenCall.load();
+  int Task = torch::autograd::get_current_graph_task_id();
+  return Task == -1 ? 0 : backwardCall(TS, Task);
 }
 
 OpKind &opKind(ThreadState &TS, const at::RecordFunction &Fn) {
@@ -1062,6 +1171,18 @@ void forgetSessionInChild() {
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
   ThreadState &TS = thisThread();
   TS.CallStack.clear();
+  // The parent's other threads are gone, and their calls with them.
+  if (auto *Fresh = new (std::nothrow) OpenCallTable) {
+    OpenCalls = Fresh; // the parent's is leaked: its lock may be held
+    try {
+      Fresh->ByThread[TS.RecordThreadId] = TS.OpenNow;
+    } catch (...) { // out of memory: other threads' passes find no call here
+    }
+  }
+  publishOpenCall(TS);
+  TS.BackwardOwners = {};
+  TS.LookedUpThread = 0;
+  TS.LookedUpCell.reset();
   StorageWriteCounts::forgetInChild();
   forgetProducers(TS, /*Unwatch=*/false);
   TS.PendingSnapshots.clear();
@@ -1395,7 +1516,7 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
   for (size_t I = 0; I < Inputs.size(); ++I)
     recordInput(*S, Id, Inputs[I], int64_t(I), Capture || (IsRoot && S->Options.CaptureModules));
   TS.CallStack.push_back({Id, Capture, S->Writer->nextTensorId()});
-  S->LastOpenCall = Id;
+  publishOpenCall(TS);
   return Id;
 }
 
@@ -1409,6 +1530,8 @@ static void produced(ThreadState &TS, const at::Tensor &T, int64_t TensorId,
       Counts.unwatch(It->second.Storage);
     TS.Producers.erase(It);
   }
+  if (TS.Producers.size() >= TS.PruneProducersAt)
+    pruneProducers(TS);
   const void *Storage = storageOf(T);
   std::optional<int64_t> Writes = Storage ? Counts.watch(Storage) : 0;
   if (!Writes)
@@ -1446,7 +1569,7 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
     FirstTensor = TS.CallStack.back().FirstTensor;
     TS.CallStack.pop_back();
   }
-  S->LastOpenCall = TS.CallStack.empty() ? 0 : TS.CallStack.back().Id;
+  publishOpenCall(TS);
   // The root's keyword inputs (HF generate()'s input_ids=...) are captured
   // as its positional ones are, whatever the capture's filter.
   bool CaptureInputs = Capture || (TS.CallStack.empty() && S->Options.CaptureModules);
