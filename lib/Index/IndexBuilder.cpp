@@ -43,10 +43,13 @@ std::vector<std::string> guessIncludeDirs(StringRef Root) {
     std::error_code EC;
     SmallString<256> VendorDir(Root);
     sys::path::append(VendorDir, Vendor);
+    std::vector<std::string> Libraries; // by name: not the file system's order
     for (sys::fs::directory_iterator It(VendorDir, EC), End; It != End && !EC;
-         It.increment(EC)) {
-      Add(It->path() + "/include");
-    }
+         It.increment(EC))
+      Libraries.push_back(It->path());
+    llvm::sort(Libraries);
+    for (const std::string &Library : Libraries)
+      Add(Library + "/include");
   }
   return Dirs;
 }
@@ -120,6 +123,22 @@ public:
         Entry.second.MTimeNs = -1;
         Entry.second.Hash.clear();
       }
+    // Where C++ includes are searched, and Clang's extra arguments: a
+    // search directory that appeared (an include/ created since), or other
+    // -I options, can change what any unit includes, so every C++ file is
+    // taken as changed. The units' include misses cover the directories
+    // that existed.
+    auto Search = (*Index)->meta("cxx_search");
+    if (!Search)
+      return Search.takeError();
+    std::string SearchNow = cxxSearch();
+    if (*Search != SearchNow)
+      for (const SourceFile &F : *Files)
+        if (F.Language != SourceLanguage::Python)
+          if (auto It = Stored->find(F.Path); It != Stored->end()) {
+            It->second.MTimeNs = -1;
+            It->second.Hash.clear();
+          }
 
     for (const SourceFile &F : *Files)
       if (wanted(F.Language))
@@ -140,6 +159,9 @@ public:
       return E;
     if (*Revision != Current)
       if (Error E = (*Index)->setMeta("parser_revision", Current))
+        return E;
+    if (*Search != SearchNow)
+      if (Error E = (*Index)->setMeta("cxx_search", SearchNow))
         return E;
     phase("write");
 
@@ -281,6 +303,28 @@ private:
     std::mutex Mutex;
   };
 
+  /// The C++ include search directories: those guessed under each root
+  /// that exist now, then the user's -I.
+  std::vector<std::string> includeDirs() const {
+    std::vector<std::string> Dirs;
+    for (const std::string &Root : Options.Roots)
+      for (std::string &Dir : guessIncludeDirs(Root))
+        Dirs.push_back(std::move(Dir));
+    Dirs.insert(Dirs.end(), Options.IncludeDirs.begin(), Options.IncludeDirs.end());
+    return Dirs;
+  }
+
+  /// What decides where C++ includes are found, as one text (meta
+  /// cxx_search): the search directories and Clang's extra arguments.
+  std::string cxxSearch() const {
+    std::string Text;
+    for (const std::string &Dir : includeDirs())
+      Text += "-I" + Dir + "\n";
+    for (const std::string &Arg : Options.ExtraArgs)
+      Text += Arg + "\n";
+    return Text;
+  }
+
   /// Parses the C++ work. Every translation unit records every C++ file it
   /// contains; a file keeps the record of its own unit if it is a source,
   /// else that of the source including it whose path sorts first, else (no
@@ -314,12 +358,7 @@ private:
         Run.WalkedByReal[F.RealPath] = &F;
 
     CxxIndexerOptions CxxOptions;
-    for (const std::string &Root : Options.Roots)
-      for (std::string &Dir : guessIncludeDirs(Root))
-        CxxOptions.IncludeDirs.push_back(std::move(Dir));
-    CxxOptions.IncludeDirs.insert(CxxOptions.IncludeDirs.end(),
-                                  Options.IncludeDirs.begin(),
-                                  Options.IncludeDirs.end());
+    CxxOptions.IncludeDirs = includeDirs();
     CxxOptions.ExtraArgs = Options.ExtraArgs;
     CxxIndexer Indexer(std::move(CxxOptions));
     SmallString<128> TempDir;
