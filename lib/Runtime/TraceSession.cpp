@@ -6,6 +6,7 @@
 #include "ekka/Trace/TraceWriter.h"
 #include "llvm/ADT/ScopeExit.h"
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 #include <ATen/core/function_schema.h>
 #include <ATen/ops/empty_like.h>
@@ -17,6 +18,7 @@
 #include <array>
 #include <dlfcn.h>
 #include <atomic>
+#include <limits>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -87,6 +89,9 @@ struct OpenCall {
   int64_t Id;
   bool Capture;       ///< Whether this call's tensors are captured.
   int64_t FirstTensor; ///< Tensor ids from here on were recorded inside it.
+  /// The thread's next autograd sequence number as it began: the nodes its
+  /// forward made have this one or a later.
+  uint64_t Since;
 };
 
 /// A module output the trace recorded, to recognise it when it comes back as
@@ -304,9 +309,36 @@ struct RecentLaunch {
 /// belongs to the call open on the thread that ran its node's forward
 /// (openCall). Each thread's cell is shared, so that a reader that found it
 /// may keep it past the thread's end (it then holds 0).
+struct OpenCallCell {
+  /// Set by its thread only: the call open on it (0: none) and the call's
+  /// OpenCall::Since, read together (a sequence lock: odd while written).
+  void set(int64_t Call, uint64_t Since) {
+    uint64_t V = Version.load(std::memory_order_relaxed);
+    Version.store(V + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    this->Call.store(Call, std::memory_order_relaxed);
+    this->Since.store(Since, std::memory_order_relaxed);
+    Version.store(V + 2, std::memory_order_release);
+  }
+  std::pair<int64_t, uint64_t> get() const {
+    for (;;) {
+      uint64_t V = Version.load(std::memory_order_acquire);
+      int64_t C = Call.load(std::memory_order_relaxed);
+      uint64_t S = Since.load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (!(V & 1) && Version.load(std::memory_order_relaxed) == V)
+        return {C, S};
+    }
+  }
+
+private:
+  std::atomic<uint64_t> Version{0};
+  std::atomic<int64_t> Call{0};
+  std::atomic<uint64_t> Since{0};
+};
 struct OpenCallTable {
   std::mutex Mutex;
-  std::unordered_map<uint64_t, std::shared_ptr<std::atomic<int64_t>>> ByThread;
+  std::unordered_map<uint64_t, std::shared_ptr<OpenCallCell>> ByThread;
 };
 /// Made as the runtime is loaded; replaced in a forked child, which has one
 /// thread (the parent's lock may be held by threads the child does not have).
@@ -352,7 +384,7 @@ struct ThreadState {
   /// RecordFunction's id of this thread, and the call open on it now
   /// (CallStack's last, or 0): this thread's cell of OpenCalls.
   uint64_t RecordThreadId;
-  std::shared_ptr<std::atomic<int64_t>> OpenNow;
+  std::shared_ptr<OpenCallCell> OpenNow;
   /// The backward passes (graph tasks) whose ops this thread ran last with
   /// no call open, newest first, and the call each belongs to: for its ops
   /// outside any node (its final callbacks).
@@ -363,11 +395,11 @@ struct ThreadState {
   std::array<BackwardOwner, 4> BackwardOwners;
   /// The thread whose cell of OpenCalls this thread looked up last.
   uint64_t LookedUpThread = 0;
-  std::shared_ptr<const std::atomic<int64_t>> LookedUpCell;
+  std::shared_ptr<const OpenCallCell> LookedUpCell;
 
   ThreadState()
       : RecordThreadId(at::RecordFunction::currentThreadId()),
-        OpenNow(std::make_shared<std::atomic<int64_t>>(0)) {
+        OpenNow(std::make_shared<OpenCallCell>()) {
     Spare.reserve(SpareKept); // a push never allocates
     {
       std::lock_guard<std::mutex> Lock(OpenCalls->Mutex);
@@ -379,7 +411,7 @@ struct ThreadState {
     for (const auto &[Impl, Produced] : Producers) // a thread ended mid-forward
       if (Produced.Storage)
         StorageWriteCounts::process().unwatch(Produced.Storage);
-    OpenNow->store(0, std::memory_order_relaxed);
+    OpenNow->set(0, 0);
     {
       std::lock_guard<std::mutex> Lock(OpenCalls->Mutex);
       OpenCalls->ByThread.erase(RecordThreadId);
@@ -475,29 +507,35 @@ void pruneProducers(ThreadState &TS) {
 /// Sets the call open on this thread now, for the backward passes of other
 /// threads that look it up (openCall).
 void publishOpenCall(ThreadState &TS) {
-  TS.OpenNow->store(TS.CallStack.empty() ? 0 : TS.CallStack.back().Id,
-                    std::memory_order_relaxed);
+  if (TS.CallStack.empty())
+    TS.OpenNow->set(0, 0);
+  else
+    TS.OpenNow->set(TS.CallStack.back().Id, TS.CallStack.back().Since);
 }
 
-/// The call open now on the thread whose RecordFunction id is \p Thread
-/// (0 if none, or if that thread never recorded or is gone).
-int64_t openCallOn(ThreadState &TS, uint64_t Thread) {
+/// The call open now on the thread whose RecordFunction id is \p Thread,
+/// and its OpenCall::Since ({0, 0} if none, or if that thread never
+/// recorded or is gone). A thread not found is remembered too (an ended
+/// one's id is never reused): a pass over a finished thread's graph (a
+/// parallel_apply worker's) takes no lock per op.
+std::pair<int64_t, uint64_t> openCallOn(ThreadState &TS, uint64_t Thread) {
   if (Thread != TS.LookedUpThread || !TS.LookedUpCell) {
+    static const auto *Nowhere = new std::shared_ptr<const OpenCallCell>(
+        std::make_shared<OpenCallCell>()); // never set: {0, 0}
     std::lock_guard<std::mutex> Lock(OpenCalls->Mutex);
     auto It = OpenCalls->ByThread.find(Thread);
-    if (It == OpenCalls->ByThread.end())
-      return 0;
     TS.LookedUpThread = Thread;
-    TS.LookedUpCell = It->second;
+    TS.LookedUpCell = It == OpenCalls->ByThread.end() ? *Nowhere : It->second;
   }
-  return TS.LookedUpCell->load(std::memory_order_relaxed);
+  return TS.LookedUpCell->get();
 }
 
 /// The call an op of the backward pass \p Task belongs to, on a thread
 /// with no call open: the call open on the thread that ran the forward of
 /// the node being evaluated (the call that waits for the backward pass it
-/// runs, or none). Outside any node, the call the task's last node here
-/// belonged to.
+/// runs, or none), if the node was made inside it: a node older than that
+/// call (the thread has moved on since it built the graph) belongs to no
+/// call. Outside any node, the call the task's last node here belonged to.
 [[gnu::noinline]] int64_t backwardCall(ThreadState &TS, int Task) {
   auto &Owners = TS.BackwardOwners;
   auto Known = std::find_if(Owners.begin(), Owners.end(),
@@ -507,7 +545,17 @@ int64_t openCallOn(ThreadState &TS, uint64_t Thread) {
     return Known == Owners.end() ? 0 : Known->Call;
   uint64_t Forward = Evaluated->thread_id();
   // Its own forward: no call is open on this thread.
-  int64_t Call = Forward == TS.RecordThreadId ? 0 : openCallOn(TS, Forward);
+  int64_t Call = 0;
+  if (Forward != TS.RecordThreadId) {
+    auto [Open, Since] = openCallOn(TS, Forward);
+    uint64_t Made = Evaluated->sequence_nr();
+    // A gradient's accumulation into a leaf has no number of its forward's
+    // (UINT64_MAX): it goes where the pass's last node here went.
+    if (Made == std::numeric_limits<uint64_t>::max() && Known != Owners.end())
+      Call = Known->Call;
+    else if (Made >= Since)
+      Call = Open;
+  }
   // The task's entry goes first; the oldest makes room for a new one.
   auto Moved = Known == Owners.end() ? Owners.end() - 1 : Known;
   std::rotate(Owners.begin(), Moved, Moved + 1);
@@ -1169,15 +1217,17 @@ void forgetSessionInChild() {
   }
   ForkingSession = nullptr;
   Current = nullptr; // deliberately leaked: its thread exists only in the parent
+  // The parent's other threads are gone, and their calls with them. A new
+  // table first: this thread's state, if it has none yet, registers in it
+  // as it is made (the parent's lock may be held: the parent's table is
+  // leaked).
+  if (auto *Fresh = new (std::nothrow) OpenCallTable)
+    OpenCalls = Fresh;
   ThreadState &TS = thisThread();
   TS.CallStack.clear();
-  // The parent's other threads are gone, and their calls with them.
-  if (auto *Fresh = new (std::nothrow) OpenCallTable) {
-    OpenCalls = Fresh; // the parent's is leaked: its lock may be held
-    try {
-      Fresh->ByThread[TS.RecordThreadId] = TS.OpenNow;
-    } catch (...) { // out of memory: other threads' passes find no call here
-    }
+  try {
+    OpenCalls->ByThread[TS.RecordThreadId] = TS.OpenNow;
+  } catch (...) { // out of memory: other threads' passes find no call here
   }
   publishOpenCall(TS);
   TS.BackwardOwners = {};
@@ -1515,7 +1565,7 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
   // (the root's always, for the inputs check, unless nothing is captured).
   for (size_t I = 0; I < Inputs.size(); ++I)
     recordInput(*S, Id, Inputs[I], int64_t(I), Capture || (IsRoot && S->Options.CaptureModules));
-  TS.CallStack.push_back({Id, Capture, S->Writer->nextTensorId()});
+  TS.CallStack.push_back({Id, Capture, S->Writer->nextTensorId(), at::sequence_number::peek()});
   publishOpenCall(TS);
   return Id;
 }

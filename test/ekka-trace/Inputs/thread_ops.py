@@ -6,7 +6,9 @@ module's). Then backward passes beside other threads' module calls: one the
 main thread runs with no call open while a thread's call waits (no
 module's), and two that modules on two threads each run on a helper thread,
 the first while the other thread's call was entered last (each its own
-module's)."""
+module's). Last, a graph a thread built inside a call it has since left,
+its backward pass run by the main thread while that thread waits in
+another call (no module's: the graph is older than that call)."""
 import threading
 
 import torch
@@ -96,3 +98,29 @@ first.join()
 go[1].set()
 second.join()
 print("backward passes done")
+
+
+# A graph built inside a call that has ended; its thread waits in another.
+entered.clear()
+done.clear()
+built = {}
+
+
+class Built(torch.nn.Module):
+    def forward(self, x):
+        return torch.exp(x).sum()
+
+
+def build_then_wait():
+    w = torch.arange(3.0).requires_grad_()
+    built["w"], built["loss"] = w, Built()(w)
+    Waits()(torch.ones(3))
+
+
+waiting = threading.Thread(target=build_then_wait)
+waiting.start()
+entered.wait()
+built["loss"].backward()
+done.set()
+waiting.join()
+print("built grad", [round(g, 3) for g in built["w"].grad.tolist()])
