@@ -303,12 +303,7 @@ struct RecentLaunch {
   uint64_t Stream = 0;
 };
 
-/// The module call open on each thread now, by RecordFunction's id of the
-/// thread (never reused), which autograd's nodes keep as their forward's
-/// (Node::thread_id): an op of a backward pass on a thread with no call open
-/// belongs to the call open on the thread that ran its node's forward
-/// (openCall). Each thread's cell is shared, so that a reader that found it
-/// may keep it past the thread's end (it then holds 0).
+/// A thread's open call, as other threads read it (OpenCallTable).
 struct OpenCallCell {
   /// Set by its thread only: the call open on it (0: none) and the call's
   /// OpenCall::Since, read together (a sequence lock: odd while written).
@@ -336,9 +331,17 @@ private:
   std::atomic<int64_t> Call{0};
   std::atomic<uint64_t> Since{0};
 };
+/// The module call open on each thread now, by RecordFunction's id of the
+/// thread (never reused), which autograd's nodes keep as their forward's
+/// (Node::thread_id): an op of a backward pass on a thread with no call open
+/// belongs to the call open on the thread that ran its node's forward
+/// (openCall). Each thread's cell is shared, so that a reader that found it
+/// may keep it past the thread's end (it then holds 0).
 struct OpenCallTable {
   std::mutex Mutex;
   std::unordered_map<uint64_t, std::shared_ptr<OpenCallCell>> ByThread;
+  /// Threads added so far: a thread found missing before may be here now.
+  std::atomic<uint64_t> Added{0};
 };
 /// Made as the runtime is loaded; replaced in a forked child, which has one
 /// thread (the parent's lock may be held by threads the child does not have).
@@ -393,9 +396,13 @@ struct ThreadState {
     int64_t Call = 0;
   };
   std::array<BackwardOwner, 4> BackwardOwners;
-  /// The thread whose cell of OpenCalls this thread looked up last.
+  /// The thread whose cell of OpenCalls this thread looked up last, and
+  /// OpenCalls->Added then (a thread not found is looked for again only
+  /// once another was added).
   uint64_t LookedUpThread = 0;
   std::shared_ptr<const OpenCallCell> LookedUpCell;
+  bool LookedUpMissing = false;
+  uint64_t LookedUpAdded = 0;
 
   ThreadState()
       : RecordThreadId(at::RecordFunction::currentThreadId()),
@@ -404,6 +411,7 @@ struct ThreadState {
     {
       std::lock_guard<std::mutex> Lock(OpenCalls->Mutex);
       OpenCalls->ByThread[RecordThreadId] = OpenNow;
+      OpenCalls->Added.fetch_add(1, std::memory_order_release);
     }
     ThisThread.State = this;
   }
@@ -515,17 +523,23 @@ void publishOpenCall(ThreadState &TS) {
 
 /// The call open now on the thread whose RecordFunction id is \p Thread,
 /// and its OpenCall::Since ({0, 0} if none, or if that thread never
-/// recorded or is gone). A thread not found is remembered too (an ended
-/// one's id is never reused): a pass over a finished thread's graph (a
-/// parallel_apply worker's) takes no lock per op.
+/// recorded or is gone). A thread not found is remembered too, until
+/// another thread is added (an ended one's id is never reused): a pass over
+/// a finished thread's graph (a parallel_apply worker's) takes no lock per
+/// op.
 std::pair<int64_t, uint64_t> openCallOn(ThreadState &TS, uint64_t Thread) {
-  if (Thread != TS.LookedUpThread || !TS.LookedUpCell) {
+  bool Known = Thread == TS.LookedUpThread && TS.LookedUpCell &&
+               (!TS.LookedUpMissing ||
+                OpenCalls->Added.load(std::memory_order_acquire) == TS.LookedUpAdded);
+  if (!Known) {
     static const auto *Nowhere = new std::shared_ptr<const OpenCallCell>(
         std::make_shared<OpenCallCell>()); // never set: {0, 0}
     std::lock_guard<std::mutex> Lock(OpenCalls->Mutex);
     auto It = OpenCalls->ByThread.find(Thread);
     TS.LookedUpThread = Thread;
-    TS.LookedUpCell = It == OpenCalls->ByThread.end() ? *Nowhere : It->second;
+    TS.LookedUpMissing = It == OpenCalls->ByThread.end();
+    TS.LookedUpAdded = OpenCalls->Added.load(std::memory_order_relaxed);
+    TS.LookedUpCell = TS.LookedUpMissing ? *Nowhere : It->second;
   }
   return TS.LookedUpCell->get();
 }
@@ -1233,6 +1247,7 @@ void forgetSessionInChild() {
   TS.BackwardOwners = {};
   TS.LookedUpThread = 0;
   TS.LookedUpCell.reset();
+  TS.LookedUpMissing = false;
   StorageWriteCounts::forgetInChild();
   forgetProducers(TS, /*Unwatch=*/false);
   TS.PendingSnapshots.clear();
