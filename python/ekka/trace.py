@@ -1408,33 +1408,16 @@ def _compile_ended(args=None):
         pass
 
 
-# The autotuners' benchmark runs, method by module: Triton's own
-# (@triton.autotune, in kernel libraries) and Inductor's (the kernels
-# torch.compile generates, tuned at their first launch).
-_AUTOTUNER_BENCHMARKS = {
-    "triton.runtime.autotuner": ("Autotuner", "_bench"),
-    "torch._inductor.runtime.triton_heuristics": ("CachingAutotuner", "bench"),
-}
-
-
-def _set_aside(owner, name, module):
-    """An autotuner's benchmark runs a configuration of a kernel on the
-    program's thread, cloning, zeroing and restoring its arguments around
-    each launch: work the library does for itself, whose ops and launches
-    are not recorded (torch.ops.ekka.aside). The configuration it then
-    launches for the program is."""
-    cls = getattr(module, owner, None)
-    method = vars(cls).get(name) if isinstance(cls, type) else None
-    if not callable(method) or getattr(method, "_ekka_aside", False):
-        return
-
-    @functools.wraps(method)
-    def benchmark(*args, **kwargs):
+def _set_aside(run):
+    """`run`, wrapped so that its ops and launches on this thread are not
+    recorded (torch.ops.ekka.aside)."""
+    @functools.wraps(run)
+    def aside(*args, **kwargs):
         with _aside():
-            return method(*args, **kwargs)
+            return run(*args, **kwargs)
 
-    benchmark._ekka_aside = True
-    setattr(cls, name, benchmark)
+    aside._ekka_aside = True
+    return aside
 
 
 def _unrecorded(run):
@@ -1466,24 +1449,33 @@ def _unrecorded(run):
     return unrecorded
 
 
-def _wrap_unrecorded(owner, name, module):
-    """Makes `owner.name` in `module` (`owner` None: the module's own) run
-    unrecorded (see _unrecorded), once."""
+def _wrap_method(owner, name, wrap, module):
+    """Replaces `owner.name` in `module` (`owner` None: the module's own
+    function) by `wrap` of it, once: a method defined there, not inherited."""
     holder = getattr(module, owner, None) if owner else module
-    run = getattr(holder, name, None) if holder is not None else None
+    run = getattr(holder, "__dict__", {}).get(name)
     if not callable(run) or getattr(run, "_ekka_aside", False):
         return
-    setattr(holder, name, _unrecorded(run))
+    setattr(holder, name, wrap(run))
 
 
-# Runs of the program's modules that are no step of its own, by module:
-# torch.jit.trace checks what it traced by running the module eagerly once
-# more (the hooks are skipped while it traces), which would shift the steps
-# of the program's own forwards; torch.fx's symbolic tracer (symbolic_trace,
-# HF's fx tracer, make_fx) calls the modules that are no leaf with Proxies.
-_UNRECORDED_RUNS = {
-    "torch.jit._trace": (None, "_check_trace"),
-    "torch.fx._symbolic_trace": ("Tracer", "trace"),
+# Work on the program's thread that is not the program's own, by module:
+# - the autotuners' benchmark runs (Triton's @triton.autotune, in kernel
+#   libraries, and Inductor's, which tunes the kernels torch.compile
+#   generates at their first launch) run a configuration of a kernel,
+#   cloning, zeroing and restoring its arguments around each launch: their
+#   ops and launches are set aside; the configuration then launched for the
+#   program is recorded;
+# - torch.jit.trace checks what it traced by running the module eagerly once
+#   more (the hooks are skipped while it traces), which would shift the
+#   steps of the program's own forwards, and torch.fx's symbolic tracer
+#   (symbolic_trace, HF's fx tracer, make_fx) calls the modules that are no
+#   leaf with Proxies: their runs are no step (_unrecorded).
+_WRAPPED_METHODS = {
+    "triton.runtime.autotuner": ("Autotuner", "_bench", _set_aside),
+    "torch._inductor.runtime.triton_heuristics": ("CachingAutotuner", "bench", _set_aside),
+    "torch.jit._trace": (None, "_check_trace", _unrecorded),
+    "torch.fx._symbolic_trace": ("Tracer", "trace", _unrecorded),
 }
 
 
@@ -1559,12 +1551,10 @@ def install(trace_dir, options="", runtime_library=None):
     _when_imported("torch._dynamo", _watch_compiles)
     _wrap_exec()
     _when_imported("torch.distributed", _wrap_init_process_group)
-    for module, (owner, name) in _UNRECORDED_RUNS.items():
-        _when_imported(module, functools.partial(_wrap_unrecorded, owner, name))
     _wrap_export()
     _wrap_module_compile()
-    for module, (owner, name) in _AUTOTUNER_BENCHMARKS.items():
-        _when_imported(module, functools.partial(_set_aside, owner, name))
+    for module, (owner, name, wrap) in _WRAPPED_METHODS.items():
+        _when_imported(module, functools.partial(_wrap_method, owner, name, wrap))
 
 
 def _runtime_library(runtime_library=None):
