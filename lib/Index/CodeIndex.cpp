@@ -200,6 +200,15 @@ Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForWriting(StringRef Path) {
     return makeError("cannot write index '" + Path + "': directory '" + Parent +
                      "' does not exist");
   removeStaleTemporaries(Path);
+  // An index of another format of ours is built afresh and replaces it:
+  // what it holds is derived from the sources, and it cannot be updated.
+  if (!Fresh)
+    if (auto Old = SQLiteDatabase::open(Path, SQLiteDatabase::Mode::ReadOnly)) {
+      CodeIndex Existing(std::move(*Old));
+      Fresh = Existing.otherFormat();
+    } else {
+      consumeError(Old.takeError());
+    }
   std::string WritePath =
       Fresh ? (Path + ".tmp-" + Twine(sys::Process::getProcessId())).str() : Path.str();
   auto Db = SQLiteDatabase::open(WritePath, SQLiteDatabase::Mode::ReadWriteCreate);
@@ -274,6 +283,23 @@ Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForReading(StringRef Path) {
   return Index;
 }
 
+bool CodeIndex::otherFormat() {
+  auto S = Db->prepare("SELECT value FROM meta WHERE key = 'format'");
+  if (!S) {
+    consumeError(S.takeError());
+    return false;
+  }
+  Expected<bool> Row = S->step();
+  if (!Row) {
+    consumeError(Row.takeError());
+    return false;
+  }
+  auto [Kind, Version] = S->columnText(0).split(' ');
+  int Major = 0;
+  return *Row && Kind == "ekka-index" && !Version.getAsInteger(10, Major) &&
+         Major != FormatVersion;
+}
+
 Error CodeIndex::checkFormat() {
   auto Fail = [&](const Twine &Why) {
     return makeError("'" + Db->path() + "' is not an Ekka code index (" + Why + ")");
@@ -298,7 +324,8 @@ Error CodeIndex::checkFormat() {
   if (Major != FormatVersion)
     return makeError("'" + Db->path() + "' has index format " + Twine(Major) +
                      "; this ekka-index reads format " + Twine(FormatVersion) +
-                     " (rebuild the index)");
+                     " (rebuild it: ekka-index build REPO... -o " + Db->path() +
+                     " replaces it)");
   return Error::success();
 }
 

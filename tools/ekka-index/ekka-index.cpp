@@ -189,6 +189,8 @@ int runBuild() {
       Options.IndexPython = true;
     else if (L == "cxx" || L == "c++" || L == "cuda")
       Options.IndexCxx = true;
+    else if (L == "both")
+      Options.IndexPython = Options.IndexCxx = true;
     else
       exitWithError(Tool, makeError("--languages: unknown language '" + L +
                                     "' (expected python, cxx or both)"));

@@ -153,6 +153,9 @@ private:
   explicit CodeIndex(std::unique_ptr<SQLiteDatabase> Db) : Db(std::move(Db)) {}
   llvm::Error createSchema();
   llvm::Error checkFormat();
+  /// Whether it is an Ekka code index of another format than this one's
+  /// (which a build replaces).
+  bool otherFormat();
   llvm::Expected<std::vector<IndexedDefinition>> selectDefinitions(
       llvm::StringRef Where, llvm::ArrayRef<std::string> Params,
       llvm::StringRef OrderBy = "f.path, d.line_start");
