@@ -138,10 +138,39 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
 
 namespace {
 
+/// How a mapped component was paired with its reference counterpart: by
+/// what, and how its tensors are arranged to meet (--show-mapping).
+std::string mappingHow(const ComponentRatio &C) {
+  std::string How;
+  auto Add = [&](const std::string &S) { How += (How.empty() ? "" : ", ") + S; };
+  if (!C.MappedBy.empty())
+    Add("by " + C.MappedBy);
+  if (C.ResidualPair)
+    Add("(output, residual) pair summed");
+  if (C.Transposed)
+    Add("dims " + std::to_string(C.Transposed->first) + "," +
+        std::to_string(C.Transposed->second) + " swapped, " + C.LayoutBy);
+  if (C.Part >= 0)
+    Add("part " + std::to_string(C.Part + 1) + " of " + std::to_string(C.Parts.size()) +
+        " along dim " + std::to_string(C.ConcatDim));
+  return How;
+}
+
 json::Value componentJSON(const ComponentRatio &C) {
   json::Object O{{"component", C.Path}, {"class", C.ClassName}, {"step", C.Step}};
   O["ratio"] = ratioJSON(C.Ratio);
   return json::Value(std::move(O));
+}
+
+/// A component of the curve, with what --show-mapping says of it.
+json::Value curveJSON(const ComponentRatio &C) {
+  json::Value V = componentJSON(C);
+  json::Object &O = *V.getAsObject();
+  O["mapped"] = C.Mapped;
+  O["reference"] = json::Array(C.ReferencePaths);
+  O["mapped_by"] = C.Mapped ? json::Value(mappingHow(C)) : json::Value(nullptr);
+  O["unmapped_reason"] = C.Mapped ? json::Value(nullptr) : json::Value(C.UnmappedReason);
+  return V;
 }
 
 /// The kernel the buffer snapshots single out beneath the op, or null.
@@ -202,7 +231,7 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
   }
   json::Array Curve;
   for (const ComponentRatio &C : D.Curve)
-    Curve.push_back(componentJSON(C));
+    Curve.push_back(curveJSON(C));
   json::Object O{{"verdict", verdictName(D.Result)},
                  {"suspects", std::move(Suspects)},
                  {"threshold", D.Threshold},
@@ -221,18 +250,7 @@ void printMapping(raw_ostream &OS, const Diagnosis &D) {
     std::string Refs;
     for (const std::string &P : C.ReferencePaths)
       Refs += (Refs.empty() ? "" : ", ") + (P.empty() ? std::string("(root)") : P);
-    std::string How;
-    auto Add = [&](const std::string &S) { How += (How.empty() ? "" : ", ") + S; };
-    if (!C.MappedBy.empty())
-      Add("by " + C.MappedBy);
-    if (C.ResidualPair)
-      Add("(output, residual) pair summed");
-    if (C.Transposed)
-      Add("dims " + std::to_string(C.Transposed->first) + "," +
-          std::to_string(C.Transposed->second) + " swapped, " + C.LayoutBy);
-    if (C.Part >= 0)
-      Add("part " + std::to_string(C.Part + 1) + " of " + std::to_string(C.Parts.size()) +
-          " along dim " + std::to_string(C.ConcatDim));
+    std::string How = mappingHow(C);
     OS << (C.Mapped ? "mapped    " : "unmapped  ") << "step " << C.Step << "  " << componentName(C)
        << (C.Mapped ? "  <->  " + Refs + (How.empty() ? "" : "  [" + How + "]")
                     : "  (" + C.UnmappedReason + ")")

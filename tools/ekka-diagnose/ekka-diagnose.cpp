@@ -72,7 +72,9 @@ cl::opt<std::string> CalibrateFile(
 cl::opt<bool> ShowMapping("show-mapping", cl::cat(Category),
                           cl::desc("Print how target components map to reference components "
                                    "(by path, rule, tensor evidence or structure), and why "
-                                   "the unmapped ones are not"));
+                                   "the unmapped ones are not); with --json, each "
+                                   "component's mapped, reference, mapped_by and "
+                                   "unmapped_reason keys, which it always has, say it"));
 
 /// A trace's ranks, first to last.
 std::vector<std::unique_ptr<TraceReader>> openRanks(StringRef Flag, StringRef Dir) {
@@ -201,6 +203,12 @@ int main(int argc, char **argv) {
           "2 usage or input error.\n");
   if (TargetDir.empty() || ReferenceDir.empty())
     exitWithError(Tool, makeError("needs --target TRACE and --reference TRACE (see --help)"));
+  // A calibration writes a mapping file, not a report.
+  if (!CalibrateFile.empty() && (Json || !HtmlFile.empty()))
+    exitWithError(Tool, makeError(std::string("--calibrate writes a mapping file and no "
+                                              "report: drop ") +
+                                  (Json ? "--json" : "--html") + " (or run it again without "
+                                  "--calibrate)"));
   if (!(Threshold > 0) || !std::isfinite(Threshold))
     exitWithError(Tool, makeError("--threshold must be a positive number"));
   if (!HtmlFile.empty()) {
@@ -257,11 +265,14 @@ int main(int argc, char **argv) {
   Diagnosis D = unwrapOrExit(Tool, diagnose(Target, Reference, FP32, Options));
 
   if (!CalibrateFile.empty()) {
+    if (ShowMapping)
+      printMapping(outs(), D);
     writeCalibration(D);
     return 0;
   }
 
-  if (ShowMapping)
+  // The JSON's components say what the mapping says, in JSON.
+  if (ShowMapping && !Json)
     printMapping(outs(), D);
   SourceLocator Sources(Idx);
   if (Json)

@@ -67,7 +67,9 @@ std::string ratioText(const std::optional<double> &R);
 void printText(llvm::raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources);
 
 /// The JSON report: `verdict`, `suspects` (each with `component`, `class`,
-/// `ratio`, `source`, `kernel`, `evidence`), the curve as `components`.
+/// `ratio`, `source`, `kernel`, `evidence`), the curve as `components`
+/// (each with what --show-mapping says of it: `mapped`, `reference`,
+/// `mapped_by`, `unmapped_reason`).
 llvm::json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources);
 
 /// One self-contained HTML page: verdict, the error-ratio curve as an SVG
