@@ -202,13 +202,14 @@ Expected<std::unique_ptr<CodeIndex>> CodeIndex::openForWriting(StringRef Path) {
   removeStaleTemporaries(Path);
   // An index of another format of ours is built afresh and replaces it:
   // what it holds is derived from the sources, and it cannot be updated.
-  if (!Fresh)
+  if (!Fresh) {
     if (auto Old = SQLiteDatabase::open(Path, SQLiteDatabase::Mode::ReadOnly)) {
       CodeIndex Existing(std::move(*Old));
       Fresh = Existing.otherFormat();
     } else {
       consumeError(Old.takeError());
     }
+  }
   std::string WritePath =
       Fresh ? (Path + ".tmp-" + Twine(sys::Process::getProcessId())).str() : Path.str();
   auto Db = SQLiteDatabase::open(WritePath, SQLiteDatabase::Mode::ReadWriteCreate);

@@ -2,6 +2,7 @@
 #include "ekka/Support/SQLite.h"
 #include "ekka/Support/Error.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 
 #include <sqlite3.h>
@@ -137,11 +138,24 @@ Expected<std::unique_ptr<SQLiteDatabase>> SQLiteDatabase::open(StringRef Path,
   // enforced (nothing Python's sqlite3 module uses).
   static const int NoMemoryStatistics = sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
   (void)NoMemoryStatistics;
-  int Flags = M == Mode::ReadOnly ? SQLITE_OPEN_READONLY
-                                  : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+  int Flags = M == Mode::ReadWriteCreate ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
+                                         : SQLITE_OPEN_READONLY;
   Flags |= SQLITE_OPEN_NOMUTEX;
+  std::string Name = Path.str();
+  if (M == Mode::Immutable) {
+    // A URI: the characters a URI gives meaning to are escaped.
+    Name = "file:";
+    for (char C : Path) {
+      if (C == '%' || C == '?' || C == '#' || static_cast<unsigned char>(C) < 0x21)
+        Name.append(1, '%').append(llvm::utohexstr(static_cast<unsigned char>(C), false, 2));
+      else
+        Name += C;
+    }
+    Name += "?immutable=1";
+    Flags |= SQLITE_OPEN_URI;
+  }
   sqlite3 *Handle = nullptr;
-  int RC = sqlite3_open_v2(Path.str().c_str(), &Handle, Flags, nullptr);
+  int RC = sqlite3_open_v2(Name.c_str(), &Handle, Flags, nullptr);
   if (RC != SQLITE_OK) {
     std::string Msg = Handle ? sqlite3_errmsg(Handle) : sqlite3_errstr(RC);
     sqlite3_close(Handle);

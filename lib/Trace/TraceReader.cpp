@@ -69,12 +69,16 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
   if (!sys::fs::is_regular_file(DbPath)) // a FIFO would be read without end
     return makeError("'" + DbPath + "' is not a regular file");
   // A trace not closed keeps its rows in trace.db-wal (WAL mode: byte 18
-  // of the header is 2): copied without it, trace.db holds no table. Asked
-  // before the database is opened, which makes an empty one.
+  // of the header is 2): copied without it, trace.db holds what was
+  // checkpointed, possibly no table. Asked before the database is opened,
+  // which would make an empty -wal (and -shm) beside it, where a later
+  // reader would take it for the trace's: it is then opened immutable,
+  // which makes none.
   auto Header = MemoryBuffer::getFileSlice(DbPath, 20, 0);
   bool WalMissing = Header && (*Header)->getBufferSize() == 20 &&
                     (*Header)->getBuffer()[18] == 2 && !sys::fs::exists(DbPath + "-wal");
-  auto Db = SQLiteDatabase::open(DbPath, SQLiteDatabase::Mode::ReadOnly);
+  auto Db = SQLiteDatabase::open(DbPath, WalMissing ? SQLiteDatabase::Mode::Immutable
+                                                    : SQLiteDatabase::Mode::ReadOnly);
   if (!Db)
     return Db.takeError();
   std::unique_ptr<TraceReader> R(new TraceReader(Dir.str(), std::move(*Db)));

@@ -78,9 +78,12 @@ private:
 
 class SQLiteDatabase {
 public:
-  enum class Mode { ReadOnly, ReadWriteCreate };
+  /// Immutable: read-only, and the file is taken as one nobody changes:
+  /// no lock, and no -wal or -shm file is looked for or made (a WAL-mode
+  /// database is read as its main file holds it).
+  enum class Mode { ReadOnly, Immutable, ReadWriteCreate };
 
-  /// Opens \p Path. ReadOnly requires the file to exist.
+  /// Opens \p Path. ReadOnly and Immutable require the file to exist.
   static llvm::Expected<std::unique_ptr<SQLiteDatabase>> open(llvm::StringRef Path,
                                                                Mode M);
   ~SQLiteDatabase();
