@@ -152,39 +152,51 @@ void Diagnoser::localize(Diagnosis &D) {
         if (D.Suspects.size() == 3)
           break;
       }
-    bool Compared = D.Curve[I].InputsCompared;
-    if (llvm::none_of(D.Suspects,
-                      [&](const Suspect &X) { return X.Component.CallId == S.Component.CallId; }))
-      D.Suspects.push_back(std::move(S));
     // Inputs that could not be compared came from a component without a
     // reference counterpart (an engine's rotary embedding, which HF
     // applies in a plain function): what it computed is unchecked, and the
-    // departure may be its. It comes next.
-    if (!Compared && D.Suspects.size() < 3)
-      if (auto P = unmappedProducer(D, D.Curve[I]);
-          P && llvm::none_of(D.Suspects, [&](const Suspect &X) {
-            return X.Component.CallId == D.Curve[P->first].CallId;
-          })) {
-        Suspect Producer;
-        Producer.Component = D.Curve[P->first];
-        Producer.Reason = "it computed inputs of " +
-                          (D.Curve[I].Path.empty() ? std::string("(root)") : D.Curve[I].Path) +
-                          ", whose output departs (R = " +
-                          formatv("{0}", format("%.3g", *D.Curve[I].Ratio)).str() +
-                          "), and has no reference counterpart: what it computed was not "
-                          "compared (see --show-mapping); " +
-                          P->second;
-        for (size_t J = P->first >= 3 ? P->first - 3 : 0; J < P->first; ++J)
-          Producer.Before.push_back(D.Curve[J]);
-        for (size_t J = P->first + 1; J < D.Curve.size() && J <= P->first + 3; ++J)
-          Producer.After.push_back(D.Curve[J]);
-        Producer.Op = lastWriter(D.Curve[P->first], /*OfOutput=*/true);
-        D.Suspects.push_back(std::move(Producer));
-      }
+    // departure may be its. It comes next; first where the reference's op
+    // statistics found its output nowhere (it computed something else, and
+    // the suspect only consumed it).
+    std::optional<UnmappedProducer> P;
+    if (!D.Curve[I].InputsCompared)
+      P = unmappedProducer(D, D.Curve[I]);
+    if (P && llvm::any_of(D.Suspects, [&](const Suspect &X) {
+          return X.Component.CallId == D.Curve[P->Index].CallId;
+        }))
+      P.reset();
+    auto AddProducer = [&] {
+      Suspect Producer;
+      Producer.Component = D.Curve[P->Index];
+      Producer.Reason = "it computed inputs of " +
+                        (D.Curve[I].Path.empty() ? std::string("(root)") : D.Curve[I].Path) +
+                        ", whose output departs (R = " +
+                        formatv("{0}", format("%.3g", *D.Curve[I].Ratio)).str() +
+                        "), and has no reference counterpart: what it computed was not "
+                        "compared (see --show-mapping); " +
+                        P->Why;
+      for (size_t J = P->Index >= 3 ? P->Index - 3 : 0; J < P->Index; ++J)
+        Producer.Before.push_back(D.Curve[J]);
+      for (size_t J = P->Index + 1; J < D.Curve.size() && J <= P->Index + 3; ++J)
+        Producer.After.push_back(D.Curve[J]);
+      Producer.Op = lastWriter(D.Curve[P->Index], /*OfOutput=*/true);
+      D.Suspects.push_back(std::move(Producer));
+    };
+    if (P && P->Disagrees) {
+      AddProducer();
+      P.reset();
+      if (D.Suspects.size() == 3)
+        break;
+    }
+    if (llvm::none_of(D.Suspects,
+                      [&](const Suspect &X) { return X.Component.CallId == S.Component.CallId; }))
+      D.Suspects.push_back(std::move(S));
+    if (P && D.Suspects.size() < 3)
+      AddProducer();
   }
 }
 
-std::optional<std::pair<size_t, std::string>>
+std::optional<Diagnoser::UnmappedProducer>
 Diagnoser::unmappedProducer(const Diagnosis &D, const ComponentRatio &C) {
   // The inputs that were not compared: all of them where the reference has
   // no call whose inputs meet them (a backend mapped onto o_proj's input).
@@ -206,7 +218,7 @@ Diagnoser::unmappedProducer(const Diagnosis &D, const ComponentRatio &C) {
       continue;
     std::string Why;
     if (std::optional<bool> Agrees = agreesByStatistics(D, It->second, Why); !Agrees || !*Agrees)
-      return std::make_pair(It->second, Why);
+      return UnmappedProducer{It->second, Why, Agrees.has_value()};
   }
   return std::nullopt;
 }

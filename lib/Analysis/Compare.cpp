@@ -229,11 +229,11 @@ std::optional<double> Diagnoser::ratioOf(std::optional<std::vector<double>> XT, 
       YR = C->Shape == B->Shape ? transpose(*YR, C->Shape, RefSwap->first, RefSwap->second)
                                 : std::nullopt;
   }
-  // The steps joined into XT, each alone: where the first output of a call
-  // was joined along its rows, in the reference's own order.
+  // The steps joined into XT, each alone: where an output of a call was
+  // joined along its rows, in the reference's own order.
   JoinedSteps Joined = std::move(LastJoined);
   LastJoined = JoinedSteps();
-  if (Joined.A && Joined.A->Role == "output" && Joined.A->Index == 0 && !RefSwap &&
+  if (Joined.A && Joined.A->Role == "output" && !RefSwap &&
       Joined.Rows.size() > 1 && XT->size() == XR->size()) {
     int64_t Total = 0;
     for (const auto &[Step, Rows] : Joined.Rows)
@@ -259,7 +259,16 @@ std::optional<double> Diagnoser::ratioOf(std::optional<std::vector<double>> XT, 
         if (Ratio)
           Steps.emplace_back(Step, *Ratio);
       }
-      StepRatios[Joined.Call] = std::move(Steps);
+      // The first output's are the call's; a later output's (a fused
+      // norm's residual) raise them where they are larger.
+      std::vector<std::pair<int64_t, double>> &Call = StepRatios[Joined.Call];
+      if (Joined.A->Index == 0 || Call.empty())
+        Call = std::move(Steps);
+      else
+        for (auto &[Step, Ratio] : Call)
+          for (const auto &[Other, R] : Steps)
+            if (Other == Step)
+              Ratio = std::max(Ratio, R);
       if (Whole.Finite && Off == XT->size())
         return ratioFromSums(Whole, WithY, TargetType, B->Type);
     }
@@ -353,6 +362,8 @@ std::optional<double> Diagnoser::callRatio(const ModuleCallRecord &TC, const Mod
     return 0.0;
   bool Summed = false;
   int64_t First = 0;
+  if (Role == "output")
+    StepRatios.erase(TC.Id); // this comparison's, output by output
   if (auto Pair = residualPairRatio(TC, Role, TT, RT, FT, Summed)) {
     if (ResidualPair)
       *ResidualPair = Summed;
@@ -368,7 +379,31 @@ std::optional<double> Diagnoser::callRatio(const ModuleCallRecord &TC, const Mod
     else if (AllCompared && Role == "input")
       *AllCompared = false;
   }
+  if (Role == "output" && !First)
+    if (auto Residual = residualOutputRatio(TC, RC, FC, TT, RT))
+      Worst = std::max(Worst.value_or(0), *Residual);
   return Worst;
+}
+
+std::optional<double> Diagnoser::residualOutputRatio(const ModuleCallRecord &TC,
+                                                     const ModuleCallRecord &RC,
+                                                     const ModuleCallRecord *FC,
+                                                     const RoleTensors &TT,
+                                                     const RoleTensors &RT) {
+  const TensorRecord *A = at(TT, 0), *B = at(TT, 1), *Ref = at(RT, 0);
+  if (TT.size() != 2 || !A || !B || !Ref || A->Shape != B->Shape || at(RT, 1))
+    return std::nullopt;
+  // A fused add + norm: its inputs (hidden, residual) add up to the
+  // reference norm's input, and so must the residual it returns.
+  RoleTensors TI = roleTensors(T, TC.Id, "input"), RI = roleTensors(R, RC.Id, "input");
+  RoleTensors FI = FC ? roleTensors(*F, FC->Id, "input") : RoleTensors();
+  bool Summed = false;
+  if (!residualPairRatio(TC, "input", TI, RI, FI, Summed) || !Summed)
+    return std::nullopt;
+  const TensorRecord *Sum = at(RI, 0);
+  if (!Sum || Sum->Shape != Ref->Shape)
+    return std::nullopt;
+  return ratio(B, Sum, at(FI, 0), TC.Id);
 }
 
 std::vector<const TensorRecord *> Diagnoser::uncomparedInputs(const ComponentRatio &C) {

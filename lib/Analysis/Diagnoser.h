@@ -197,6 +197,18 @@ private:
                                           const RoleTensors &TT, const RoleTensors &RT,
                                           const RoleTensors &FT, bool &Summed);
 
+  /// A fused residual-add + norm's second output, the residual (output +
+  /// residual in, added): the reference norm returns only its output, and
+  /// took that sum as its input. The ratio of the residual against it, when
+  /// \p TC is such a call (its input pair adds up to the reference's input
+  /// by residualPairRatio, and its outputs are two tensors of one shape
+  /// against the reference's one); none otherwise. A norm that forgets to
+  /// store the sum returns a stale residual its own output does not show.
+  std::optional<double> residualOutputRatio(const ModuleCallRecord &TC,
+                                            const ModuleCallRecord &RC,
+                                            const ModuleCallRecord *FC, const RoleTensors &TT,
+                                            const RoleTensors &RT);
+
   /// The swap that puts target tensor \p A in the reference's layout (of
   /// shape \p RefShape): the one chosen for the comparison in progress
   /// where the shapes left it open, else the one the shapes make (none: as
@@ -227,8 +239,9 @@ private:
     int64_t Call = 0;
     std::vector<std::pair<int64_t, int64_t>> Rows;
   } LastJoined;
-  /// Call -> its first output's R in each step alone, where its steps were
-  /// joined along the tokens (a departure in decode steps only shows).
+  /// Call -> its outputs' R in each step alone (the largest), where its
+  /// steps were joined along the tokens (a departure in decode steps only
+  /// shows).
   DenseMap<int64_t, std::vector<std::pair<int64_t, double>>> StepRatios;
   /// StepRatios as the curve's ratios left them (later comparisons, the
   /// drill-down's, compare other tensors): what the suspects report.
@@ -380,11 +393,18 @@ private:
     return Ancestor && elevated(Ancestor->Ratio);
   }
 
-  /// The curve index of a component without a reference counterpart
-  /// whose output \p C was given as an input and that the reference's op
-  /// statistics do not clear, if any, with what they said of it.
-  std::optional<std::pair<size_t, std::string>> unmappedProducer(const Diagnosis &D,
-                                                                 const ComponentRatio &C);
+  /// A component without a reference counterpart whose output a suspect
+  /// was given as an input.
+  struct UnmappedProducer {
+    size_t Index; ///< In the curve.
+    std::string Why; ///< What the reference's op statistics said of it.
+    /// They found its output nowhere among the reference's ops: it
+    /// computed something else (not merely unchecked).
+    bool Disagrees;
+  };
+  /// The first producer of \p C's inputs without a reference counterpart
+  /// that the reference's op statistics do not clear, if any.
+  std::optional<UnmappedProducer> unmappedProducer(const Diagnosis &D, const ComponentRatio &C);
 
   /// Whether every output of the unmapped component at \p Index has the
   /// statistics of an op output of the reference inside its mapped

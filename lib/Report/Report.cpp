@@ -51,6 +51,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
              ? " (its output), R = " + ratioText(First.Op->Ratio) + " what it wrote in place"
          : First.Component.Ratio && *First.Component.Ratio <= D.Threshold
              ? std::string(" (within noise itself: see the first suspect's reason)")
+         : !First.Component.Ratio
+             ? std::string(" (no reference counterpart: see the first suspect's reason)")
              : std::string())
      << "\n";
   OS << "  noise model: " << D.NoiseModel << "\n";
@@ -68,7 +70,7 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
     if (!S.StepRatios.empty()) {
       // The joined steps alone: a departure in decode steps only (a slot
       // mapping off by one) or in the prefill only shows here.
-      OS << "  by step (its output in each step alone):";
+      OS << "  by step (its outputs in each step alone):";
       constexpr size_t MostSteps = 8;
       for (size_t I = 0; I < S.StepRatios.size() && I < MostSteps; ++I)
         OS << (I ? ", " : " ") << "step " << S.StepRatios[I].first << " R = "

@@ -393,6 +393,35 @@ TEST_F(DiagnosisTest, AResidualPairIsComparedAsItsSum) {
   EXPECT_EQ(Bad.Suspects[0].Component.Path, "layer");
 }
 
+// A fused add+norm takes (hidden, residual) and returns (output, their sum)
+// where the reference norm takes the sum and returns the output alone: the
+// residual it returns is compared with the reference's input, so a norm
+// that returns a stale residual (the sum not stored) is blamed, though its
+// output is right.
+TEST_F(DiagnosisTest, AFusedNormsResidualIsComparedWithTheReferencesInput) {
+  std::vector<float> Hidden = {1, 2, 3, 4}, Residual = {0.5, -1, 2, 1}, Sum = {1.5, 1, 5, 5},
+                     Out = {0.25, 0.5, -0.75, 1};
+  {
+    TraceBuilder T(dir("ref"));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("norm", "", {{Sum, {4}}}, {{Out, {4}}});
+    T.close();
+  }
+  auto Target = [&](StringRef Name, std::vector<float> Returned) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("norm", "", {{Hidden, {4}}, {Residual, {4}}}, {{Out, {4}}, {Returned, {4}}});
+    T.close();
+  };
+  Target("ok", Sum);
+  Target("stale", Residual);
+  Diagnosis Ok = run("ok", "ref");
+  EXPECT_EQ(Ok.Result, Diagnosis::Verdict::NoDivergence) << Ok.MaxRatio;
+  Diagnosis Stale = run("stale", "ref");
+  ASSERT_EQ(Stale.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(Stale.Suspects[0].Component.Path, "norm");
+}
+
 // vLLM's act_fn (SiluAndMul) takes gate and up together: the same path as
 // HF's act_fn, another computation. Its features differ, so it is not
 // paired (and not blamed for the difference that makes).
