@@ -129,9 +129,15 @@ Diagnosis Diagnoser::run() {
   CurveStepRatios = std::move(StepRatios);
   StepRatios.clear();
   localize(D);
-  for (Suspect &S : D.Suspects)
+  for (Suspect &S : D.Suspects) {
     if (auto It = CurveStepRatios.find(S.Component.CallId); It != CurveStepRatios.end())
       S.StepRatios = It->second;
+    if (const ModuleCallRecord *RC = refCall(S.Component.CallId))
+      for (const ModuleCallRecord &X : R.Calls)
+        if (X.ParentId == RC->Id && !UsedRef.count(X.Id))
+          S.UnmatchedReference.push_back((X.Path.empty() ? std::string("(root)") : X.Path) +
+                                         " (" + X.ClassName + ")");
+  }
   return D;
 }
 

@@ -88,6 +88,17 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
         OS << ": departs in the first (prefill) step only";
       OS << "\n";
     }
+    if (!S.UnmatchedReference.empty()) {
+      // What the reference ran inside it that nothing in the target stands
+      // for: a module the target skipped (a final norm never called).
+      constexpr size_t MostNames = 4;
+      OS << "  in its counterpart, no target call matches:";
+      for (size_t I = 0; I < S.UnmatchedReference.size() && I < MostNames; ++I)
+        OS << (I ? ", " : " ") << S.UnmatchedReference[I];
+      if (S.UnmatchedReference.size() > MostNames)
+        OS << ", ... (" << S.UnmatchedReference.size() - MostNames << " more)";
+      OS << "\n";
+    }
     OS << "  evidence (R of the calls around it, in execution order):\n";
     auto Line = [&](const ComponentRatio &C, bool Mark) {
       OS << (Mark ? "  > " : "    ") << format("%-12s", ratioText(C.Ratio).c_str()) << " "
@@ -229,6 +240,7 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
         {"reason", S.Reason},
         {"evidence", json::Object{{"before", std::move(Before)}, {"after", std::move(After)}}},
         {"step_ratios", std::move(Steps)},
+        {"unmatched_reference", json::Array(S.UnmatchedReference)},
     });
   }
   json::Array Curve;

@@ -422,6 +422,31 @@ TEST_F(DiagnosisTest, AFusedNormsResidualIsComparedWithTheReferencesInput) {
   EXPECT_EQ(Stale.Suspects[0].Component.Path, "norm");
 }
 
+// A module the target skipped (a final norm never called) has no call to
+// depart: the model around it is blamed, and the report names the
+// reference call inside its counterpart that nothing in the target matches.
+TEST_F(DiagnosisTest, ASkippedModuleIsNamedInItsParentsCounterpart) {
+  {
+    TraceBuilder T(dir("ref"));
+    T.call("", "", {0}, {}, {1, 2});
+    T.call("model", "", {2, 4}, {""});
+    T.call("model.layer", "model", {1, 2}, {""});
+    T.call("model.norm", "model", {2, 4}, {"model.layer"});
+    T.close();
+  }
+  {
+    TraceBuilder T(dir("skipped"));
+    T.call("", "", {0}, {}, {1, 2});
+    T.call("model", "", {1, 2}, {""});
+    T.call("model.layer", "model", {1, 2}, {""});
+    T.close();
+  }
+  Diagnosis D = run("skipped", "ref");
+  ASSERT_EQ(D.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(D.Suspects[0].Component.Path, "model");
+  EXPECT_EQ(D.Suspects[0].UnmatchedReference, std::vector<std::string>{"model.norm (C_model.norm)"});
+}
+
 // vLLM's act_fn (SiluAndMul) takes gate and up together: the same path as
 // HF's act_fn, another computation. Its features differ, so it is not
 // paired (and not blamed for the difference that makes).

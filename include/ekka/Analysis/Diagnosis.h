@@ -110,6 +110,10 @@ struct Suspect {
   /// (step, R) of its first output in each step alone (prefill, then each
   /// decode step), in step order; empty otherwise.
   std::vector<std::pair<int64_t, double>> StepRatios;
+  /// The reference calls directly inside its counterpart that no target
+  /// call was mapped onto (`model.norm (LlamaRMSNorm)`: a module the
+  /// target skipped shows here, and nowhere else), in execution order.
+  std::vector<std::string> UnmatchedReference;
 };
 
 struct Diagnosis {
