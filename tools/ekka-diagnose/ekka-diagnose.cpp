@@ -212,11 +212,17 @@ int main(int argc, char **argv) {
   if (!(Threshold > 0) || !std::isfinite(Threshold))
     exitWithError(Tool, makeError("--threshold must be a positive number"));
   if (!HtmlFile.empty()) {
-    // Refuse an unwritable report before printing a diagnosis.
+    // Refuse an unwritable report before printing a diagnosis, without
+    // emptying one that is there (the run may yet fail on its input).
     std::error_code EC;
-    raw_fd_ostream Probe(HtmlFile, EC);
+    bool Existed = sys::fs::exists(HtmlFile);
+    {
+      raw_fd_ostream Probe(HtmlFile, EC, sys::fs::OF_Append);
+    }
     if (EC)
       exitWithError(Tool, makeError("cannot write '" + HtmlFile + "': " + EC.message()));
+    if (!Existed)
+      sys::fs::remove(HtmlFile);
   }
   auto TargetRanks = openRanks("target", TargetDir);
   std::vector<TraceReader *> Target;
