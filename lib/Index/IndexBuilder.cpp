@@ -642,7 +642,11 @@ private:
       auto Lang = languageForPath(Path);
       if (WalkedByPath.count(Path) || !Lang || !wanted(*Lang))
         continue;
-      if (llvm::any_of(AbsRoots, [&](const std::string &R) { return underRoot(Path, R); }))
+      // Outside the given paths, one indexed by another build is kept, as
+      // long as it exists (a checkout removed since is dropped, not named
+      // by queries for good).
+      if (llvm::any_of(AbsRoots, [&](const std::string &R) { return underRoot(Path, R); }) ||
+          !sys::fs::exists(Path))
         Out.push_back(Path.str());
     }
     llvm::sort(Out);
