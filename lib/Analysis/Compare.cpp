@@ -465,18 +465,24 @@ std::optional<double> Diagnoser::residualPairRatio(const ModuleCallRecord &TC, S
     return std::nullopt;
   const TensorRecord *Fp = at(FT, 0);
   auto First = targetValues(A, TC.Id, Ref->Shape);
+  JoinedSteps Rows = LastJoined; // the steps' rows, the same for both
   auto Second = targetValues(B, TC.Id, Ref->Shape);
+  LastJoined = JoinedSteps(); // the first alone is no reading of each step
   std::optional<double> Alone = ratioOf(First, A->Type, Ref, Fp), Sum;
   if (First && Second && First->size() == Second->size()) {
     std::vector<double> Added = *First;
     for (size_t I = 0; I < Added.size(); ++I)
       Added[I] += (*Second)[I];
+    LastJoined = Rows; // the sum is: each step's share of it
     Sum = ratioOf(std::move(Added), A->Type, Ref, Fp);
   }
   // Only the sum is a reading of its own; when the first tensor alone is
   // closer, the tensors are compared one by one as usual (so that a second
-  // input that matches nothing still counts as not compared).
+  // input that matches nothing still counts as not compared), and they say
+  // each step's.
   Summed = Sum && (!Alone || *Sum < *Alone);
+  if (!Summed && Role == "output")
+    StepRatios.erase(TC.Id);
   return Summed ? Sum : std::nullopt;
 }
 
