@@ -132,13 +132,6 @@ TraceReader::openRanks(StringRef Dir) {
   std::vector<std::unique_ptr<TraceReader>> Ranks;
   SmallString<256> DbPath(Dir);
   sys::path::append(DbPath, TraceDatabaseName);
-  if (sys::fs::exists(DbPath)) {
-    auto R = open(Dir);
-    if (!R)
-      return R.takeError();
-    Ranks.push_back(std::move(*R));
-    return Ranks;
-  }
   // rank-0, rank-1, ... in numeric order: those that traced (a rank that
   // ran no module left none).
   std::vector<std::pair<unsigned, std::string>> RankDirs;
@@ -149,6 +142,17 @@ TraceReader::openRanks(StringRef Dir) {
     if (Name.consume_front("rank-") && !Name.getAsInteger(10, Rank) &&
         sys::fs::exists(It->path() + "/" + TraceDatabaseName.str()))
       RankDirs.emplace_back(Rank, It->path());
+  }
+  // A trace.db of its own, unless it is an empty file beside the ranks'
+  // (what an SQLite client makes of a path it was asked to open there).
+  uint64_t Size = 0;
+  if (sys::fs::exists(DbPath) &&
+      (RankDirs.empty() || sys::fs::file_size(DbPath, Size) || Size != 0)) {
+    auto R = open(Dir);
+    if (!R)
+      return R.takeError();
+    Ranks.push_back(std::move(*R));
+    return Ranks;
   }
   llvm::sort(RankDirs);
   for (size_t I = 1; I < RankDirs.size(); ++I)
