@@ -187,6 +187,29 @@ void Diagnoser::localize(Diagnosis &D) {
       P.reset();
       if (D.Suspects.size() == 3)
         break;
+    } else if (!D.Curve[I].InputsCompared) {
+      // No module made them: an op did, in place, and the reference's op
+      // statistics found what it wrote nowhere. The block that ran it
+      // comes first, with the op.
+      if (auto W = disagreeingOpProducer(D, I); W && llvm::none_of(D.Suspects, [&](const Suspect &X) {
+            return X.Component.CallId == D.Curve[W->first].CallId;
+          })) {
+        Suspect Writer;
+        Writer.Component = D.Curve[W->first];
+        Writer.Reason = "it ran " + W->second.Name + ", which wrote inputs of " +
+                        (D.Curve[I].Path.empty() ? std::string("(root)") : D.Curve[I].Path) +
+                        " (whose output departs, R = " +
+                        formatv("{0}", format("%.3g", *D.Curve[I].Ratio)).str() +
+                        ") that the reference computed nowhere: it computed something else";
+        for (size_t J = W->first >= 3 ? W->first - 3 : 0; J < W->first; ++J)
+          Writer.Before.push_back(D.Curve[J]);
+        for (size_t J = W->first + 1; J < D.Curve.size() && J <= W->first + 3; ++J)
+          Writer.After.push_back(D.Curve[J]);
+        Writer.Op = std::move(W->second);
+        D.Suspects.push_back(std::move(Writer));
+        if (D.Suspects.size() == 3)
+          break;
+      }
     }
     if (llvm::none_of(D.Suspects,
                       [&](const Suspect &X) { return X.Component.CallId == S.Component.CallId; }))
@@ -255,6 +278,26 @@ struct Totals {
 };
 } // namespace
 
+/// Whether an op output of the reference in a call \p Inside accepts has
+/// the statistics \p Mine of a target tensor of type \p Type.
+static bool holds(const Side &R, const Totals &Mine, DType Type,
+                  function_ref<bool(int64_t)> Inside) {
+  for (const OpRecord &Op : R.Ops) {
+    if (!Op.ModuleCallId || !Inside(*Op.ModuleCallId))
+      continue;
+    auto Outs = R.OpStatistics.find(Op.Id);
+    if (Outs == R.OpStatistics.end())
+      continue;
+    for (const TensorRecord *Y : Outs->second) {
+      Totals Theirs;
+      if (Theirs.add(*Y) &&
+          Mine.agrees(Theirs, std::max(unitRoundoff(Type), unitRoundoff(Y->Type))))
+        return true;
+    }
+  }
+  return false;
+}
+
 std::optional<bool> Diagnoser::agreesByStatistics(const Diagnosis &D, size_t Index,
                                                   std::string &Why) {
   // Each of its outputs (over every step it ran, where steps are merged)
@@ -294,23 +337,7 @@ std::optional<bool> Diagnoser::agreesByStatistics(const Diagnosis &D, size_t Ind
       for (const ModuleCallRecord *M : Later->second)
         if (const TensorRecord *Y = T.tensor(M->Id, "output", I); !Y || !Mine.add(*Y))
           return std::nullopt;
-    bool Found = false;
-    for (const OpRecord &Op : R.Ops) {
-      if (Found || !Op.ModuleCallId || !within(R, *Op.ModuleCallId, Scope->Id))
-        continue;
-      auto Outs = R.OpStatistics.find(Op.Id);
-      if (Outs == R.OpStatistics.end())
-        continue;
-      for (const TensorRecord *Y : Outs->second) {
-        Totals Theirs;
-        if (Theirs.add(*Y) &&
-            Mine.agrees(Theirs, std::max(unitRoundoff(X->Type), unitRoundoff(Y->Type)))) {
-          Found = true;
-          break;
-        }
-      }
-    }
-    if (!Found) {
+    if (!holds(R, Mine, X->Type, [&](int64_t C) { return within(R, C, Scope->Id); })) {
       Why = "no op output of the reference's " +
             (Scope->Path.empty() ? std::string("(root)") : Scope->Path) +
             " has its outputs' statistics";
@@ -318,6 +345,98 @@ std::optional<bool> Diagnoser::agreesByStatistics(const Diagnosis &D, size_t Ind
     }
   }
   return true;
+}
+
+std::optional<std::pair<size_t, OpFinding>>
+Diagnoser::disagreeingOpProducer(const Diagnosis &D, size_t Index) {
+  const ComponentRatio &C = D.Curve[Index];
+  if (R.OpStatistics.empty() || !R.Padded.empty())
+    return std::nullopt;
+  const ComponentRatio *Ancestor = mappedAncestor(D, Index);
+  const ModuleCallRecord *Scope = Ancestor ? refCall(Ancestor->CallId) : nullptr;
+  if (!Scope)
+    return std::nullopt;
+  std::vector<const TensorRecord *> Inputs;
+  if (refCall(C.CallId))
+    Inputs = uncomparedInputs(C);
+  else
+    for (const auto &[I, X] : roleTensors(T, C.CallId, "input"))
+      Inputs.push_back(X);
+  auto OpsNamed = [&](int64_t Call, StringRef Name) {
+    std::vector<const OpRecord *> Out;
+    for (const OpRecord &O : T.Ops)
+      if (O.ModuleCallId == Call && O.Name == Name)
+        Out.push_back(&O);
+    return Out;
+  };
+  auto WriteOf = [&](const OpRecord *O, StringRef Role, int64_t Index) -> const TensorRecord * {
+    auto W = T.OpWrites.find(O->Id);
+    if (W != T.OpWrites.end())
+      for (const TensorRecord *Y : W->second)
+        if (Y->Role == Role && Y->Index == Index)
+          return Y;
+    return nullptr;
+  };
+  for (const TensorRecord *X : Inputs) {
+    // One a module returned is unmappedProducer's.
+    if (X->SourceId)
+      if (const TensorRecord *Source = T.TensorById.lookup(*X->SourceId);
+          Source && Source->Owner == TensorOwner::ModuleCall)
+        continue;
+    std::optional<OpFinding> F = writerOf(*Ancestor, X, C.CallId, &C);
+    auto Wanted = T.values(X);
+    if (!F || !Wanted)
+      continue;
+    // The op, and which of the tensors it wrote holds what C was given.
+    std::vector<const OpRecord *> Same = OpsNamed(F->CallId, F->Name);
+    auto At = llvm::find_if(Same, [&](const OpRecord *O) { return O->Seq == F->OpSeq; });
+    if (At == Same.end())
+      continue;
+    const TensorRecord *Written = nullptr;
+    if (auto W = T.OpWrites.find((*At)->Id); W != T.OpWrites.end())
+      for (const TensorRecord *Y : W->second)
+        if (auto V = T.values(Y); V && sameValues(*V, *Wanted)) {
+          Written = Y;
+          break;
+        }
+    Totals Mine;
+    if (!Written || !Mine.add(*Written))
+      continue;
+    // Where the steps were joined, the same op (that occurrence of its
+    // name in its call) of every later step: the reference ran them as one.
+    if (MergeSteps) {
+      auto Later = LaterSteps.find(F->CallId);
+      if (Later == LaterSteps.end())
+        continue;
+      size_t Occurrence = size_t(At - Same.begin());
+      bool All = true;
+      for (const ModuleCallRecord *M : Later->second) {
+        std::vector<const OpRecord *> There = OpsNamed(M->Id, F->Name);
+        const TensorRecord *Y =
+            Occurrence < There.size() ? WriteOf(There[Occurrence], Written->Role, Written->Index)
+                                      : nullptr;
+        if (!Y || !Mine.add(*Y)) {
+          All = false;
+          break;
+        }
+      }
+      if (!All)
+        continue;
+    }
+    if (holds(R, Mine, Written->Type, [&](int64_t Call) { return within(R, Call, Scope->Id); }))
+      continue;
+    std::optional<size_t> Owner =
+        mappedCallAround(D, F->CallId, std::numeric_limits<int64_t>::min());
+    if (!Owner)
+      continue;
+    F->Reason = "it wrote what " + (C.Path.empty() ? std::string("(root)") : C.Path) +
+                " was given (its " + Written->Role + " tensor " +
+                std::to_string(Written->Index) + "), and no op output of the reference's " +
+                (Scope->Path.empty() ? std::string("(root)") : Scope->Path) +
+                " has its statistics";
+    return std::make_pair(*Owner, std::move(*F));
+  }
+  return std::nullopt;
 }
 
 bool Diagnoser::divergedUpstream(const Diagnosis &D, size_t Index) const {

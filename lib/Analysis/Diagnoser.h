@@ -406,6 +406,16 @@ private:
   /// that the reference's op statistics do not clear, if any.
   std::optional<UnmappedProducer> unmappedProducer(const Diagnosis &D, const ComponentRatio &C);
 
+  /// For the candidate at \p Index, with inputs that could not be compared
+  /// and that no module returned (an op wrote them in place: a fused q/k
+  /// norm + rope that the attention block calls itself): the captured op
+  /// inside its mapped ancestor that last wrote one, when the reference's
+  /// op statistics find what it wrote (over the steps joined) nowhere in
+  /// the ancestor's counterpart. The curve index of the mapped call around
+  /// the op, and the op.
+  std::optional<std::pair<size_t, OpFinding>> disagreeingOpProducer(const Diagnosis &D,
+                                                                    size_t Index);
+
   /// Whether every output of the unmapped component at \p Index has the
   /// statistics of an op output of the reference inside its mapped
   /// ancestor's counterpart: what it computed is there, op by op. Empty

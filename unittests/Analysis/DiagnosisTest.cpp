@@ -562,6 +562,45 @@ TEST_F(DiagnosisTest, PassingADivergenceOnIsNoLocalDivergence) {
     }
 }
 
+// A mapped child whose inputs could not be compared was given them by an
+// op its parent ran in place (an engine's fused q/k norm + rope, called by
+// the attention block itself). When the reference's op statistics find
+// what the op wrote nowhere in the parent's counterpart, the parent comes
+// first, with that op; when they find it, the child does.
+TEST_F(DiagnosisTest, AnOpThatWroteAChildsInputInPlaceIsCheckedByStatistics) {
+  std::vector<float> Q = {1, -2, 3, 0.5};
+  auto Reference = [&](StringRef Name) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("attn", "", {{{1, 2, 3, 4}, {4}}}, {{{4, 3, 2, 1}, {4}}});
+    T.op("attn", "aten::mul", "output", Q, {4});
+    T.callSpecs("attn.core", "attn", {}, {{{4, 3, 2, 1}, {4}}});
+    T.close();
+  };
+  auto Target = [&](StringRef Name, std::vector<float> Written) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("attn", "", {{{1, 2, 3, 4}, {4}}}, {{{40, 3, 2, 1}, {4}}});
+    T.op("attn", "zoo::fused", "mutated", Written, {4});
+    T.callSpecs("attn.core", "attn", {{Written, {4}}}, {{{40, 3, 2, 1}, {4}}});
+    T.close();
+  };
+  Reference("ref");
+  Target("wrote-else", {1, -2, 30, 0.5});
+  Target("wrote-same", Q);
+  Diagnosis Else = run("wrote-else", "ref");
+  ASSERT_EQ(Else.Result, Diagnosis::Verdict::Divergence);
+  ASSERT_GE(Else.Suspects.size(), 2u);
+  EXPECT_EQ(Else.Suspects[0].Component.Path, "attn");
+  ASSERT_TRUE(Else.Suspects[0].Op.has_value());
+  EXPECT_EQ(Else.Suspects[0].Op->Name, "zoo::fused");
+  EXPECT_EQ(Else.Suspects[1].Component.Path, "attn.core");
+  Diagnosis Same = run("wrote-same", "ref");
+  ASSERT_EQ(Same.Result, Diagnosis::Verdict::Divergence);
+  ASSERT_FALSE(Same.Suspects.empty());
+  EXPECT_EQ(Same.Suspects[0].Component.Path, "attn.core");
+}
+
 // Inside a suspect whose core has no reference counterpart (an engine's
 // attention), the op that last wrote what the next mapped child was given
 // is named; it ran in an unmapped child, so the suspect stays first.
