@@ -43,15 +43,18 @@ json::Value toJSON(const ModelTreeNode &N) {
   json::Array Children;
   for (const ModelTreeNode &C : N.Children)
     Children.push_back(toJSON(C));
-  return json::Object{{"name", N.Name},
-                      {"path", N.Path},
-                      {"class", N.ClassName},
-                      {"class_qualname", N.ClassQualname},
-                      {"source", N.SourceFile.empty()
-                                     ? json::Value(nullptr)
-                                     : json::Value(N.SourceFile + ":" + std::to_string(N.SourceLine))},
-                      {"count", int64_t(N.Count)},
-                      {"children", std::move(Children)}};
+  json::Object O{{"name", N.Name},
+                 {"path", N.Path},
+                 {"class", N.ClassName},
+                 {"class_qualname", N.ClassQualname},
+                 {"count", int64_t(N.Count)},
+                 {"children", std::move(Children)}};
+  // Left out, as from the text: null would say the source is unknown.
+  if (!NoSource)
+    O["source"] = N.SourceFile.empty()
+                      ? json::Value(nullptr)
+                      : json::Value(N.SourceFile + ":" + std::to_string(N.SourceLine));
+  return json::Value(std::move(O));
 }
 
 } // namespace
