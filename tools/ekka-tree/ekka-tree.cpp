@@ -69,6 +69,9 @@ int main(int argc, char **argv) {
           "  ekka-tree ref.trace\n  ekka-tree tgt.trace --json\n");
   if (Args.size() != 1)
     exitWithError(Tool, makeError("takes one TRACE (see ekka-tree --help)"));
+  // -1, the default, is no choice; given, a rank is a rank-N/'s N.
+  if (Rank.getNumOccurrences() && Rank < 0)
+    exitWithError(Tool, makeError("--rank: expected a rank, 0 or more, got " + Twine(Rank)));
   auto Ranks = unwrapOrExit(Tool, TraceReader::openRanks(Args[0]));
   // One rank's tree: pipeline stages each ran a part of the model, so the
   // choice is said, not silent.
