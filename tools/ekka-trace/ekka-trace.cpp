@@ -104,6 +104,11 @@ cl::opt<std::string> Framework("framework", cl::value_desc("LABEL"),
                                cl::desc("A label stored in the trace: hf, vllm, sglang, ..."),
                                cl::cat(TraceCategory));
 
+// main() takes the program from after `--` itself: this names it in the
+// USAGE line, and holds what a user put before the `--` instead.
+cl::list<std::string> MisplacedCommand(cl::Positional, cl::desc("-- CMD ARGS..."),
+                                       cl::cat(TraceCategory));
+
 cl::list<std::string> ShowArgs(cl::Positional, cl::sub(ShowCmd), cl::desc("DIR"),
                                cl::cat(TraceCategory));
 cl::opt<unsigned> ShowLimit("limit", cl::sub(ShowCmd), cl::init(200),
@@ -489,6 +494,10 @@ void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> 
 }
 
 int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
+  if (!MisplacedCommand.empty())
+    exitWithError(Tool, makeError("unexpected argument '" + MisplacedCommand[0] +
+                                  "': the program to trace goes after --: ekka-trace -o DIR -- "
+                                  "CMD ARGS..."));
   if (OutputDir.empty())
     exitWithError(Tool, makeError("missing -o DIR, the trace directory (see ekka-trace --help)"));
   if (Command.empty())
