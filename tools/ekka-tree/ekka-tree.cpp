@@ -68,7 +68,8 @@ int main(int argc, char **argv) {
           "with each module's class and the file:line that defines it.\n\n"
           "  ekka-tree ref.trace\n  ekka-tree tgt.trace --json\n");
   if (Args.size() != 1)
-    exitWithError(Tool, makeError("takes one TRACE (see ekka-tree --help)"));
+    exitWithError(Tool, makeError("expected one TRACE directory, got " + Twine(Args.size()) +
+                                  " arguments (see ekka-tree --help)"));
   // -1, the default, is no choice; given, a rank is a rank-N/'s N.
   if (Rank.getNumOccurrences() && Rank < 0)
     exitWithError(Tool, makeError("--rank: expected a rank, 0 or more, got " + Twine(Rank)));
