@@ -10,6 +10,7 @@
 #include "ekka/Index/IndexBuilder.h"
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/Plural.h"
 
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/CommandLine.h"
@@ -200,9 +201,9 @@ int runBuild() {
   if (Verbose)
     Options.Log = &outs();
   IndexBuildSummary S = unwrapOrExit(Tool, buildIndex(Options));
-  outs() << "indexed " << S.Files << " files (" << S.Parsed << " parsed, "
+  outs() << "indexed " << countOf(S.Files, "file") << " (" << S.Parsed << " parsed, "
          << S.Unchanged << " unchanged, " << S.Removed << " removed), "
-         << S.Definitions << " definitions, " << S.Skipped << " skipped";
+         << countOf(S.Definitions, "definition") << ", " << S.Skipped << " skipped";
   if (!S.SkipReasons.empty()) {
     std::vector<std::pair<std::string, unsigned>> ByReason;
     for (const auto &E : S.SkipReasons)
