@@ -3,6 +3,7 @@
 #include "SessionInternal.h"
 #include "StorageWrites.h"
 #include "TensorRecording.h"
+#include "ekka/Support/Plural.h"
 #include "ekka/Trace/TraceWriter.h"
 #include "llvm/ADT/ScopeExit.h"
 
@@ -1774,9 +1775,9 @@ std::string stopTrace() {
   if (E)
     Result = "error: " + llvm::toString(std::move(E));
   else
-    Result = std::to_string(C.ModuleCalls) + " module calls, " + std::to_string(C.Ops) +
-             " ops, " + std::to_string(C.Kernels) + " kernels, " + std::to_string(C.Tensors) +
-             " tensors, " + std::to_string(C.CapturedBytes) + " bytes captured";
+    Result = countOf(C.ModuleCalls, "module call") + ", " + countOf(C.Ops, "op") + ", " +
+             countOf(C.Kernels, "kernel") + ", " + countOf(C.Tensors, "tensor") + ", " +
+             countOf(C.CapturedBytes, "byte") + " captured";
   // Known only now: the writer's thread waited for the device's copies.
   Lost = lostLater(*S, Lost);
   if (!Result.empty() && !Lost.empty() && Result.rfind("error: ", 0) != 0)

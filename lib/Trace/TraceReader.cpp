@@ -57,6 +57,18 @@ std::optional<int64_t> optionalInt(const SQLiteStatement &R, int I) {
   return R.columnInt(I);
 }
 
+/// A shard is a file of the trace directory, never a path out of it: a name
+/// with a '/' (../x, /abs/x), "." or ".." is refused, neither opened nor
+/// looked for.
+bool isShardFileName(StringRef Shard) {
+  return !Shard.contains('/') && Shard != "." && Shard != "..";
+}
+
+Error shardOutsideTrace(StringRef Dir, int64_t TensorId, StringRef Shard) {
+  return makeError("'" + Dir + "' is corrupt: tensor " + Twine(TensorId) + " names shard '" +
+                   Shard + "', not a file of the trace");
+}
+
 } // namespace
 
 Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
@@ -368,18 +380,26 @@ Expected<uint64_t> TraceReader::rowCount(StringRef Table) {
 
 Expected<std::map<std::string, uint64_t>> TraceReader::missingShards() {
   std::map<std::string, uint64_t> Missing;
-  auto S = Db->prepare("SELECT shard, count(*) FROM tensors WHERE shard IS NOT NULL AND "
-                       "shard != '' GROUP BY shard");
+  auto S = Db->prepare("SELECT shard, count(*), min(id) FROM tensors WHERE shard IS NOT NULL "
+                       "AND shard != '' GROUP BY shard");
   if (!S)
     return S.takeError();
+  std::optional<std::pair<int64_t, std::string>> Outside; // the first, with a tensor naming it
   if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
         std::string Shard = Row.columnText(0).str();
+        if (!isShardFileName(Shard)) {
+          if (!Outside)
+            Outside.emplace(Row.columnInt(2), Shard);
+          return;
+        }
         SmallString<256> Path(Dir);
         sys::path::append(Path, Shard);
         if (!sys::fs::exists(Path))
           Missing[Shard] = uint64_t(Row.columnInt(1));
       }))
     return E;
+  if (Outside)
+    return shardOutsideTrace(Dir, Outside->first, Outside->second);
   return Missing;
 }
 
@@ -445,10 +465,8 @@ Expected<std::map<int64_t, CallTally>> TraceReader::tallyPerModuleCall() {
 Expected<StringRef> TraceReader::tensorBytes(const TensorRecord &T) {
   if (T.Shard.empty())
     return makeError("tensor " + Twine(T.Id) + " of '" + Dir + "' was not captured");
-  // A shard is a file of the trace directory, never a path out of it.
-  if (T.Shard.find('/') != std::string::npos || T.Shard == "." || T.Shard == "..")
-    return makeError("'" + Dir + "' is corrupt: tensor " + Twine(T.Id) + " names shard '" +
-                     T.Shard + "', not a file of the trace");
+  if (!isShardFileName(T.Shard))
+    return shardOutsideTrace(Dir, T.Id, T.Shard);
   std::lock_guard<std::mutex> Lock(ShardsMutex);
   auto &File = Shards[T.Shard];
   if (!File) {

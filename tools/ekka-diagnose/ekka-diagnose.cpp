@@ -197,8 +197,8 @@ int main(int argc, char **argv) {
           "recommended, one in FP32), module call by module call, with the paper's error\n"
           "ratio R = |X_T - Y_R| / |X_R - Y_R|, and names the earliest component whose\n"
           "output departs beyond noise while its own inputs do not.\n\n"
-          "  ekka-diagnose --target tgt.trace --reference ref.trace --reference-fp32 ref32.trace\n"
-          "                --index repo.idx --html report.html\n\n"
+          "  ekka-diagnose --target tgt.trace --reference ref.trace \\\n"
+          "                --reference-fp32 ref32.trace --index repo.idx --html report.html\n\n"
           "Exit code: 0 no divergence beyond noise, 1 divergence or differing inputs,\n"
           "2 usage or input error.\n");
   if (TargetDir.empty() || ReferenceDir.empty())

@@ -10,6 +10,7 @@
 #include "ekka/Index/IndexBuilder.h"
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/Plural.h"
 
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/CommandLine.h"
@@ -32,7 +33,7 @@ cl::SubCommand BuildCmd(
     "build",
     "Index Python, C, C++ and CUDA sources into an SQLite index.\n"
     "  ekka-index build PATH... -o INDEX\n"
-    "Re-running on an existing INDEX re-parses only files whose content changed.");
+    "  Re-running on an existing INDEX re-parses only files whose content changed.");
 cl::SubCommand QueryCmd(
     "query",
     "Query an index.\n"
@@ -40,14 +41,14 @@ cl::SubCommand QueryCmd(
     "  ekka-index query INDEX subclasses NAME             classes deriving from NAME\n"
     "  ekka-index query INDEX find_kernel SYMBOL          a kernel by mangled name (as\n"
     "                                                     CUPTI reports it) or demangled name\n"
-    "  ekka-index query INDEX find_op NAME               a PyTorch custom op by registered\n"
+    "  ekka-index query INDEX find_op NAME                a PyTorch custom op by registered\n"
     "                                                     name (zoo::paged_attention): its\n"
     "                                                     TORCH_LIBRARY registrations and the\n"
     "                                                     functions implementing it\n"
     "  ekka-index query INDEX search TEXT                 definitions whose name contains TEXT\n"
-    "NAME may be simple (LlamaAttention), qualified (transformers.models.llama.\n"
-    "modeling_llama.LlamaAttention) or a qualified suffix (modeling_llama.LlamaAttention).\n"
-    "Exit code 1 when nothing matches.");
+    "  NAME may be simple (LlamaAttention), qualified\n"
+    "  (transformers.models.llama.modeling_llama.LlamaAttention) or a qualified suffix\n"
+    "  (modeling_llama.LlamaAttention). Exit code 1 when nothing matches.");
 cl::SubCommand InfoCmd("info", "Print what an index holds.\n  ekka-index info INDEX");
 
 // build
@@ -200,9 +201,9 @@ int runBuild() {
   if (Verbose)
     Options.Log = &outs();
   IndexBuildSummary S = unwrapOrExit(Tool, buildIndex(Options));
-  outs() << "indexed " << S.Files << " files (" << S.Parsed << " parsed, "
+  outs() << "indexed " << countOf(S.Files, "file") << " (" << S.Parsed << " parsed, "
          << S.Unchanged << " unchanged, " << S.Removed << " removed), "
-         << S.Definitions << " definitions, " << S.Skipped << " skipped";
+         << countOf(S.Definitions, "definition") << ", " << S.Skipped << " skipped";
   if (!S.SkipReasons.empty()) {
     std::vector<std::pair<std::string, unsigned>> ByReason;
     for (const auto &E : S.SkipReasons)

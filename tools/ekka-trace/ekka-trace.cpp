@@ -12,6 +12,7 @@
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
 #include "ekka/Support/Executables.h"
+#include "ekka/Support/Plural.h"
 #include "ekka/Trace/TraceReader.h"
 #include "ekka/Trace/TraceWriter.h"
 
@@ -103,6 +104,11 @@ cl::opt<bool> Native(
 cl::opt<std::string> Framework("framework", cl::value_desc("LABEL"),
                                cl::desc("A label stored in the trace: hf, vllm, sglang, ..."),
                                cl::cat(TraceCategory));
+
+// main() takes the program from after `--` itself: this names it in the
+// USAGE line, and holds what a user put before the `--` instead.
+cl::list<std::string> MisplacedCommand(cl::Positional, cl::desc("-- CMD ARGS..."),
+                                       cl::cat(TraceCategory));
 
 cl::list<std::string> ShowArgs(cl::Positional, cl::sub(ShowCmd), cl::desc("DIR"),
                                cl::cat(TraceCategory));
@@ -358,8 +364,8 @@ struct Totals {
   }
 
   std::string counts() const {
-    return std::to_string(Calls) + " module calls, " + std::to_string(Ops) + " ops, " +
-           std::to_string(Kernels) + " kernels, " + std::to_string(Tensors) + " tensors, " +
+    return countOf(Calls, "module call") + ", " + countOf(Ops, "op") + ", " +
+           countOf(Kernels, "kernel") + ", " + countOf(Tensors, "tensor") + ", " +
            humanBytes(Captured) + " captured";
   }
 };
@@ -489,6 +495,10 @@ void printSummary(StringRef Dir, double Seconds, const std::vector<std::string> 
 }
 
 int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
+  if (!MisplacedCommand.empty())
+    exitWithError(Tool, makeError("unexpected argument '" + MisplacedCommand[0] +
+                                  "': the program to trace goes after --: ekka-trace -o DIR -- "
+                                  "CMD ARGS..."));
   if (OutputDir.empty())
     exitWithError(Tool, makeError("missing -o DIR, the trace directory (see ekka-trace --help)"));
   if (Command.empty())
@@ -622,8 +632,8 @@ int runShow() {
     uint64_t Tensors = unwrapOrExit(Tool, R->rowCount("tensors"));
     auto Tally = unwrapOrExit(Tool, R->tallyPerModuleCall());
     std::map<int64_t, unsigned> Depth;
-    outs() << "  " << Calls.size() << " module calls, " << Ops << " ops, " << Tensors
-           << " tensors\n";
+    outs() << "  " << countOf(Calls.size(), "module call") << ", " << countOf(Ops, "op") << ", "
+           << countOf(Tensors, "tensor") << "\n";
     unsigned Printed = 0;
     for (const ModuleCallRecord &C : Calls) {
       unsigned D = C.ParentId ? Depth[*C.ParentId] + 1 : 0;
@@ -635,7 +645,7 @@ int runShow() {
       const CallTally &Own = Tally[C.Id];
       outs() << format("  %5lld step %lld  ", (long long)C.Seq, (long long)C.Step);
       outs().indent(2 * D) << (C.Path.empty() ? "(root)" : C.Path) << "  " << C.ClassName
-                           << "  " << Own.Ops << " ops";
+                           << "  " << countOf(Own.Ops, "op");
       if (uint64_t N = Own.Captured)
         outs() << ", " << N << " captured";
       if (!C.SourceFile.empty())
@@ -645,9 +655,10 @@ int runShow() {
     auto Shards = unwrapOrExit(Tool, R->missingShards());
     if (!Shards.empty() && Missing.empty())
       Missing = "'" + R->directory().str() + "/" + Shards.begin()->first + "' is missing: " +
-                std::to_string(Shards.begin()->second) + " captured tensors' bytes cannot be read" +
-                (Shards.size() > 1 ? " (and " + std::to_string(Shards.size() - 1) +
-                                         " more shards are missing)"
+                countOf(Shards.begin()->second, "captured tensor's", "captured tensors'") +
+                " bytes cannot be read" +
+                (Shards.size() > 1 ? " (and " + countOf(Shards.size() - 1, "more shard") +
+                                         (Shards.size() > 2 ? " are" : " is") + " missing)"
                                    : std::string());
   }
   // Ranks that began under Ekka and traced no module left only their start

@@ -43,15 +43,18 @@ json::Value toJSON(const ModelTreeNode &N) {
   json::Array Children;
   for (const ModelTreeNode &C : N.Children)
     Children.push_back(toJSON(C));
-  return json::Object{{"name", N.Name},
-                      {"path", N.Path},
-                      {"class", N.ClassName},
-                      {"class_qualname", N.ClassQualname},
-                      {"source", N.SourceFile.empty()
-                                     ? json::Value(nullptr)
-                                     : json::Value(N.SourceFile + ":" + std::to_string(N.SourceLine))},
-                      {"count", int64_t(N.Count)},
-                      {"children", std::move(Children)}};
+  json::Object O{{"name", N.Name},
+                 {"path", N.Path},
+                 {"class", N.ClassName},
+                 {"class_qualname", N.ClassQualname},
+                 {"count", int64_t(N.Count)},
+                 {"children", std::move(Children)}};
+  // Left out, as from the text: null would say the source is unknown.
+  if (!NoSource)
+    O["source"] = N.SourceFile.empty()
+                      ? json::Value(nullptr)
+                      : json::Value(N.SourceFile + ":" + std::to_string(N.SourceLine));
+  return json::Value(std::move(O));
 }
 
 } // namespace
@@ -65,7 +68,11 @@ int main(int argc, char **argv) {
           "with each module's class and the file:line that defines it.\n\n"
           "  ekka-tree ref.trace\n  ekka-tree tgt.trace --json\n");
   if (Args.size() != 1)
-    exitWithError(Tool, makeError("takes one TRACE (see ekka-tree --help)"));
+    exitWithError(Tool, makeError("expected one TRACE directory, got " + Twine(Args.size()) +
+                                  " arguments (see ekka-tree --help)"));
+  // -1, the default, is no choice; given, a rank is a rank-N/'s N.
+  if (Rank.getNumOccurrences() && Rank < 0)
+    exitWithError(Tool, makeError("--rank: expected a rank, 0 or more, got " + Twine(Rank)));
   auto Ranks = unwrapOrExit(Tool, TraceReader::openRanks(Args[0]));
   // One rank's tree: pipeline stages each ran a part of the model, so the
   // choice is said, not silent.

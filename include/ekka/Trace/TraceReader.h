@@ -67,7 +67,9 @@ public:
   llvm::Expected<std::map<int64_t, CallTally>> tallyPerModuleCall();
 
   /// The shards that captured tensors' rows name but that are not in the
-  /// directory (deleted, never copied), each with how many rows name it.
+  /// directory (deleted, never copied), each with how many rows name it; an
+  /// error if a row names one that is not a file name in the directory
+  /// (../x, an absolute path), which is not looked for.
   llvm::Expected<std::map<std::string, uint64_t>> missingShards();
 
   /// The captured bytes of \p T; an error if it was not captured or its

@@ -60,3 +60,7 @@ print("kept:", open(os.path.join(out, "first", "notes.txt")).read())
 print("marked after:", sum(len(m._forward_pre_hooks_with_kwargs) for m in model.modules()))
 print("direct forward after:", type(model).forward is not sequential_forward)
 print("summary:", first.summary)
+# A region of one module call: its summary counts it in the singular.
+with torch.no_grad(), ekka.trace.Trace(os.path.join(out, "single")) as single:
+    torch.nn.Linear(4, 4)(x)
+print("single summary:", single.summary)
