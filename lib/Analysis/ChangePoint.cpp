@@ -221,15 +221,7 @@ void Diagnoser::localize(Diagnosis &D) {
 
 std::optional<Diagnoser::UnmappedProducer>
 Diagnoser::unmappedProducer(const Diagnosis &D, const ComponentRatio &C) {
-  // The inputs that were not compared: all of them where the reference has
-  // no call whose inputs meet them (a backend mapped onto o_proj's input).
-  std::vector<const TensorRecord *> Inputs;
-  if (refCall(C.CallId))
-    Inputs = uncomparedInputs(C);
-  else
-    for (const auto &[Index, X] : roleTensors(T, C.CallId, "input"))
-      Inputs.push_back(X);
-  for (const TensorRecord *X : Inputs) {
+  for (const TensorRecord *X : inputsNotCompared(C)) {
     if (!X->SourceId)
       continue;
     const TensorRecord *Source = T.TensorById.lookup(*X->SourceId);
@@ -356,12 +348,6 @@ Diagnoser::disagreeingOpProducer(const Diagnosis &D, size_t Index) {
   const ModuleCallRecord *Scope = Ancestor ? refCall(Ancestor->CallId) : nullptr;
   if (!Scope)
     return std::nullopt;
-  std::vector<const TensorRecord *> Inputs;
-  if (refCall(C.CallId))
-    Inputs = uncomparedInputs(C);
-  else
-    for (const auto &[I, X] : roleTensors(T, C.CallId, "input"))
-      Inputs.push_back(X);
   auto OpsNamed = [&](int64_t Call, StringRef Name) {
     std::vector<const OpRecord *> Out;
     for (const OpRecord &O : T.Ops)
@@ -377,7 +363,7 @@ Diagnoser::disagreeingOpProducer(const Diagnosis &D, size_t Index) {
           return Y;
     return nullptr;
   };
-  for (const TensorRecord *X : Inputs) {
+  for (const TensorRecord *X : inputsNotCompared(C)) {
     // One a module returned is unmappedProducer's.
     if (X->SourceId)
       if (const TensorRecord *Source = T.TensorById.lookup(*X->SourceId);

@@ -418,6 +418,15 @@ std::vector<const TensorRecord *> Diagnoser::uncomparedInputs(const ComponentRat
   return Out;
 }
 
+std::vector<const TensorRecord *> Diagnoser::inputsNotCompared(const ComponentRatio &C) {
+  if (refCall(C.CallId))
+    return uncomparedInputs(C);
+  std::vector<const TensorRecord *> Out;
+  for (const auto &[Index, X] : roleTensors(T, C.CallId, "input"))
+    Out.push_back(X);
+  return Out;
+}
+
 const TensorRecord *Diagnoser::departingInput(const ComponentRatio &C) {
   const ModuleCallRecord *RC = refCall(C.CallId);
   RoleTensors TT = roleTensors(T, C.CallId, "input");

@@ -165,6 +165,11 @@ private:
   /// reference's (paired in order, as callRatio pairs them).
   std::vector<const TensorRecord *> uncomparedInputs(const ComponentRatio &C);
 
+  /// The floating inputs of \p C that were not compared: uncomparedInputs,
+  /// or all of them where it has no reference call whose inputs meet them
+  /// (a backend mapped onto o_proj's input).
+  std::vector<const TensorRecord *> inputsNotCompared(const ComponentRatio &C);
+
   /// The first floating input of \p C that departs from the reference's (or
   /// its first floating input, when none could be told apart).
   const TensorRecord *departingInput(const ComponentRatio &C);
