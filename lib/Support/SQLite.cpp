@@ -144,7 +144,8 @@ Expected<std::unique_ptr<SQLiteDatabase>> SQLiteDatabase::open(StringRef Path,
   std::string Name = Path.str();
   if (M == Mode::Immutable) {
     // A URI: the characters a URI gives meaning to are escaped.
-    Name = "file:";
+    // An absolute path after an empty authority: `//x` is no host.
+    Name = Path.starts_with("/") ? "file://" : "file:";
     for (char C : Path) {
       if (C == '%' || C == '?' || C == '#' || static_cast<unsigned char>(C) < 0x21)
         Name.append(1, '%').append(llvm::utohexstr(static_cast<unsigned char>(C), false, 2));
