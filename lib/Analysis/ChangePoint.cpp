@@ -321,13 +321,29 @@ std::optional<bool> Diagnoser::agreesByStatistics(const Diagnosis &D, size_t Ind
   if (Outputs.empty())
     return std::nullopt;
   auto Later = LaterSteps.find(Call);
+  // Steps joined: the reference ran them as one, and step 1 alone is not
+  // what its ops computed.
+  if (MergeSteps && Later == LaterSteps.end())
+    return std::nullopt;
+  // A tensor, and under tensor parallelism the other ranks' shards of it
+  // (a replicated one is whole on each): what the reference computed whole.
+  auto Add = [&](Totals &Mine, const TensorRecord *X) {
+    if (!X || !Mine.add(*X))
+      return false;
+    if (Peers.empty() || replicated(X))
+      return true;
+    std::vector<const TensorRecord *> Shards = peerTensors(X);
+    if (Shards.size() != Peers.size())
+      return false;
+    return llvm::all_of(Shards, [&](const TensorRecord *P) { return Mine.add(*P); });
+  };
   for (const auto &[I, X] : Outputs) {
     Totals Mine;
-    if (!Mine.add(*X))
+    if (!Add(Mine, X))
       return std::nullopt;
-    if (MergeSteps && Later != LaterSteps.end())
+    if (MergeSteps)
       for (const ModuleCallRecord *M : Later->second)
-        if (const TensorRecord *Y = T.tensor(M->Id, "output", I); !Y || !Mine.add(*Y))
+        if (!Add(Mine, T.tensor(M->Id, "output", I)))
           return std::nullopt;
     if (!holds(R, Mine, X->Type, [&](int64_t C) { return within(R, C, Scope->Id); })) {
       Why = "no op output of the reference's " +
@@ -342,7 +358,9 @@ std::optional<bool> Diagnoser::agreesByStatistics(const Diagnosis &D, size_t Ind
 std::optional<std::pair<size_t, OpFinding>>
 Diagnoser::disagreeingOpProducer(const Diagnosis &D, size_t Index) {
   const ComponentRatio &C = D.Curve[Index];
-  if (R.OpStatistics.empty() || !R.Padded.empty())
+  // Under tensor parallelism an op's writes are one rank's shard, and the
+  // other ranks' are not keyed to it: nothing to check them with.
+  if (R.OpStatistics.empty() || !R.Padded.empty() || !Peers.empty())
     return std::nullopt;
   const ComponentRatio *Ancestor = mappedAncestor(D, Index);
   const ModuleCallRecord *Scope = Ancestor ? refCall(Ancestor->CallId) : nullptr;

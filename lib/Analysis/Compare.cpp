@@ -393,8 +393,12 @@ std::optional<double> Diagnoser::residualOutputRatio(const ModuleCallRecord &TC,
   const TensorRecord *A = at(TT, 0), *B = at(TT, 1), *Ref = at(RT, 0);
   if (TT.size() != 2 || !A || !B || !Ref || A->Shape != B->Shape || at(RT, 1))
     return std::nullopt;
-  // A fused add + norm: its inputs (hidden, residual) add up to the
-  // reference norm's input, and so must the residual it returns.
+  // A fused add + norm, a call of no children: its inputs (hidden,
+  // residual) add up to the reference norm's input, and so must the
+  // residual it returns. (A decoder layer's pair that did not add up to
+  // the reference's output is no norm's.)
+  if (TargetParents.count(TC.Id))
+    return std::nullopt;
   RoleTensors TI = roleTensors(T, TC.Id, "input"), RI = roleTensors(R, RC.Id, "input");
   RoleTensors FI = FC ? roleTensors(*F, FC->Id, "input") : RoleTensors();
   bool Summed = false;

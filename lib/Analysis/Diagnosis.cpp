@@ -132,11 +132,24 @@ Diagnosis Diagnoser::run() {
   for (Suspect &S : D.Suspects) {
     if (auto It = CurveStepRatios.find(S.Component.CallId); It != CurveStepRatios.end())
       S.StepRatios = It->second;
-    if (const ModuleCallRecord *RC = refCall(S.Component.CallId))
-      for (const ModuleCallRecord &X : R.Calls)
-        if (X.ParentId == RC->Id && !UsedRef.count(X.Id))
-          S.UnmatchedReference.push_back((X.Path.empty() ? std::string("(root)") : X.Path) +
-                                         " (" + X.ClassName + ")");
+    if (const ModuleCallRecord *RC = refCall(S.Component.CallId)) {
+      // Each once, with how many times it ran (Gemma3's rotary_emb, twice).
+      std::vector<std::pair<std::string, unsigned>> Unmatched;
+      for (const ModuleCallRecord &X : R.Calls) {
+        if (X.ParentId != RC->Id || UsedRef.count(X.Id))
+          continue;
+        std::string Name = (X.Path.empty() ? std::string("(root)") : X.Path) + " (" +
+                           X.ClassName + ")";
+        auto It = llvm::find_if(Unmatched, [&](const auto &U) { return U.first == Name; });
+        if (It == Unmatched.end())
+          Unmatched.emplace_back(std::move(Name), 1);
+        else
+          ++It->second;
+      }
+      for (auto &[Name, Times] : Unmatched)
+        S.UnmatchedReference.push_back(Times > 1 ? Name + " x" + std::to_string(Times)
+                                                 : std::move(Name));
+    }
   }
   return D;
 }

@@ -431,6 +431,8 @@ TEST_F(DiagnosisTest, ASkippedModuleIsNamedInItsParentsCounterpart) {
     T.call("", "", {0}, {}, {1, 2});
     T.call("model", "", {2, 4}, {""});
     T.call("model.layer", "model", {1, 2}, {""});
+    T.call("model.rot", "model", {1}, {""}); // twice, named once
+    T.call("model.rot", "model", {1}, {""});
     T.call("model.norm", "model", {2, 4}, {"model.layer"});
     T.close();
   }
@@ -444,7 +446,8 @@ TEST_F(DiagnosisTest, ASkippedModuleIsNamedInItsParentsCounterpart) {
   Diagnosis D = run("skipped", "ref");
   ASSERT_EQ(D.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(D.Suspects[0].Component.Path, "model");
-  EXPECT_EQ(D.Suspects[0].UnmatchedReference, std::vector<std::string>{"model.norm (C_model.norm)"});
+  EXPECT_EQ(D.Suspects[0].UnmatchedReference,
+            (std::vector<std::string>{"model.rot (C_model.rot) x2", "model.norm (C_model.norm)"}));
 }
 
 // vLLM's act_fn (SiluAndMul) takes gate and up together: the same path as
@@ -890,6 +893,48 @@ TEST_F(DiagnosisTest, TensorParallelShardsAreGatheredFromTheRanks) {
   ASSERT_TRUE(bool(E)) << toString(E.takeError());
   ASSERT_EQ(E->Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(E->Suspects.front().Component.Path, "col");
+}
+
+// Under tensor parallelism an engine component without a reference
+// counterpart (a rotary embedding over each rank's heads) holds a shard of
+// what the reference's op computed whole: its statistics are checked with
+// the other ranks' shards added, so it is cleared, not found nowhere (and
+// put before the suspect that consumed it).
+TEST_F(DiagnosisTest, AProducersShardsAreCheckedTogetherUnderTensorParallelism) {
+  using Spec = TraceBuilder::Spec;
+  std::vector<float> Full = {1, 2, 3, 4, 5, 6, 7, 8}; // [2 tokens, 4 features]
+  std::vector<float> Out = {0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f};
+  {
+    TraceBuilder R(dir("ref"));
+    R.call("", "", {0}, {}, {1, 2});
+    R.callSpecs("attn", "", {}, {Spec{{1, 2}, {2}}});
+    R.op("attn", "aten::mul", "output", Full, {2, 4});
+    R.callSpecs("attn.core", "attn", {}, {Spec{Out, {1, 2, 3}}});
+    R.close();
+  }
+  auto Rank = [&](StringRef Name, int R) {
+    std::vector<float> Shard = {Full[2 * R], Full[2 * R + 1], Full[4 + 2 * R], Full[5 + 2 * R]};
+    std::vector<float> Bad = Out;
+    Bad[2] += 40;
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2});
+    T.callSpecs("attn", "", {}, {Spec{{1, 2}, {2}}});
+    T.callSpecs("attn.rot", "attn", {}, {Spec{Shard, {2, 2}}});
+    T.callSpecs("attn.core", "attn", {Spec{{}, {2, 2}, DType::F32, "attn.rot"}},
+                {Spec{Bad, {2, 3}}});
+    T.close();
+  };
+  Rank("tp-0", 0);
+  Rank("tp-1", 1);
+  auto Ref = open("ref"), A = open("tp-0"), B = open("tp-1");
+  TraceReader *Ranks[] = {A.get(), B.get()};
+  DiagnoseOptions Options;
+  auto D = diagnose(Ranks, *Ref, nullptr, Options);
+  ASSERT_TRUE(bool(D)) << toString(D.takeError());
+  ASSERT_EQ(D->Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(D->Suspects.front().Component.Path, "attn.core");
+  for (const Suspect &S : D->Suspects)
+    EXPECT_NE(S.Component.Path, "attn.rot");
 }
 
 TEST_F(DiagnosisTest, ACallWithUncomparedInputsDownstreamOfADivergenceIsNotBlamed) {
