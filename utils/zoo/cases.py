@@ -59,6 +59,14 @@ def qwen3_moe_config():
         norm_topk_prob=True, max_position_embeddings=256)
 
 
+def llama_theta_config():
+    """A Llama with Llama-3's rope base."""
+    return transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rope_theta=500000.0)
+
+
 def ernie45_moe_config():
     return transformers.Ernie4_5_MoeConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -223,6 +231,27 @@ EXTRA_CASES = [
          symptom="the KV-cache write stores each write's last token one slot past its own, "
                  "so attention reads a key and value that are not there; named by un-paging "
                  "the cache it wrote with its own slot mapping"),
+    # From the held-out evaluation of session 27 (docs/Zoo.md): mechanisms
+    # written by reviewers who had not seen the diagnosis' code, their
+    # accepted root causes set down before Ekka was run.
+    Case("rope-theta-default", "extra: held-out, s27", "LlamaForCausalLM",
+         llama_theta_config, ["rope-theta-default"],
+         ["model.layers.0.self_attn.rotary_emb", "model.layers.0.self_attn"],
+         symptom="the rope base is read from a config key that no longer exists: 10000 "
+                 "where the config says 500000"),
+    Case("norm-residual-stale", "extra: held-out, s27", "LlamaForCausalLM",
+         llama_config, ["norm-residual-stale"],
+         ["model.layers.0.post_attention_layernorm"], kernel="zoo::fused_add_rms_norm",
+         symptom="the fused add + RMSNorm kernel normalizes the sum but never stores it "
+                 "in the residual"),
+    Case("final-norm-skipped", "extra: held-out, s27", "LlamaForCausalLM",
+         llama_config, ["final-norm-skipped"], ["model.norm", "model"],
+         symptom="the final RMSNorm is skipped: the head reads the unnormalized sum"),
+    Case("kv-slot-decode", "extra: held-out, s27", "LlamaForCausalLM", llama_config,
+         ["kv-slot-decode"], ["model.layers.0.self_attn.attn", "model.layers.0.self_attn"],
+         decode=5,
+         symptom="decode steps write their key and value one slot early; the prefill is "
+                 "right"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

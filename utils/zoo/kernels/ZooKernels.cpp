@@ -105,6 +105,13 @@ void rmsNorm(at::Tensor Out, const at::Tensor &Input, const at::Tensor &Weight, 
 // residual += input (in the residual's dtype, as vLLM does); input = norm(residual).
 void fusedAddRmsNorm(at::Tensor Input, at::Tensor Residual, const at::Tensor &Weight, double Eps,
                      double Offset) {
+  if (bug("norm-residual-stale")) {
+    // The planted bug: the sum is normalized but never stored back into the
+    // residual, which keeps its old value for the next layer.
+    at::Tensor Sum = Residual + Input;
+    rmsNorm(Input, Sum, Weight, Eps, Offset);
+    return;
+  }
   Residual.add_(Input);
   rmsNorm(Input, Residual, Weight, Eps, Offset);
 }

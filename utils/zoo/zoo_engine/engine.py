@@ -274,7 +274,13 @@ class Engine:
         positions = torch.arange(len(prompt))
         with torch.no_grad():
             for step in range(max_new_tokens):
-                meta = types.SimpleNamespace(slot_mapping=self._slots(table, positions),
+                slots = self._slots(table, positions)
+                if "kv-slot-decode" in self.bugs and step >= 1:
+                    # The planted bug: each decode step writes its key and
+                    # value one slot early (over the previous token's) and
+                    # reads its own slot, never written; the prefill is right.
+                    slots = slots - 1
+                meta = types.SimpleNamespace(slot_mapping=slots,
                                              block_tables=torch.tensor([table]),
                                              seq_ids=torch.zeros_like(positions),
                                              positions=positions)

@@ -301,6 +301,11 @@ class Attention(nn.Module):
         if "swa-size-unset" in bugs:
             window = 0  # the backend is created without the window
         theta = a.rope_theta.get(layer_type, next(iter(a.rope_theta.values())))
+        if "rope-theta-default" in bugs:
+            # The planted bug: the rope base is read from a config key that
+            # no longer exists, so the default (10000) stands in for the
+            # model's own (Llama-3's 500000).
+            theta = 10000.0
         self.rotary_emb = RotaryEmbedding(a.head_dim, theta, a.rope_neox)
         self.attn = PagedAttention(a.num_heads, a.num_kv_heads, a.head_dim, a.scale, window)
         self.o_proj = Linear(self.q_size, a.hidden_size, quant=a.quant,
@@ -494,6 +499,7 @@ class Model(nn.Module):
                                     else MissingLayer() for i in range(a.num_layers))
         self.norm = (RMSNorm(a.hidden_size, a.eps, a.norm_offset) if a.last_stage
                      else MissingLayer())
+        self.skip_final_norm = "final-norm-skipped" in bugs
 
     def forward(self, ids, positions, meta, intermediate=None):
         if self.arch.first_stage:
@@ -505,6 +511,11 @@ class Model(nn.Module):
                                                      positions=positions, meta=meta)
         if not self.arch.last_stage:
             return hidden_states, residual
+        if self.skip_final_norm:
+            # The planted bug: the final norm is skipped; the last layer's
+            # output is added to the residual by hand and goes to the head
+            # unnormalized.
+            return hidden_states + residual
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
