@@ -580,11 +580,12 @@ TEST_F(DiagnosisTest, AnOpThatWroteAChildsInputInPlaceIsCheckedByStatistics) {
     T.callSpecs("attn.core", "attn", {}, {{{4, 3, 2, 1}, {4}}});
     T.close();
   };
-  auto Target = [&](StringRef Name, std::vector<float> Written) {
+  auto Target = [&](StringRef Name, std::vector<float> Written,
+                    const std::string &Op = "zoo::fused") {
     TraceBuilder T(dir(Name));
     T.call("", "", {0}, {}, {1, 2});
     T.callSpecs("attn", "", {{{1, 2, 3, 4}, {4}}}, {{{40, 3, 2, 1}, {4}}});
-    T.op("attn", "zoo::fused", "mutated", Written, {4});
+    T.op("attn", Op, "mutated", Written, {4});
     T.callSpecs("attn.core", "attn", {{Written, {4}}}, {{{40, 3, 2, 1}, {4}}});
     T.close();
   };
@@ -602,6 +603,13 @@ TEST_F(DiagnosisTest, AnOpThatWroteAChildsInputInPlaceIsCheckedByStatistics) {
   ASSERT_EQ(Same.Result, Diagnosis::Verdict::Divergence);
   ASSERT_FALSE(Same.Suspects.empty());
   EXPECT_EQ(Same.Suspects[0].Component.Path, "attn.core");
+  // A PyTorch op (q scaled in place before the backend, where the reference
+  // scales inside its attention) is no kernel standing for reference ops.
+  Target("aten-wrote-else", {1, -2, 30, 0.5}, "aten::mul_");
+  Diagnosis Aten = run("aten-wrote-else", "ref");
+  ASSERT_EQ(Aten.Result, Diagnosis::Verdict::Divergence);
+  ASSERT_FALSE(Aten.Suspects.empty());
+  EXPECT_EQ(Aten.Suspects[0].Component.Path, "attn.core");
 }
 
 // Inside a suspect whose core has no reference counterpart (an engine's
