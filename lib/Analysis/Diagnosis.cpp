@@ -11,6 +11,7 @@
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -26,6 +27,13 @@
 using namespace llvm;
 
 namespace ekka {
+
+/// The last part of a module path: `norm` of `model.norm`, the name a
+/// module goes by in its parent.
+static StringRef leafName(StringRef Path) {
+  StringRef Leaf = Path.rsplit('.').second;
+  return Leaf.empty() ? Path : Leaf;
+}
 
 StringRef verdictName(Diagnosis::Verdict V) {
   switch (V) {
@@ -129,14 +137,20 @@ Diagnosis Diagnoser::run() {
   CurveStepRatios = std::move(StepRatios);
   StepRatios.clear();
   localize(D);
+  // The names the target's calls go by (the last part of each path).
+  StringSet<> TargetNames;
+  for (const ModuleCallRecord &M : T.Calls)
+    TargetNames.insert(leafName(M.Path));
   for (Suspect &S : D.Suspects) {
     if (auto It = CurveStepRatios.find(S.Component.CallId); It != CurveStepRatios.end())
       S.StepRatios = It->second;
     if (const ModuleCallRecord *RC = refCall(S.Component.CallId)) {
       // Each once, with how many times it ran (Gemma3's rotary_emb, twice).
+      // One whose name the target calls elsewhere was moved, not skipped
+      // (HF's model-level rotary_emb, an engine's in each attention).
       std::vector<std::pair<std::string, unsigned>> Unmatched;
       for (const ModuleCallRecord &X : R.Calls) {
-        if (X.ParentId != RC->Id || UsedRef.count(X.Id))
+        if (X.ParentId != RC->Id || UsedRef.count(X.Id) || TargetNames.count(leafName(X.Path)))
           continue;
         std::string Name = (X.Path.empty() ? std::string("(root)") : X.Path) + " (" +
                            X.ClassName + ")";

@@ -433,6 +433,7 @@ TEST_F(DiagnosisTest, ASkippedModuleIsNamedInItsParentsCounterpart) {
     T.call("model.layer", "model", {1, 2}, {""});
     T.call("model.rot", "model", {1}, {""}); // twice, named once
     T.call("model.rot", "model", {1}, {""});
+    T.call("model.moved", "model", {1}, {""}); // the target calls it elsewhere
     T.call("model.norm", "model", {2, 4}, {"model.layer"});
     T.close();
   }
@@ -441,6 +442,7 @@ TEST_F(DiagnosisTest, ASkippedModuleIsNamedInItsParentsCounterpart) {
     T.call("", "", {0}, {}, {1, 2});
     T.call("model", "", {1, 2}, {""});
     T.call("model.layer", "model", {1, 2}, {""});
+    T.call("model.layer.moved", "model.layer", {1}, {""});
     T.close();
   }
   Diagnosis D = run("skipped", "ref");
