@@ -10,6 +10,7 @@
 #include "ekka/Index/CodeIndex.h"
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/Plural.h"
 #include "ekka/Trace/TraceReader.h"
 
 #include "llvm/Support/CommandLine.h"
@@ -174,7 +175,7 @@ void writeCalibration(const Diagnosis &D) {
   OS.close();
   if (OS.has_error())
     exitWithError(Tool, makeError("cannot write '" + CalibrateFile + "'"));
-  outs() << "calibrated: " << Mappings << " mapping" << (Mappings == 1 ? "" : "s")
+  outs() << "calibrated: " << countOf(Mappings, "mapping")
          << " validated (largest R = " << ratioText(D.MaxRatio) << ", threshold "
          << ratioText(D.Threshold) << ") written to " << CalibrateFile
          << "; reuse it with --mapping " << CalibrateFile << "\n";

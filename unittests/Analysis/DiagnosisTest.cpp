@@ -860,6 +860,12 @@ TEST_F(DiagnosisTest, RanksOfTheSameModulesAreNotStages) {
 
 namespace {
 
+/// Rank \p R's shard of a [2 tokens, 4 features] tensor split in two along
+/// its features, as a column-parallel module holds it: [2 tokens, 2].
+std::vector<float> columnShard(const std::vector<float> &Full, int R) {
+  return {Full[2 * R], Full[2 * R + 1], Full[4 + 2 * R], Full[5 + 2 * R]};
+}
+
 // Tensor parallelism: a column-parallel module's output is a shard on each
 // rank, gathered (each token's features, rank after rank) to meet the
 // reference's; a bad shard on rank 1 is found there.
@@ -875,7 +881,7 @@ TEST_F(DiagnosisTest, TensorParallelShardsAreGatheredFromTheRanks) {
     R.close();
   }
   auto Rank = [&](StringRef Name, int R, bool Bad) {
-    std::vector<float> Shard = {Full[2 * R], Full[2 * R + 1], Full[4 + 2 * R], Full[5 + 2 * R]};
+    std::vector<float> Shard = columnShard(Full, R);
     if (Bad)
       Shard[1] += 3;
     TraceBuilder T(dir(Name));
@@ -923,7 +929,7 @@ TEST_F(DiagnosisTest, AProducersShardsAreCheckedTogetherUnderTensorParallelism) 
     R.close();
   }
   auto Rank = [&](StringRef Name, int R) {
-    std::vector<float> Shard = {Full[2 * R], Full[2 * R + 1], Full[4 + 2 * R], Full[5 + 2 * R]};
+    std::vector<float> Shard = columnShard(Full, R);
     std::vector<float> Bad = Out;
     Bad[2] += 40;
     TraceBuilder T(dir(Name));
