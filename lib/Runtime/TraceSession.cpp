@@ -1678,13 +1678,13 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
 static std::string lostLater(Session &S, std::string Before) {
   auto Add = [&](int64_t N, const char *What) {
     if (N)
-      Before += (Before.empty() ? "" : "; ") + std::to_string(N) + What;
+      Before += (Before.empty() ? "" : "; ") + countOf(N, "tensor's", "tensors'") + What;
   };
-  Add(S.LostReadbacks.load(), " tensors' statistics or bytes never came back from the device "
+  Add(S.LostReadbacks.load(), " statistics or bytes never came back from the device "
                               "(recorded without; a stream capturing a CUDA graph, a device "
                               "error, or a storage freed before its statistics were launched)");
   Add(S.Deferred.unavailable(),
-      " tensors' statistics could not be computed (recorded without): their storage was "
+      " statistics could not be computed (recorded without): their storage was "
       "resized or moved outside PyTorch's ops before the trace's writer read it");
   if (S.UnsettledAtTermination.load())
     Before += std::string(Before.empty() ? "" : "; ") +
@@ -1724,7 +1724,7 @@ std::string writeClosingMeta(Session &S, const std::string &Missed) {
   {
     std::lock_guard<std::mutex> Lock(S.SnapshotErrorMutex);
     if (S.LostRecords)
-      Lost = std::to_string(S.LostRecords) + " records lost to errors (first: " +
+      Lost = countOf(S.LostRecords, "record") + " lost to errors (first: " +
              S.FirstLoss.substr(0, 300) + ")";
   }
   if (S.Options.ByteBudget)
