@@ -85,6 +85,18 @@ void parseCommandLineOrExit(int Argc, const char *const *Argv, StringRef Overvie
   // case, as the tools' own messages, for a word that is not a name.
   if (Message.size() > 1 && isUpper(Message[0]) && isLower(Message[1]))
     Message[0] = toLower(Message[0]);
+  // LLVM's guess at a misspelt option comes on a line of its own ("Did you
+  // mean '--target'?"): kept, on the one line, before the pointer to --help.
+  for (StringRef Line : split(Held, '\n')) {
+    Line = Line.trim();
+    Line.consume_front(Tool + ": ");
+    if (!Line.consume_front("Did you mean "))
+      continue;
+    std::string Guess = " (did you mean " + Line.str() + ")";
+    size_t Try = Message.find(".  Try: ");
+    Message.insert(Try == std::string::npos ? Message.size() : Try, Guess);
+    break;
+  }
   errs() << Tool << ": error: " << Message << "\n";
   std::exit(ExitInputError);
 }
