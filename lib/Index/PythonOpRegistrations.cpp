@@ -43,7 +43,7 @@ namespace {
 struct CallGrammar {
   const TSLanguage *Lang = tree_sitter_python();
   TSSymbol Call, KeywordArgument, String, ConcatenatedString, StringContent, Interpolation,
-      Assignment, Decorated, Decorator, Lambda, None;
+      Assignment, Decorated, Decorator, Lambda, None, Tuple, List;
   TSFieldId Function, Arguments, Name, Value, Left, Right, Definition;
 
   CallGrammar() {
@@ -62,6 +62,8 @@ struct CallGrammar {
     Decorator = Sym("decorator");
     Lambda = Sym("lambda");
     None = Sym("none");
+    Tuple = Sym("tuple");
+    List = Sym("list");
     Function = Field("function");
     Arguments = Field("arguments");
     Name = Field("name");
@@ -234,6 +236,19 @@ private:
     if (std::optional<std::string> L = literal(N))
       return *L;
     TSSymbol S = ts_node_symbol(N);
+    // register_kernel's device_types=("cpu", "cuda"): "cpu,cuda".
+    if (S == G.Tuple || S == G.List) {
+      std::optional<std::string> Keys = std::string();
+      forEachChild(N, [&](TSNode Part) {
+        if (!ts_node_is_named(Part) || !Keys)
+          return;
+        std::optional<std::string> K = literal(Part);
+        Keys = K ? std::optional<std::string>(*Keys + (Keys->empty() ? "" : ",") + *K)
+                 : std::nullopt;
+      });
+      if (Keys && !Keys->empty())
+        return *Keys;
+    }
     if (S == G.None || S == G.String || S == G.ConcatenatedString)
       return "";
     return text(N).str();

@@ -180,12 +180,18 @@ lib.impl("a", fa)
 lib.impl("b", fb, dispatch_key=KEYS[0])
 direct_register_custom_op("c", fc, [], None, None, None)
 direct_register_custom_op("d", fd, dispatch_key=f"{platform}")
+torch.library.register_kernel("keys::e", ("cpu", "cuda"), fe)
+torch.library.register_kernel("keys::f", device_types=["cuda"], func=ff)
+torch.library.register_kernel("keys::g", ("cpu", DEVICE), fg)
 )", "pkg.keys", false);
   EXPECT_EQ(ops(F), (std::vector<std::string>{
                         "keys::a <- fa [current_platform.dispatch_key]",
                         "keys::b <- fb [KEYS[0]]",
                         "vllm::c <- fc",
                         "vllm::d <- fd",
+                        "keys::e <- fe [cpu,cuda]",
+                        "keys::f <- ff [cuda]",
+                        "keys::g <- fg [(\"cpu\", DEVICE)]",
                     }));
 }
 
