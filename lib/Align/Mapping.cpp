@@ -9,6 +9,8 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
+#include <cmath>
+
 using namespace llvm;
 
 namespace ekka {
@@ -36,6 +38,35 @@ Expected<std::vector<MappingRule>> readMappingFile(StringRef Path) {
   if (!Buffer)
     return makeError("cannot read mapping file '" + Path + "': " + Buffer.getError().message());
   return parseMappingRules((*Buffer)->getBuffer(), ("mapping file '" + Path + "'").str());
+}
+
+Expected<std::map<std::string, double>> readCalibratedNoise(StringRef Path) {
+  auto Buffer = MemoryBuffer::getFile(Path);
+  if (!Buffer)
+    return makeError("cannot read mapping file '" + Path + "': " + Buffer.getError().message());
+  return parseCalibratedNoise((*Buffer)->getBuffer(), ("mapping file '" + Path + "'").str());
+}
+
+Expected<std::map<std::string, double>> parseCalibratedNoise(StringRef Text, StringRef Name) {
+  auto Bad = [&](const Twine &Why) { return makeError(Name + ": " + Why); };
+  Expected<json::Value> V = parseJSON(Text);
+  if (!V)
+    return Bad("not JSON (" + toString(V.takeError()) + ")");
+  std::map<std::string, double> Out;
+  const json::Object *O = V->getAsObject();
+  const json::Value *Noise = O ? O->get("noise") : nullptr;
+  if (!Noise)
+    return Out;
+  const json::Object *ByPath = Noise->getAsObject();
+  if (!ByPath)
+    return Bad("\"noise\" must map component paths to ratios");
+  for (const auto &[Path, Ratio] : *ByPath) {
+    std::optional<double> R = Ratio.getAsNumber();
+    if (!R || !(*R >= 0) || !std::isfinite(*R))
+      return Bad("\"noise\" of '" + Path.str() + "' must be a ratio (a finite number >= 0)");
+    Out[Path.str()] = *R;
+  }
+  return Out;
 }
 
 Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef Name) {

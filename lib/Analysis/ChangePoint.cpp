@@ -43,8 +43,8 @@ void Diagnoser::localize(Diagnosis &D) {
     // Its output must depart beyond noise by more than its inputs already
     // did: a call whose inputs sit just under the threshold and whose
     // output just over it only passed a divergence on.
-    if (C.Mapped && elevated(C.Ratio) && !elevated(C.InputRatio) &&
-        *C.Ratio > O.Threshold * std::max(1.0, C.InputRatio.value_or(0)) &&
+    if (C.Mapped && departs(C) && !elevated(C.InputRatio) &&
+        *C.Ratio > C.Threshold.value_or(O.Threshold) * std::max(1.0, C.InputRatio.value_or(0)) &&
         (C.InputsCompared || !divergedUpstream(D, I)) &&
         (C.MappedBy != "structure" || containerDeparts(D, I)))
       (C.InputsCompared ? Candidates : Weak).push_back(I);
@@ -57,7 +57,7 @@ void Diagnoser::localize(Diagnosis &D) {
     // A call whose inputs were compared and are within noise only passed a
     // small divergence on (the pass-through rule): no verdict from it.
     for (size_t I = 0; I < D.Curve.size(); ++I)
-      if (D.Curve[I].Mapped && elevated(D.Curve[I].Ratio) &&
+      if (D.Curve[I].Mapped && departs(D.Curve[I]) &&
           (elevated(D.Curve[I].InputRatio) || !D.Curve[I].InputsCompared)) {
         D.Result = Diagnosis::Verdict::Divergence;
         Suspect S;
@@ -118,6 +118,13 @@ void Diagnoser::localize(Diagnosis &D) {
     S.Component = D.Curve[I];
     raw_string_ostream(S.Reason)
         << "output diverges (R = " << format("%.3g", *D.Curve[I].Ratio)
+        << (D.Curve[I].CalibratedNoise
+                ? formatv(", above its calibrated noise: {0} on the known-good pair, "
+                          "threshold {1}",
+                          format("%.3g", *D.Curve[I].CalibratedNoise),
+                          format("%.3g", *D.Curve[I].Threshold))
+                      .str()
+                : std::string())
         << ") while its inputs do not ("
         << (D.Curve[I].InputRatio
                 ? "R = " + formatv("{0}", format("%.3g", *D.Curve[I].InputRatio)).str()
@@ -136,7 +143,7 @@ void Diagnoser::localize(Diagnosis &D) {
     if (S.Op && S.Op->LastWriter && S.Op->WroteInPlace && !S.Op->ReadBy.empty() &&
         S.Op->CallId != S.Component.CallId)
       if (std::optional<size_t> W = mappedCallAround(D, S.Op->CallId, S.Component.CallId);
-          W && !elevated(D.Curve[*W].Ratio) && llvm::none_of(D.Suspects, [&](const Suspect &X) {
+          W && !departs(D.Curve[*W]) && llvm::none_of(D.Suspects, [&](const Suspect &X) {
             return X.Component.CallId == D.Curve[*W].CallId;
           })) {
         Suspect Writer;
@@ -457,7 +464,7 @@ bool Diagnoser::divergedUpstream(const Diagnosis &D, size_t Index) const {
     for (size_t J = Index; J-- > 0;)
       if (D.Curve[J].Step == C.Step && D.Curve[J].Depth == 0 && D.Curve[J].Mapped &&
           D.Curve[J].CallId != C.CallId)
-        return elevated(D.Curve[J].Ratio);
+        return departs(D.Curve[J]);
     return false;
   }
   if (elevated(Ancestor->InputRatio))
@@ -465,7 +472,7 @@ bool Diagnoser::divergedUpstream(const Diagnosis &D, size_t Index) const {
   for (size_t J = 0; J < Index; ++J) {
     const ComponentRatio &X = D.Curve[J];
     if (X.Mapped && X.CallId != Ancestor->CallId && X.Seq > Ancestor->Seq &&
-        within(X.CallId, Ancestor->CallId) && elevated(X.Ratio))
+        within(X.CallId, Ancestor->CallId) && departs(X))
       return true;
   }
   return false;

@@ -374,6 +374,11 @@ private:
   int64_t Cursor = -1;
 
   bool elevated(const std::optional<double> &X) const { return X && *X > O.Threshold; }
+  /// Whether \p C's output departs: above its calibrated threshold where a
+  /// calibration gave it one. Inputs are held to the diagnosis's.
+  bool departs(const ComponentRatio &C) const {
+    return C.Ratio && *C.Ratio > C.Threshold.value_or(O.Threshold);
+  }
 
   void localize(Diagnosis &D);
 

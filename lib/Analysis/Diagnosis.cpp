@@ -105,6 +105,14 @@ std::vector<CalibratedRule> calibratedRules(const Diagnosis &D) {
   return Out;
 }
 
+std::map<std::string, double> calibratedNoise(const Diagnosis &D) {
+  std::map<std::string, double> Out;
+  for (const ComponentRatio &C : D.Curve)
+    if (C.Mapped && C.Ratio)
+      Out[C.Path] = std::max(Out[C.Path], *C.Ratio);
+  return Out;
+}
+
 using namespace detail;
 
 namespace detail {
@@ -129,6 +137,11 @@ Diagnosis Diagnoser::run() {
                               "compared on its {3} real tokens (its attention mask)",
                               Name, S->MaskShape[0], S->MaskShape[1], llvm::count(S->Mask, 1.0))
                           .str();
+  if (!O.CalibratedNoise.empty())
+    D.NoiseModel += formatv("; a component with a calibrated noise departs above {0} times "
+                            "it (at least {1})",
+                            format("%g", O.CalibratedMargin), format("%g", O.CalibratedFloor))
+                        .str();
   if (checkInputs(D))
     return D;
   reservePaths();
@@ -255,6 +268,10 @@ void Diagnoser::computeRatios(Diagnosis &D) {
         C.Transposed = It->second.Swap;
         C.LayoutBy = It->second.How;
       }
+    if (auto Noise = O.CalibratedNoise.find(C.Path); Noise != O.CalibratedNoise.end()) {
+      C.CalibratedNoise = Noise->second;
+      C.Threshold = std::max(O.CalibratedFloor, O.CalibratedMargin * Noise->second);
+    }
     if (C.Ratio)
       D.MaxRatio = std::max(D.MaxRatio, *C.Ratio);
     else

@@ -47,9 +47,9 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
                            : "at step " + std::to_string(First.Component.Step))
      << ", R = " << ratioText(First.Component.Ratio)
      << (First.Op && !First.Op->ReadBy.empty() && First.Component.Ratio &&
-                 *First.Component.Ratio <= D.Threshold
+                 *First.Component.Ratio <= thresholdOf(First.Component, D)
              ? " (its output), R = " + ratioText(First.Op->Ratio) + " what it wrote in place"
-         : First.Component.Ratio && *First.Component.Ratio <= D.Threshold
+         : First.Component.Ratio && *First.Component.Ratio <= thresholdOf(First.Component, D)
              ? std::string(" (within noise itself: see the first suspect's reason)")
          : !First.Component.Ratio
              ? std::string(" (no reference counterpart: see the first suspect's reason)")
@@ -77,11 +77,12 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
            << ratioText(S.StepRatios[I].second);
       if (S.StepRatios.size() > MostSteps)
         OS << ", ... (" << S.StepRatios.size() - MostSteps << " more)";
-      bool FirstDeparts = S.StepRatios.front().second > D.Threshold;
+      double Threshold = thresholdOf(S.Component, D);
+      bool FirstDeparts = S.StepRatios.front().second > Threshold;
       bool LaterDepart = llvm::all_of(llvm::drop_begin(S.StepRatios),
-                                      [&](const auto &X) { return X.second > D.Threshold; });
+                                      [&](const auto &X) { return X.second > Threshold; });
       bool LaterAgree = llvm::none_of(llvm::drop_begin(S.StepRatios),
-                                      [&](const auto &X) { return X.second > D.Threshold; });
+                                      [&](const auto &X) { return X.second > Threshold; });
       if (!FirstDeparts && LaterDepart)
         OS << ": departs in the later (decode) steps only";
       else if (FirstDeparts && LaterAgree)
@@ -176,13 +177,15 @@ json::Value componentJSON(const ComponentRatio &C) {
 }
 
 /// A component of the curve, with what --show-mapping says of it.
-json::Value curveJSON(const ComponentRatio &C) {
+json::Value curveJSON(const ComponentRatio &C, const Diagnosis &D) {
   json::Value V = componentJSON(C);
   json::Object &O = *V.getAsObject();
   O["mapped"] = C.Mapped;
   O["reference"] = json::Array(C.ReferencePaths);
   O["mapped_by"] = C.Mapped ? json::Value(mappingHow(C)) : json::Value(nullptr);
   O["unmapped_reason"] = C.Mapped ? json::Value(nullptr) : json::Value(C.UnmappedReason);
+  O["calibrated_noise"] = ratioJSON(C.CalibratedNoise);
+  O["threshold"] = thresholdOf(C, D);
   return V;
 }
 
@@ -234,6 +237,8 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
         {"class", S.Component.ClassQualname},
         {"ratio", ratioJSON(S.Component.Ratio)},
         {"input_ratio", ratioJSON(S.Component.InputRatio)},
+        {"calibrated_noise", ratioJSON(S.Component.CalibratedNoise)},
+        {"threshold", thresholdOf(S.Component, D)},
         {"step", S.Component.Step},
         {"source", orNull(Sources.classSource(S.Component).Location)},
         {"kernel", S.Op ? opJSON(*S.Op, Sources) : json::Value(nullptr)},
@@ -245,7 +250,7 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
   }
   json::Array Curve;
   for (const ComponentRatio &C : D.Curve)
-    Curve.push_back(curveJSON(C));
+    Curve.push_back(curveJSON(C, D));
   json::Object O{{"verdict", verdictName(D.Result)},
                  {"suspects", std::move(Suspects)},
                  {"threshold", D.Threshold},
@@ -311,13 +316,17 @@ json::Value calibrationJSON(const Diagnosis &D, const CalibrationOrigin &Origin,
   }
   if (Mappings)
     *Mappings = unsigned(Rules.size());
+  json::Object Noise;
+  for (const auto &[Path, Ratio] : calibratedNoise(D))
+    Noise[Path] = Ratio;
   return json::Object{{"calibrated", json::Object{{"target", Origin.Target},
                                                   {"reference", Origin.Reference},
                                                   {"reference_fp32", Origin.ReferenceFP32},
                                                   {"threshold", D.Threshold},
                                                   {"largest_ratio", D.MaxRatio},
                                                   {"tool", "ekka-diagnose " EKKA_VERSION}}},
-                      {"components", std::move(Components)}};
+                      {"components", std::move(Components)},
+                      {"noise", std::move(Noise)}};
 }
 
 } // namespace ekka

@@ -68,8 +68,10 @@ cl::opt<bool> NoRecipes(
 cl::opt<std::string> CalibrateFile(
     "calibrate", cl::value_desc("FILE"), cl::cat(Category),
     cl::desc("On a known-good pair: save the mappings this run validated (ratio below the "
-             "threshold) as a knowledge base, a mapping file that later runs reuse with "
-             "--mapping FILE. A pair that diverges is refused (exit code 2)"));
+             "threshold) and each component's noise (its largest R) as a knowledge base, a "
+             "mapping file that later runs reuse with --mapping FILE; there a component "
+             "departs above 1.25 times its own noise (at least 1.2) instead of the threshold. "
+             "A pair that diverges is refused (exit code 2)"));
 cl::opt<bool> ShowMapping("show-mapping", cl::cat(Category),
                           cl::desc("Print how target components map to reference components "
                                    "(by path, rule, tensor evidence or structure), and why "
@@ -175,8 +177,8 @@ void writeCalibration(const Diagnosis &D) {
   OS.close();
   if (OS.has_error())
     exitWithError(Tool, makeError("cannot write '" + CalibrateFile + "'"));
-  outs() << "calibrated: " << countOf(Mappings, "mapping")
-         << " validated (largest R = " << ratioText(D.MaxRatio) << ", threshold "
+  outs() << "calibrated: " << countOf(Mappings, "mapping") << " validated, the noise of "
+         << countOf(calibratedNoise(D).size(), "component") << " (largest R = " << ratioText(D.MaxRatio) << ", threshold "
          << ratioText(D.Threshold) << ") written to " << CalibrateFile
          << "; reuse it with --mapping " << CalibrateFile << "\n";
 }
@@ -266,8 +268,10 @@ int main(int argc, char **argv) {
 
   DiagnoseOptions Options;
   Options.Threshold = Threshold;
-  if (!MappingFile.empty())
+  if (!MappingFile.empty()) {
     Options.Mapping = unwrapOrExit(Tool, readMappingFile(MappingFile));
+    Options.CalibratedNoise = unwrapOrExit(Tool, readCalibratedNoise(MappingFile));
+  }
   Options.UseRecipes = !NoRecipes;
   Diagnosis D = unwrapOrExit(Tool, diagnose(Target, Reference, FP32, Options));
 

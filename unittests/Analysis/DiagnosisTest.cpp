@@ -246,7 +246,8 @@ protected:
     T.close();
   }
 
-  Diagnosis run(StringRef Target, StringRef Reference, StringRef FP32 = "") {
+  Diagnosis run(StringRef Target, StringRef Reference, StringRef FP32 = "",
+                const DiagnoseOptions &Options = DiagnoseOptions()) {
     auto T = TraceReader::open(dir(Target));
     auto R = TraceReader::open(dir(Reference));
     EXPECT_TRUE(T && R);
@@ -256,7 +257,7 @@ protected:
       EXPECT_TRUE(bool(X));
       F = std::move(*X);
     }
-    auto D = diagnose(**T, **R, F.get(), DiagnoseOptions());
+    auto D = diagnose(**T, **R, F.get(), Options);
     EXPECT_TRUE(bool(D)) << (D ? "" : toString(D.takeError()));
     return std::move(*D);
   }
@@ -362,6 +363,41 @@ TEST_F(DiagnosisTest, TheFP32ReferenceSetsTheScale) {
   ASSERT_EQ(Bad.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(Bad.Suspects[0].Component.Path, "a");
   EXPECT_NEAR(*Bad.Suspects[0].Component.Ratio, 3.0, 1e-5);
+}
+
+// A calibration's noise holds each component to its own: a known-good
+// pair where `a` misses the FP32 answer as the reference does (R = 1) lets
+// a later R = 1.35, below the threshold, show; one where `a` is noisier
+// (R = 1.4) keeps a later R = 1.6 from being taken for a bug.
+TEST_F(DiagnosisTest, ACalibratedNoiseHoldsAComponentToItsOwn) {
+  mlpLike("fp32", {10, 10}, {1, 1}, {1, 1});
+  mlpLike("ref", {11, 10}, {1, 1}, {1, 1});
+  mlpLike("good", {11, 10}, {1, 1}, {1, 1});
+  mlpLike("modest", {11.35f, 10}, {1, 1}, {1, 1});
+  Diagnosis Good = run("good", "ref", "fp32");
+  ASSERT_EQ(Good.Result, Diagnosis::Verdict::NoDivergence);
+  DiagnoseOptions Calibrated;
+  Calibrated.CalibratedNoise = calibratedNoise(Good);
+  EXPECT_NEAR(Calibrated.CalibratedNoise["a"], 1.0, 1e-5);
+  EXPECT_EQ(run("modest", "ref", "fp32").Result, Diagnosis::Verdict::NoDivergence);
+  Diagnosis Modest = run("modest", "ref", "fp32", Calibrated);
+  ASSERT_EQ(Modest.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(Modest.Suspects[0].Component.Path, "a");
+  EXPECT_NEAR(*Modest.Suspects[0].Component.Threshold, 1.25, 1e-9);
+  EXPECT_NE(Modest.Suspects[0].Reason.find("above its calibrated noise: 1 on the known-good "
+                                           "pair, threshold 1.25"),
+            std::string::npos)
+      << Modest.Suspects[0].Reason;
+  // Below the floor, however quiet the component was.
+  mlpLike("slight", {11.15f, 10}, {1, 1}, {1, 1});
+  EXPECT_EQ(run("slight", "ref", "fp32", Calibrated).Result, Diagnosis::Verdict::NoDivergence);
+
+  mlpLike("noisy", {11.4f, 10}, {1, 1}, {1, 1});
+  mlpLike("noisier", {11.6f, 10}, {1, 1}, {1, 1});
+  DiagnoseOptions Noisy;
+  Noisy.CalibratedNoise = calibratedNoise(run("noisy", "ref", "fp32"));
+  EXPECT_EQ(run("noisier", "ref", "fp32").Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(run("noisier", "ref", "fp32", Noisy).Result, Diagnosis::Verdict::NoDivergence);
 }
 
 // A fused add+norm layer returns (output, residual) where the reference's

@@ -10,6 +10,7 @@
 
 #include "llvm/Support/Error.h"
 
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -54,6 +55,14 @@ llvm::Expected<std::vector<MappingRule>> readMappingFile(llvm::StringRef Path);
 /// Parses mapping rules from JSON text; \p Name names it in errors.
 llvm::Expected<std::vector<MappingRule>> parseMappingRules(llvm::StringRef Text,
                                                            llvm::StringRef Name);
+
+/// A calibration's noise (`--calibrate` writes it beside its rules): each
+/// component's largest R on the known-good pair, by module path,
+/// {"noise": {"model.layers.1.mlp.down_proj": 1.02, ...}}. Empty for a
+/// mapping file without.
+llvm::Expected<std::map<std::string, double>> readCalibratedNoise(llvm::StringRef Path);
+llvm::Expected<std::map<std::string, double>> parseCalibratedNoise(llvm::StringRef Text,
+                                                                   llvm::StringRef Name);
 
 /// The built-in knowledge base: recipes that map serving engines' module
 /// naming (vLLM, SGLang: fused QKV, merged gate/up, the logits processor)

@@ -16,6 +16,7 @@
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +44,16 @@ struct DiagnoseOptions {
   /// Without an FP32 reference: how many units of roundoff of the traced
   /// precision, relative to the tensor's norm, count as noise.
   double NoiseUnits = 16;
+  /// A calibration's noise (readCalibratedNoise): each component's largest
+  /// R on a known-good pair, by path. Such a component departs above
+  /// max(CalibratedFloor, CalibratedMargin x its noise) instead of
+  /// Threshold: a bug that stays below the threshold but raises a
+  /// component's R well above its own noise (partial sums kept in bf16)
+  /// shows, and a component whose noise lies near the threshold is held
+  /// to its own.
+  std::map<std::string, double> CalibratedNoise;
+  double CalibratedMargin = 1.25;
+  double CalibratedFloor = 1.2;
 };
 
 /// One target module call and how far it departs from the reference.
@@ -74,6 +85,9 @@ struct ComponentRatio {
   /// meet the reference's, and how that was chosen.
   std::optional<std::pair<int, int>> Transposed;
   std::string LayoutBy;
+  /// From a calibration: its largest R on the known-good pair, and the
+  /// ratio above which it departs here (instead of the diagnosis's).
+  std::optional<double> CalibratedNoise, Threshold;
 };
 
 /// Inside a suspect: the first op whose output departs from the matching
@@ -133,6 +147,15 @@ struct Diagnosis {
 };
 
 llvm::StringRef verdictName(Diagnosis::Verdict V);
+
+/// The ratio above which \p C departs: its calibrated one, or \p D's.
+inline double thresholdOf(const ComponentRatio &C, const Diagnosis &D) {
+  return C.Threshold.value_or(D.Threshold);
+}
+
+/// A calibration's noise: the largest R of every compared component of a
+/// known-good pair's diagnosis, by path.
+std::map<std::string, double> calibratedNoise(const Diagnosis &D);
 
 std::vector<CalibratedRule> calibratedRules(const Diagnosis &D);
 
