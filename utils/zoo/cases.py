@@ -120,11 +120,14 @@ class Case:
     what the reference does up to rounding. `scale_weights`: checkpoint
     weights multiplied by a factor (large activations where a case needs
     them). `tp`: the engine runs as that many tensor-parallel ranks (gloo),
-    its trace one directory per rank."""
+    its trace one directory per rank. `options`: the engine's own switches
+    (zoo_engine.model.Arch), as a server's flags. `random_norms`: the
+    checkpoint's norm weights moved off their initial ones (all equal), so
+    that a norm applied with another norm's weight shows."""
 
     def __init__(self, id, source, model, config, bugs, accepted, kernel=None,
                  prompt=PROMPT, decode=4, symptom="", task="generate", quant=None,
-                 scale_weights=None, tp=1, pp=1):
+                 scale_weights=None, tp=1, pp=1, options=None, random_norms=False):
         self.id, self.source, self.model, self.config = id, source, model, config
         self.bugs, self.accepted, self.kernel = tuple(bugs), tuple(accepted), kernel
         self.prompt, self.decode, self.symptom = prompt, decode, symptom
@@ -132,6 +135,8 @@ class Case:
         self.scale_weights = dict(scale_weights or {})
         self.tp = tp  # the engine's tensor-parallel ranks (processes)
         self.pp = pp  # or its pipeline stages (one of the two)
+        self.options = dict(options or {})
+        self.random_norms = random_norms
 
     @property
     def clean(self):
@@ -252,6 +257,15 @@ EXTRA_CASES = [
          decode=5,
          symptom="decode steps write their key and value one slot early; the prefill is "
                  "right"),
+    # From the held-out evaluation's second round (docs/Zoo.md).
+    Case("clean-qwen3-fused", "extra: clean pair", "Qwen3ForCausalLM", qwen3_config, [], [],
+         options={"fused_qk_norm_rope": True}, random_norms=True),
+    Case("fused-qknorm-kweight", "extra: held-out, s27", "Qwen3ForCausalLM", qwen3_config,
+         ["fused-qknorm-kweight"], ["model.layers.0.self_attn"],
+         kernel="zoo::fused_qk_norm_rope", options={"fused_qk_norm_rope": True},
+         random_norms=True,
+         symptom="the fused q/k-norm + rope op, called by the attention itself, normalizes "
+                 "the key heads with q_norm's weight"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

@@ -33,15 +33,16 @@ def load_kernels(path=None):
 
 class Engine:
     """One sequence at a time: prefill the prompt, then decode greedily. On
-    the CPU, or on a GPU (`device="cuda"`) with the kernels' CUDA versions."""
+    the CPU, or on a GPU (`device="cuda"`) with the kernels' CUDA versions.
+    `options`: the engine's own switches, as a server's flags (Arch)."""
 
     def __init__(self, hf_config, checkpoint, dtype=torch.bfloat16, bugs=(), block_size=4,
                  num_blocks=256, task="generate", device="cpu", quant=None, tp_rank=0,
-                 tp_size=1, pp_rank=0, pp_size=1):
+                 tp_size=1, pp_rank=0, pp_size=1, options=None):
         load_kernels()
         self.bugs = frozenset(bugs)
         torch.ops.zoo.set_bugs(",".join(sorted(self.bugs)))
-        self.arch = Arch(hf_config, quant, tp_rank, tp_size, pp_rank, pp_size)
+        self.arch = Arch(hf_config, quant, tp_rank, tp_size, pp_rank, pp_size, options)
         self.dtype = dtype
         self.device = torch.device(device)
         with torch.device("meta"):

@@ -10,8 +10,11 @@ from torch import nn
 class Arch:
     """What differs between the supported families, read off a HF config."""
 
-    def __init__(self, hf_config, quant=None, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+    def __init__(self, hf_config, quant=None, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
+                 options=None):
         c = hf_config
+        # The engine's own switches, as a server's flags: fused_qk_norm_rope.
+        self.options = dict(options or {})
         # Weight quantization of the decoder's linear layers: None, fp8, fp4.
         self.quant = quant
         # Tensor parallelism (vLLM's): each rank holds its share of the
@@ -311,11 +314,21 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, a.hidden_size, quant=a.quant,
                              reduce=all_reduce(a, bugs, "o_proj"))
         self.qk_norm = a.qk_norm
+        # vLLM's fused q/k-norm + rope (Qwen3): one op, called by the
+        # attention itself, in place of the q_norm, k_norm and rotary_emb
+        # calls; those modules keep the weights and the rope's settings.
+        self.fused_qk_norm_rope = a.qk_norm and bool(a.options.get("fused_qk_norm_rope"))
 
     def forward(self, positions, hidden_states, meta):
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = q.contiguous(), k.contiguous()
+        if self.fused_qk_norm_rope:
+            rope = self.rotary_emb
+            torch.ops.zoo.fused_qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight,
+                                             positions, self.q_norm.eps, self.q_norm.offset,
+                                             rope.head_dim, rope.theta, rope.neox)
+            return self.o_proj(self.attn(q, k, v.contiguous(), meta))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
