@@ -67,6 +67,14 @@ def llama_theta_config():
         rope_theta=500000.0)
 
 
+def llama_v250_config():
+    """A Llama whose vocabulary is not a multiple of 64 (vLLM pads it, per
+    rank, for its vocab-parallel embedding)."""
+    return transformers.LlamaConfig(
+        vocab_size=250, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
 def ernie45_moe_config():
     return transformers.Ernie4_5_MoeConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -79,6 +87,9 @@ def ernie45_moe_config():
 # A prompt of 34 tokens: past the sliding window (8), not a multiple of the
 # KV cache's page size (4).
 PROMPT = [2] + [(7 * i + 3) % 250 + 3 for i in range(33)]
+# A prompt of 38 tokens whose ids reach both halves of a 250-token
+# vocabulary.
+PROMPT_V250 = [2] + [(7 * i + 3) % 240 + 3 for i in range(37)]
 # Embedding cases embed a batch of prompts of one length (the reference runs
 # them as a batch, the engine as one flattened sequence of tokens): many
 # short prompts, as an embedding server batches queries.
@@ -266,6 +277,14 @@ EXTRA_CASES = [
          random_norms=True,
          symptom="the fused q/k-norm + rope op, called by the attention itself, normalizes "
                  "the key heads with q_norm's weight"),
+    Case("clean-llama-tp2-vocab", "extra: clean pair", "LlamaForCausalLM", llama_v250_config,
+         [], [], tp=2, prompt=PROMPT_V250, options={"vocab_parallel": True}),
+    Case("vocab-shard-offset", "extra: held-out, s27", "LlamaForCausalLM", llama_v250_config,
+         ["vocab-shard-offset"], ["model.embed_tokens"], tp=2, prompt=PROMPT_V250,
+         options={"vocab_parallel": True},
+         symptom="under tensor parallel 2 the vocab-parallel embedding's second rank takes "
+                 "its rows from the unpadded vocabulary's half (125), not the padded one's "
+                 "(128): ids from 128 on are embedded as the id three before"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

@@ -83,6 +83,21 @@ class Engine:
             own[:, a.tp_rank * size:(a.tp_rank + 1) * size] = \
                 weight[:, a.tp_rank * size:(a.tp_rank + 1) * size]
             return own
+        if name == "model.embed_tokens.weight" and a.vocab_parallel:
+            # This rank's rows of the vocabulary padded to a multiple of 64
+            # (the padding rows zero).
+            rows = a.vocab_shard
+            start = a.tp_rank * rows
+            if "vocab-shard-offset" in self.bugs:
+                # The planted bug: the shard's first row is taken from the
+                # unpadded vocabulary's share, not the padded one's: a rank
+                # after the first embeds each of its ids with the row of an
+                # id a few before it.
+                start = a.tp_rank * (weight.shape[0] // a.tp_size)
+            own = torch.zeros(rows, weight.shape[1], dtype=weight.dtype)
+            part = weight[start:start + rows]
+            own[:part.shape[0]] = part
+            return own
         column = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
         if any(p in name for p in column):
             dim = 0

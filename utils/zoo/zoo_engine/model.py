@@ -13,7 +13,8 @@ class Arch:
     def __init__(self, hf_config, quant=None, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
                  options=None):
         c = hf_config
-        # The engine's own switches, as a server's flags: fused_qk_norm_rope.
+        # The engine's own switches, as a server's flags: fused_qk_norm_rope,
+        # vocab_parallel.
         self.options = dict(options or {})
         # Weight quantization of the decoder's linear layers: None, fp8, fp4.
         self.quant = quant
@@ -47,6 +48,12 @@ class Arch:
         self.num_kv_heads = c.num_key_value_heads // tp_size
         self.eps = c.rms_norm_eps
         self.tie_word_embeddings = bool(getattr(c, "tie_word_embeddings", False))
+        # vLLM's VocabParallelEmbedding: under tensor parallelism each rank
+        # holds an equal share of the vocabulary padded to a multiple of 64.
+        self.vocab_parallel = tp_size > 1 and bool(self.options.get("vocab_parallel"))
+        if self.vocab_parallel and self.tie_word_embeddings:
+            raise SystemExit("zoo: a vocab-parallel embedding is for an untied head only")
+        self.vocab_shard = -(-c.vocab_size // 64) * 64 // tp_size
         rope = getattr(c, "rope_parameters", None) or {}
         if self.family == "gemma3":
             self.norm_offset = 1.0  # Gemma's norms scale by (1 + weight)
@@ -482,13 +489,28 @@ class DecoderLayer(nn.Module):
 
 
 class Embedding(nn.Module):
+    """The token embedding; vocab-parallel (Arch.vocab_parallel), this
+    rank's rows of the padded vocabulary: each rank embeds the ids in its
+    share, zero elsewhere, and the ranks' sum is every id's row."""
+
     def __init__(self, arch):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(arch.vocab_size, arch.hidden_size))
+        self.vocab_parallel = arch.vocab_parallel
+        rows = arch.vocab_shard if self.vocab_parallel else arch.vocab_size
+        self.start = arch.tp_rank * rows if self.vocab_parallel else 0
+        self.weight = nn.Parameter(torch.empty(rows, arch.hidden_size))
         self.scale = arch.embed_scale
 
     def forward(self, ids):
-        x = torch.nn.functional.embedding(ids, self.weight)
+        if self.vocab_parallel:
+            rows = self.weight.shape[0]
+            own = (ids >= self.start) & (ids < self.start + rows)
+            x = torch.nn.functional.embedding(torch.where(own, ids - self.start, 0), self.weight)
+            partial = x.float() * own.unsqueeze(-1)
+            torch.distributed.all_reduce(partial)
+            x = partial.to(self.weight.dtype)
+        else:
+            x = torch.nn.functional.embedding(ids, self.weight)
         if self.scale is not None:
             x = x * torch.tensor(self.scale, dtype=x.dtype, device=x.device)
         return x
