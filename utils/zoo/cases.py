@@ -285,6 +285,11 @@ EXTRA_CASES = [
          symptom="under tensor parallel 2 the vocab-parallel embedding's second rank takes "
                  "its rows from the unpadded vocabulary's half (125), not the padded one's "
                  "(128): ids from 128 on are embedded as the id three before"),
+    Case("residual-alias-inplace", "extra: held-out, s27", "LlamaForCausalLM", llama_config,
+         ["residual-alias-inplace"], ["model.layers.0.input_layernorm", "model.layers.0"],
+         random_norms=True,
+         symptom="the first layer's input_layernorm runs in place over the embedding, which "
+                 "the residual still aliases: the residual holds the normed values"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

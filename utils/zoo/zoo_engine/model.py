@@ -102,16 +102,17 @@ class Arch:
 
 class RMSNorm(nn.Module):
     """RMSNorm; called with a residual, the fused add + norm: returns
-    (norm(x + residual), x + residual), both written in place."""
+    (norm(x + residual), x + residual), both written in place. `inplace`
+    (without a residual) writes the norm over x."""
 
     def __init__(self, size, eps, offset):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(size) if offset else torch.ones(size))
         self.eps, self.offset = eps, offset
 
-    def forward(self, x, residual=None):
+    def forward(self, x, residual=None, inplace=False):
         if residual is None:
-            out = torch.empty_like(x)
+            out = x if inplace else torch.empty_like(x)
             torch.ops.zoo.rms_norm(out, x, self.weight, self.eps, self.offset)
             return out
         torch.ops.zoo.fused_add_rms_norm(x, residual, self.weight, self.eps, self.offset)
@@ -470,9 +471,16 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(a.hidden_size, a.eps, a.norm_offset)
             self.post_feedforward_layernorm = RMSNorm(a.hidden_size, a.eps, a.norm_offset)
         self.mlp = SparseMoeBlock(a, bugs) if layer in a.moe_layers else MLP(a, bugs)
+        self.residual_alias = "residual-alias-inplace" in bugs
 
     def forward(self, hidden_states, residual, positions, meta):
-        if residual is None:
+        if residual is None and self.residual_alias:
+            # The planted bug: the first layer's norm runs in place, but the
+            # residual still aliases its input (the clone was dropped), so
+            # the residual becomes the normed embedding.
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states, inplace=True)
+        elif residual is None:
             residual = hidden_states.clone()
             hidden_states = self.input_layernorm(hidden_states)
         else:
