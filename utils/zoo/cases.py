@@ -51,6 +51,13 @@ def qwen2_moe_config():
         decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=256)
 
 
+def qwen2_moe_l1_config():
+    """Qwen2-MoE whose first layer is dense, its second sparse."""
+    c = qwen2_moe_config()
+    c.mlp_only_layers = [0]
+    return c
+
+
 def qwen3_moe_config():
     return transformers.Qwen3MoeConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -290,6 +297,12 @@ EXTRA_CASES = [
          random_norms=True,
          symptom="the first layer's input_layernorm runs in place over the embedding, which "
                  "the residual still aliases: the residual holds the normed values"),
+    Case("moe-shared-gate-softmax", "extra: held-out, s27", "Qwen2MoeForCausalLM",
+         qwen2_moe_l1_config, ["shared-gate-softmax"], ["model.layers.1.mlp"],
+         random_norms=True,
+         symptom="the sparse block gates its shared expert with a softmax over the gate's "
+                 "single logit (always 1), not a sigmoid: an op of the block itself, not of "
+                 "its children"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

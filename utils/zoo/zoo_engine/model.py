@@ -455,6 +455,10 @@ class SparseMoeBlock(nn.Module):
         if not self.shared:
             return routed
         shared = self.shared_expert(hidden_states)
+        if "shared-gate-softmax" in self.bugs:
+            # The planted bug: the shared expert's gate is normalized as a
+            # router's logits are, a softmax over its single logit: always 1.
+            return routed + torch.softmax(self.shared_expert_gate(hidden_states), dim=-1) * shared
         shared = torch.sigmoid(self.shared_expert_gate(hidden_states)) * shared
         return routed + shared
 
