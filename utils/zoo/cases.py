@@ -34,6 +34,13 @@ def llama_tied_config():
         tie_word_embeddings=True)
 
 
+def llama4_config():
+    """A Llama of four layers, its head untied (a middle layer to break)."""
+    return transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
 def gemma3_config():
     return transformers.Gemma3TextConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -303,6 +310,11 @@ EXTRA_CASES = [
          symptom="the sparse block gates its shared expert with a softmax over the gate's "
                  "single logit (always 1), not a sigmoid: an op of the block itself, not of "
                  "its children"),
+    Case("kv-cache-shared", "extra: held-out, s27", "LlamaForCausalLM", llama4_config,
+         ["kv-cache-shared"], ["model.layers.1.self_attn.attn", "model.layers.1.self_attn"],
+         decode=5,
+         symptom="layer 2 is given layer 1's KV cache: the prefill is right, layer 1's decode "
+                 "steps read layer 2's keys and values"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

@@ -62,6 +62,12 @@ class Engine:
         for i in self.arch.stage_layers:
             self.model.model.layers[i].self_attn.attn.kv_cache = (torch.zeros(shape, dtype=dtype, device=self.device),
                                              torch.zeros(shape, dtype=dtype, device=self.device))
+            if "kv-cache-shared" in self.bugs and i == 2:
+                # The planted bug: the KV-sharing map (for models whose
+                # layers reuse an earlier layer's cache) puts layer 2 on
+                # layer 1's cache, which layer 2's writes then overwrite.
+                self.model.model.layers[i].self_attn.attn.kv_cache = \
+                    self.model.model.layers[1].self_attn.attn.kv_cache
         # Pages are handed out from the end of the pool, so that a sequence's
         # pages are not the first ones (paging is visible in the cache).
         self.free_blocks = list(range(num_blocks))
