@@ -315,6 +315,11 @@ EXTRA_CASES = [
          decode=5,
          symptom="layer 2 is given layer 1's KV cache: the prefill is right, layer 1's decode "
                  "steps read layer 2's keys and values"),
+    Case("mask-seq2-leak", "extra: held-out, s27", "LlamaForCausalLM", llama_config,
+         ["mask-seq2-leak"], ["model.layers.0.self_attn.attn", "model.layers.0.self_attn"],
+         prompt=UNEVEN_PROMPTS, task="batch",
+         symptom="a padded batch of two: the second request's causal mask lets each token "
+                 "see the next one; the first request is right"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

@@ -241,7 +241,11 @@ class Engine:
                     masks.append((start, start + n, masks[0][2][:n]))
                 else:
                     mask = torch.zeros(n, total, dtype=torch.bool)
-                    mask[:, start:start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+                    # The planted bug `mask-seq2-leak`: every request after
+                    # the first gets its causal mask one diagonal too high,
+                    # each token also seeing the next one.
+                    diagonal = 1 if "mask-seq2-leak" in self.bugs and i > 0 else 0
+                    mask[:, start:start + n] = torch.ones(n, n, dtype=torch.bool).tril(diagonal)
                     masks.append((start, start + n, mask))
                 start += n
             width = max(len(t) for t in tables)
