@@ -50,6 +50,17 @@ def gemma3_config():
                      "full_attention"])
 
 
+SOFTCAP = 10.0
+
+
+def gemma3_softcap_config():
+    """Gemma-3 with a final logit soft cap (Gemma-2's 30, here 10: logits of
+    a few units, with the embedding the head is tied to scaled up, bend)."""
+    c = gemma3_config()
+    c.final_logit_softcapping = SOFTCAP
+    return c
+
+
 def qwen2_moe_config():
     return transformers.Qwen2MoeConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -320,6 +331,11 @@ EXTRA_CASES = [
          prompt=UNEVEN_PROMPTS, task="batch",
          symptom="a padded batch of two: the second request's causal mask lets each token "
                  "see the next one; the first request is right"),
+    Case("softcap-skipped", "extra: held-out, s27", "Gemma3ForCausalLM",
+         gemma3_softcap_config, ["softcap-key-wrong"], ["logits_processor"],
+         scale_weights={"model.embed_tokens.weight": SOFTCAP},
+         symptom="the final logit soft cap is read from a config key the config does not "
+                 "have: never applied"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

@@ -64,6 +64,8 @@ class Arch:
             self.activation = "gelu_tanh"
             self.embed_scale = c.hidden_size ** 0.5
             self.qk_norm = True
+            # Gemma's final logit soft cap (none in Gemma-3's default config).
+            self.final_softcap = getattr(c, "final_logit_softcapping", None)
         else:
             self.norm_offset = 0.0
             self.layer_types = ["full_attention"] * self.num_layers
@@ -74,6 +76,7 @@ class Arch:
             self.activation = "silu"
             self.embed_scale = None
             self.qk_norm = self.family in ("qwen3", "qwen3_moe")
+            self.final_softcap = None
         self.qkv_bias = bool(getattr(c, "qkv_bias", False) or getattr(c, "attention_bias", False))
         # Mixture of experts (Qwen2-MoE, Qwen3-MoE): which layers, how many
         # experts, each token's top k, the experts' and the shared expert's
@@ -569,10 +572,18 @@ class Model(nn.Module):
 
 class LogitsProcessor(nn.Module):
     """Logits of the positions the engine samples from (here: every
-    position, as the reference computes them), in float32."""
+    position, as the reference computes them), in float32; soft-capped
+    (cap * tanh(logits / cap)) where the model has a final cap."""
+
+    def __init__(self, softcap=None):
+        super().__init__()
+        self.softcap = softcap
 
     def forward(self, logits):
-        return logits.float()
+        logits = logits.float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
 
 class ForCausalLM(nn.Module):
@@ -582,7 +593,12 @@ class ForCausalLM(nn.Module):
         self.model = Model(arch, bugs)
         if arch.last_stage:
             self.lm_head = Linear(arch.hidden_size, arch.vocab_size)
-            self.logits_processor = LogitsProcessor()
+            softcap = arch.final_softcap
+            if "softcap-key-wrong" in bugs:
+                # The planted bug: the cap is read from a config key the
+                # model's config does not have, so none is applied.
+                softcap = None
+            self.logits_processor = LogitsProcessor(softcap)
 
     def forward(self, ids, positions, meta, intermediate=None):
         """The logits; on a stage before the last, what it hands on."""
