@@ -336,6 +336,10 @@ EXTRA_CASES = [
          scale_weights={"model.embed_tokens.weight": SOFTCAP},
          symptom="the final logit soft cap is read from a config key the config does not "
                  "have: never applied"),
+    Case("rope-style-ernie", "extra: held-out, s27", "Ernie4_5_MoeForCausalLM",
+         ernie45_moe_config, ["rope-style-neox"],
+         ["model.layers.0.self_attn.rotary_emb", "model.layers.0.self_attn"],
+         symptom="neox-style rotary (halves) where Ernie-4.5 rotates interleaved pairs"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

@@ -320,7 +320,13 @@ class Attention(nn.Module):
             # no longer exists, so the default (10000) stands in for the
             # model's own (Llama-3's 500000).
             theta = 10000.0
-        self.rotary_emb = RotaryEmbedding(a.head_dim, theta, a.rope_neox)
+        neox = a.rope_neox
+        if "rope-style-neox" in bugs:
+            # The planted bug: the rotary style is hard-coded to neox's
+            # (halves) for every model, where Ernie-4.5 rotates interleaved
+            # pairs.
+            neox = True
+        self.rotary_emb = RotaryEmbedding(a.head_dim, theta, neox)
         self.attn = PagedAttention(a.num_heads, a.num_kv_heads, a.head_dim, a.scale, window)
         self.o_proj = Linear(self.q_size, a.hidden_size, quant=a.quant,
                              reduce=all_reduce(a, bugs, "o_proj"))
