@@ -340,6 +340,9 @@ EXTRA_CASES = [
          ernie45_moe_config, ["rope-style-neox"],
          ["model.layers.0.self_attn.rotary_emb", "model.layers.0.self_attn"],
          symptom="neox-style rotary (halves) where Ernie-4.5 rotates interleaved pairs"),
+    Case("embed-scale-missing", "extra: held-out, s27", "Gemma3ForCausalLM", gemma3_config,
+         ["embed-scale-missing"], ["model.embed_tokens"],
+         symptom="Gemma's sqrt(hidden) embedding normalizer is not applied"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

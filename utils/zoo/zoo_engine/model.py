@@ -514,13 +514,17 @@ class Embedding(nn.Module):
     rank's rows of the padded vocabulary: each rank embeds the ids in its
     share, zero elsewhere, and the ranks' sum is every id's row."""
 
-    def __init__(self, arch):
+    def __init__(self, arch, bugs=frozenset()):
         super().__init__()
         self.vocab_parallel = arch.vocab_parallel
         rows = arch.vocab_shard if self.vocab_parallel else arch.vocab_size
         self.start = arch.tp_rank * rows if self.vocab_parallel else 0
         self.weight = nn.Parameter(torch.empty(rows, arch.hidden_size))
         self.scale = arch.embed_scale
+        if "embed-scale-missing" in bugs:
+            # The planted bug: Gemma's sqrt(hidden) normalizer of the
+            # embedding is not applied.
+            self.scale = None
 
     def forward(self, ids):
         if self.vocab_parallel:
@@ -550,7 +554,7 @@ class Model(nn.Module):
         super().__init__()
         a = arch
         self.arch = a
-        self.embed_tokens = Embedding(a) if a.first_stage else MissingLayer()
+        self.embed_tokens = Embedding(a, bugs) if a.first_stage else MissingLayer()
         self.layers = nn.ModuleList(DecoderLayer(a, i, bugs) if i in a.stage_layers
                                     else MissingLayer() for i in range(a.num_layers))
         self.norm = (RMSNorm(a.hidden_size, a.eps, a.norm_offset) if a.last_stage
