@@ -34,6 +34,13 @@ def llama_tied_config():
         tie_word_embeddings=True)
 
 
+def llama4_config():
+    """A Llama of four layers, its head untied (a middle layer to break)."""
+    return transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
 def gemma3_config():
     return transformers.Gemma3TextConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -43,12 +50,30 @@ def gemma3_config():
                      "full_attention"])
 
 
+SOFTCAP = 10.0
+
+
+def gemma3_softcap_config():
+    """Gemma-3 with a final logit soft cap (Gemma-2's 30, here 10: logits of
+    a few units, with the embedding the head is tied to scaled up, bend)."""
+    c = gemma3_config()
+    c.final_logit_softcapping = SOFTCAP
+    return c
+
+
 def qwen2_moe_config():
     return transformers.Qwen2MoeConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=256)
+
+
+def qwen2_moe_l1_config():
+    """Qwen2-MoE whose first layer is dense, its second sparse."""
+    c = qwen2_moe_config()
+    c.mlp_only_layers = [0]
+    return c
 
 
 def qwen3_moe_config():
@@ -67,6 +92,14 @@ def llama_theta_config():
         rope_theta=500000.0)
 
 
+def llama_v250_config():
+    """A Llama whose vocabulary is not a multiple of 64 (vLLM pads it, per
+    rank, for its vocab-parallel embedding)."""
+    return transformers.LlamaConfig(
+        vocab_size=250, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
 def ernie45_moe_config():
     return transformers.Ernie4_5_MoeConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -79,6 +112,9 @@ def ernie45_moe_config():
 # A prompt of 34 tokens: past the sliding window (8), not a multiple of the
 # KV cache's page size (4).
 PROMPT = [2] + [(7 * i + 3) % 250 + 3 for i in range(33)]
+# A prompt of 38 tokens whose ids reach both halves of a 250-token
+# vocabulary.
+PROMPT_V250 = [2] + [(7 * i + 3) % 240 + 3 for i in range(37)]
 # Embedding cases embed a batch of prompts of one length (the reference runs
 # them as a batch, the engine as one flattened sequence of tokens): many
 # short prompts, as an embedding server batches queries.
@@ -120,11 +156,14 @@ class Case:
     what the reference does up to rounding. `scale_weights`: checkpoint
     weights multiplied by a factor (large activations where a case needs
     them). `tp`: the engine runs as that many tensor-parallel ranks (gloo),
-    its trace one directory per rank."""
+    its trace one directory per rank. `options`: the engine's own switches
+    (zoo_engine.model.Arch), as a server's flags. `random_norms`: the
+    checkpoint's norm weights moved off their initial ones (all equal), so
+    that a norm applied with another norm's weight shows."""
 
     def __init__(self, id, source, model, config, bugs, accepted, kernel=None,
                  prompt=PROMPT, decode=4, symptom="", task="generate", quant=None,
-                 scale_weights=None, tp=1, pp=1):
+                 scale_weights=None, tp=1, pp=1, options=None, random_norms=False):
         self.id, self.source, self.model, self.config = id, source, model, config
         self.bugs, self.accepted, self.kernel = tuple(bugs), tuple(accepted), kernel
         self.prompt, self.decode, self.symptom = prompt, decode, symptom
@@ -132,6 +171,8 @@ class Case:
         self.scale_weights = dict(scale_weights or {})
         self.tp = tp  # the engine's tensor-parallel ranks (processes)
         self.pp = pp  # or its pipeline stages (one of the two)
+        self.options = dict(options or {})
+        self.random_norms = random_norms
 
     @property
     def clean(self):
@@ -252,6 +293,56 @@ EXTRA_CASES = [
          decode=5,
          symptom="decode steps write their key and value one slot early; the prefill is "
                  "right"),
+    # From the held-out evaluation's second round (docs/Zoo.md).
+    Case("clean-qwen3-fused", "extra: clean pair", "Qwen3ForCausalLM", qwen3_config, [], [],
+         options={"fused_qk_norm_rope": True}, random_norms=True),
+    Case("fused-qknorm-kweight", "extra: held-out, s27", "Qwen3ForCausalLM", qwen3_config,
+         ["fused-qknorm-kweight"], ["model.layers.0.self_attn"],
+         kernel="zoo::fused_qk_norm_rope", options={"fused_qk_norm_rope": True},
+         random_norms=True,
+         symptom="the fused q/k-norm + rope op, called by the attention itself, normalizes "
+                 "the key heads with q_norm's weight"),
+    Case("clean-llama-tp2-vocab", "extra: clean pair", "LlamaForCausalLM", llama_v250_config,
+         [], [], tp=2, prompt=PROMPT_V250, options={"vocab_parallel": True}),
+    Case("vocab-shard-offset", "extra: held-out, s27", "LlamaForCausalLM", llama_v250_config,
+         ["vocab-shard-offset"], ["model.embed_tokens"], tp=2, prompt=PROMPT_V250,
+         options={"vocab_parallel": True},
+         symptom="under tensor parallel 2 the vocab-parallel embedding's second rank takes "
+                 "its rows from the unpadded vocabulary's half (125), not the padded one's "
+                 "(128): ids from 128 on are embedded as the id three before"),
+    Case("residual-alias-inplace", "extra: held-out, s27", "LlamaForCausalLM", llama_config,
+         ["residual-alias-inplace"], ["model.layers.0.input_layernorm", "model.layers.0"],
+         random_norms=True,
+         symptom="the first layer's input_layernorm runs in place over the embedding, which "
+                 "the residual still aliases: the residual holds the normed values"),
+    Case("moe-shared-gate-softmax", "extra: held-out, s27", "Qwen2MoeForCausalLM",
+         qwen2_moe_l1_config, ["shared-gate-softmax"], ["model.layers.1.mlp"],
+         random_norms=True,
+         symptom="the sparse block gates its shared expert with a softmax over the gate's "
+                 "single logit (always 1), not a sigmoid: an op of the block itself, not of "
+                 "its children"),
+    Case("kv-cache-shared", "extra: held-out, s27", "LlamaForCausalLM", llama4_config,
+         ["kv-cache-shared"], ["model.layers.1.self_attn.attn", "model.layers.1.self_attn"],
+         decode=5,
+         symptom="layer 2 is given layer 1's KV cache: the prefill is right, layer 1's decode "
+                 "steps read layer 2's keys and values"),
+    Case("mask-seq2-leak", "extra: held-out, s27", "LlamaForCausalLM", llama_config,
+         ["mask-seq2-leak"], ["model.layers.0.self_attn.attn", "model.layers.0.self_attn"],
+         prompt=UNEVEN_PROMPTS, task="batch",
+         symptom="a padded batch of two: the second request's causal mask lets each token "
+                 "see the next one; the first request is right"),
+    Case("softcap-skipped", "extra: held-out, s27", "Gemma3ForCausalLM",
+         gemma3_softcap_config, ["softcap-key-wrong"], ["logits_processor"],
+         scale_weights={"model.embed_tokens.weight": SOFTCAP},
+         symptom="the final logit soft cap is read from a config key the config does not "
+                 "have: never applied"),
+    Case("rope-style-ernie", "extra: held-out, s27", "Ernie4_5_MoeForCausalLM",
+         ernie45_moe_config, ["rope-style-neox"],
+         ["model.layers.0.self_attn.rotary_emb", "model.layers.0.self_attn"],
+         symptom="neox-style rotary (halves) where Ernie-4.5 rotates interleaved pairs"),
+    Case("embed-scale-missing", "extra: held-out, s27", "Gemma3ForCausalLM", gemma3_config,
+         ["embed-scale-missing"], ["model.embed_tokens"],
+         symptom="Gemma's sqrt(hidden) embedding normalizer is not applied"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

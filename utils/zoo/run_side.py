@@ -71,6 +71,12 @@ def save_checkpoint(case, path):
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     for name, factor in case.scale_weights.items():
         state[name] = state[name] * factor
+    if case.random_norms:
+        # HF initializes every norm's weight alike (ones): moved off them,
+        # a norm applied with another norm's weight shows.
+        g = torch.Generator().manual_seed(SEED + 2)
+        state = {k: (v + 0.3 * torch.randn(v.shape, generator=g)).to(v.dtype)
+                 if k.endswith("norm.weight") else v for k, v in state.items()}
     if case.quant:
         state = {k: on_grid(v, case.quant) if k.endswith(".weight") and any(q in k for q in QUANTIZED)
                  else v for k, v in state.items()}
@@ -92,7 +98,7 @@ def serve(case, device, rank=0, world=1):
     tp_rank, pp_rank = (rank, 0) if case.tp > 1 else (0, rank)
     engine = Engine(case.config(), checkpoint, dtype=torch.bfloat16, bugs=case.bugs,
                     task=case.task, device=device, quant=case.quant, tp_rank=tp_rank,
-                    tp_size=case.tp, pp_rank=pp_rank, pp_size=case.pp)
+                    tp_size=case.tp, pp_rank=pp_rank, pp_size=case.pp, options=case.options)
     if case.task in ("embed", "classify", "batch"):
         getattr(engine, case.task)(case.prompt)
         consumed, generated = case.prompt, []

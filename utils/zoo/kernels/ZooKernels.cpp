@@ -5,9 +5,10 @@
 // residual-add + RMSNorm (in place, returning the pair through its
 // arguments), rotary embedding applied in place, writing keys and values
 // into a paged cache, paged attention over it, the experts of a fused MoE,
-// and the GEMM of FP8/FP4-quantized linears. Each op has one implementation for the CPU and, where the CUDA
-// toolkit was found at build time (ZOO_WITH_CUDA), the GPU: the loops here,
-// or the kernels of ZooKernelsCuda.cu for CUDA tensors. They compute in
+// a fused q/k-norm + rope, and the GEMM of FP8/FP4-quantized linears. Each
+// op has one implementation for the CPU and, where the CUDA toolkit was
+// found at build time (ZOO_WITH_CUDA), the GPU: the loops here, or the
+// kernels of ZooKernelsCuda.cu for CUDA tensors. They compute in
 // float and write the tensor's own dtype.
 //
 // Bug switches (`zoo::set_bugs`) plant the kernel-level silent errors of
@@ -157,6 +158,25 @@ void rotaryEmbedding(const at::Tensor &Positions, at::Tensor Query, at::Tensor K
   };
   Apply(Query);
   Apply(Key);
+}
+
+// vLLM's fused q/k-norm + rope (Qwen3): each head of query [T, Hq*D] and
+// key [T, Hk*D] RMS-normalized with its own weight, then rotated, in place.
+// One op where the unfused path makes three module calls (q_norm, k_norm,
+// rotary_emb), called by the attention block itself.
+void fusedQkNormRope(at::Tensor Query, at::Tensor Key, const at::Tensor &QWeight,
+                     const at::Tensor &KWeight, const at::Tensor &Positions, double Eps,
+                     double Offset, int64_t HeadDim, double Theta, bool Neox) {
+  DeviceGuard Guard(Query.device());
+  auto NormHeads = [&](at::Tensor T, const at::Tensor &W) {
+    at::Tensor Heads = T.view({T.size(0), -1, HeadDim});
+    rmsNorm(Heads, Heads, W, Eps, Offset);
+  };
+  NormHeads(Query, QWeight);
+  // The planted bug: the key heads are normalized with the query norm's
+  // weight.
+  NormHeads(Key, bug("fused-qknorm-kweight") ? QWeight : KWeight);
+  rotaryEmbedding(Positions, Query, Key, HeadDim, Theta, Neox);
 }
 
 // Writes key/value [T, Hk, D] into the paged caches [blocks, block_size, Hk, D]
@@ -396,6 +416,8 @@ TORCH_LIBRARY_FRAGMENT(zoo, m) {
         "Tensor? correction_bias=None, float norm_min=0.0) -> ()");
   m.def("quant_gemm(Tensor(a!) out, Tensor input, Tensor qweight, Tensor scales, Tensor? bias, "
         "str format) -> ()");
+  m.def("fused_qk_norm_rope(Tensor(a!) query, Tensor(b!) key, Tensor q_weight, Tensor k_weight, "
+        "Tensor positions, float eps, float offset, int head_dim, float theta, bool neox) -> ()");
 }
 
 // One implementation per op for every device (each sends CUDA tensors to
@@ -408,4 +430,5 @@ TORCH_LIBRARY_IMPL(zoo, CompositeExplicitAutograd, m) {
   m.impl("reshape_and_cache", reshapeAndCache);
   m.impl("paged_attention", pagedAttention);
   m.impl("quant_gemm", quantGemm);
+  m.impl("fused_qk_norm_rope", fusedQkNormRope);
 }

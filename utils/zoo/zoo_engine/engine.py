@@ -33,15 +33,16 @@ def load_kernels(path=None):
 
 class Engine:
     """One sequence at a time: prefill the prompt, then decode greedily. On
-    the CPU, or on a GPU (`device="cuda"`) with the kernels' CUDA versions."""
+    the CPU, or on a GPU (`device="cuda"`) with the kernels' CUDA versions.
+    `options`: the engine's own switches, as a server's flags (Arch)."""
 
     def __init__(self, hf_config, checkpoint, dtype=torch.bfloat16, bugs=(), block_size=4,
                  num_blocks=256, task="generate", device="cpu", quant=None, tp_rank=0,
-                 tp_size=1, pp_rank=0, pp_size=1):
+                 tp_size=1, pp_rank=0, pp_size=1, options=None):
         load_kernels()
         self.bugs = frozenset(bugs)
         torch.ops.zoo.set_bugs(",".join(sorted(self.bugs)))
-        self.arch = Arch(hf_config, quant, tp_rank, tp_size, pp_rank, pp_size)
+        self.arch = Arch(hf_config, quant, tp_rank, tp_size, pp_rank, pp_size, options)
         self.dtype = dtype
         self.device = torch.device(device)
         with torch.device("meta"):
@@ -61,6 +62,12 @@ class Engine:
         for i in self.arch.stage_layers:
             self.model.model.layers[i].self_attn.attn.kv_cache = (torch.zeros(shape, dtype=dtype, device=self.device),
                                              torch.zeros(shape, dtype=dtype, device=self.device))
+            if "kv-cache-shared" in self.bugs and i == 2:
+                # The planted bug: the KV-sharing map (for models whose
+                # layers reuse an earlier layer's cache) puts layer 2 on
+                # layer 1's cache, which layer 2's writes then overwrite.
+                self.model.model.layers[i].self_attn.attn.kv_cache = \
+                    self.model.model.layers[1].self_attn.attn.kv_cache
         # Pages are handed out from the end of the pool, so that a sequence's
         # pages are not the first ones (paging is visible in the cache).
         self.free_blocks = list(range(num_blocks))
@@ -81,6 +88,21 @@ class Engine:
             own = torch.zeros_like(weight)
             own[:, a.tp_rank * size:(a.tp_rank + 1) * size] = \
                 weight[:, a.tp_rank * size:(a.tp_rank + 1) * size]
+            return own
+        if name == "model.embed_tokens.weight" and a.vocab_parallel:
+            # This rank's rows of the vocabulary padded to a multiple of 64
+            # (the padding rows zero).
+            rows = a.vocab_shard
+            start = a.tp_rank * rows
+            if "vocab-shard-offset" in self.bugs:
+                # The planted bug: the shard's first row is taken from the
+                # unpadded vocabulary's share, not the padded one's: a rank
+                # after the first embeds each of its ids with the row of an
+                # id a few before it.
+                start = a.tp_rank * (weight.shape[0] // a.tp_size)
+            own = torch.zeros(rows, weight.shape[1], dtype=weight.dtype)
+            part = weight[start:start + rows]
+            own[:part.shape[0]] = part
             return own
         column = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
         if any(p in name for p in column):
@@ -219,7 +241,11 @@ class Engine:
                     masks.append((start, start + n, masks[0][2][:n]))
                 else:
                     mask = torch.zeros(n, total, dtype=torch.bool)
-                    mask[:, start:start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+                    # The planted bug `mask-seq2-leak`: every request after
+                    # the first gets its causal mask one diagonal too high,
+                    # each token also seeing the next one.
+                    diagonal = 1 if "mask-seq2-leak" in self.bugs and i > 0 else 0
+                    mask[:, start:start + n] = torch.ones(n, n, dtype=torch.bool).tril(diagonal)
                     masks.append((start, start + n, mask))
                 start += n
             width = max(len(t) for t in tables)

@@ -10,8 +10,12 @@ from torch import nn
 class Arch:
     """What differs between the supported families, read off a HF config."""
 
-    def __init__(self, hf_config, quant=None, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+    def __init__(self, hf_config, quant=None, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
+                 options=None):
         c = hf_config
+        # The engine's own switches, as a server's flags: fused_qk_norm_rope,
+        # vocab_parallel.
+        self.options = dict(options or {})
         # Weight quantization of the decoder's linear layers: None, fp8, fp4.
         self.quant = quant
         # Tensor parallelism (vLLM's): each rank holds its share of the
@@ -44,6 +48,12 @@ class Arch:
         self.num_kv_heads = c.num_key_value_heads // tp_size
         self.eps = c.rms_norm_eps
         self.tie_word_embeddings = bool(getattr(c, "tie_word_embeddings", False))
+        # vLLM's VocabParallelEmbedding: under tensor parallelism each rank
+        # holds an equal share of the vocabulary padded to a multiple of 64.
+        self.vocab_parallel = tp_size > 1 and bool(self.options.get("vocab_parallel"))
+        if self.vocab_parallel and self.tie_word_embeddings:
+            raise SystemExit("zoo: a vocab-parallel embedding is for an untied head only")
+        self.vocab_shard = -(-c.vocab_size // 64) * 64 // tp_size
         rope = getattr(c, "rope_parameters", None) or {}
         if self.family == "gemma3":
             self.norm_offset = 1.0  # Gemma's norms scale by (1 + weight)
@@ -54,6 +64,8 @@ class Arch:
             self.activation = "gelu_tanh"
             self.embed_scale = c.hidden_size ** 0.5
             self.qk_norm = True
+            # Gemma's final logit soft cap (none in Gemma-3's default config).
+            self.final_softcap = getattr(c, "final_logit_softcapping", None)
         else:
             self.norm_offset = 0.0
             self.layer_types = ["full_attention"] * self.num_layers
@@ -64,6 +76,7 @@ class Arch:
             self.activation = "silu"
             self.embed_scale = None
             self.qk_norm = self.family in ("qwen3", "qwen3_moe")
+            self.final_softcap = None
         self.qkv_bias = bool(getattr(c, "qkv_bias", False) or getattr(c, "attention_bias", False))
         # Mixture of experts (Qwen2-MoE, Qwen3-MoE): which layers, how many
         # experts, each token's top k, the experts' and the shared expert's
@@ -92,16 +105,17 @@ class Arch:
 
 class RMSNorm(nn.Module):
     """RMSNorm; called with a residual, the fused add + norm: returns
-    (norm(x + residual), x + residual), both written in place."""
+    (norm(x + residual), x + residual), both written in place. `inplace`
+    (without a residual) writes the norm over x."""
 
     def __init__(self, size, eps, offset):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(size) if offset else torch.ones(size))
         self.eps, self.offset = eps, offset
 
-    def forward(self, x, residual=None):
+    def forward(self, x, residual=None, inplace=False):
         if residual is None:
-            out = torch.empty_like(x)
+            out = x if inplace else torch.empty_like(x)
             torch.ops.zoo.rms_norm(out, x, self.weight, self.eps, self.offset)
             return out
         torch.ops.zoo.fused_add_rms_norm(x, residual, self.weight, self.eps, self.offset)
@@ -306,16 +320,32 @@ class Attention(nn.Module):
             # no longer exists, so the default (10000) stands in for the
             # model's own (Llama-3's 500000).
             theta = 10000.0
-        self.rotary_emb = RotaryEmbedding(a.head_dim, theta, a.rope_neox)
+        neox = a.rope_neox
+        if "rope-style-neox" in bugs:
+            # The planted bug: the rotary style is hard-coded to neox's
+            # (halves) for every model, where Ernie-4.5 rotates interleaved
+            # pairs.
+            neox = True
+        self.rotary_emb = RotaryEmbedding(a.head_dim, theta, neox)
         self.attn = PagedAttention(a.num_heads, a.num_kv_heads, a.head_dim, a.scale, window)
         self.o_proj = Linear(self.q_size, a.hidden_size, quant=a.quant,
                              reduce=all_reduce(a, bugs, "o_proj"))
         self.qk_norm = a.qk_norm
+        # vLLM's fused q/k-norm + rope (Qwen3): one op, called by the
+        # attention itself, in place of the q_norm, k_norm and rotary_emb
+        # calls; those modules keep the weights and the rope's settings.
+        self.fused_qk_norm_rope = a.qk_norm and bool(a.options.get("fused_qk_norm_rope"))
 
     def forward(self, positions, hidden_states, meta):
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = q.contiguous(), k.contiguous()
+        if self.fused_qk_norm_rope:
+            rope = self.rotary_emb
+            torch.ops.zoo.fused_qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight,
+                                             positions, self.q_norm.eps, self.q_norm.offset,
+                                             rope.head_dim, rope.theta, rope.neox)
+            return self.o_proj(self.attn(q, k, v.contiguous(), meta))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
@@ -434,6 +464,10 @@ class SparseMoeBlock(nn.Module):
         if not self.shared:
             return routed
         shared = self.shared_expert(hidden_states)
+        if "shared-gate-softmax" in self.bugs:
+            # The planted bug: the shared expert's gate is normalized as a
+            # router's logits are, a softmax over its single logit: always 1.
+            return routed + torch.softmax(self.shared_expert_gate(hidden_states), dim=-1) * shared
         shared = torch.sigmoid(self.shared_expert_gate(hidden_states)) * shared
         return routed + shared
 
@@ -450,9 +484,16 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(a.hidden_size, a.eps, a.norm_offset)
             self.post_feedforward_layernorm = RMSNorm(a.hidden_size, a.eps, a.norm_offset)
         self.mlp = SparseMoeBlock(a, bugs) if layer in a.moe_layers else MLP(a, bugs)
+        self.residual_alias = "residual-alias-inplace" in bugs
 
     def forward(self, hidden_states, residual, positions, meta):
-        if residual is None:
+        if residual is None and self.residual_alias:
+            # The planted bug: the first layer's norm runs in place, but the
+            # residual still aliases its input (the clone was dropped), so
+            # the residual becomes the normed embedding.
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states, inplace=True)
+        elif residual is None:
             residual = hidden_states.clone()
             hidden_states = self.input_layernorm(hidden_states)
         else:
@@ -469,13 +510,32 @@ class DecoderLayer(nn.Module):
 
 
 class Embedding(nn.Module):
-    def __init__(self, arch):
+    """The token embedding; vocab-parallel (Arch.vocab_parallel), this
+    rank's rows of the padded vocabulary: each rank embeds the ids in its
+    share, zero elsewhere, and the ranks' sum is every id's row."""
+
+    def __init__(self, arch, bugs=frozenset()):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(arch.vocab_size, arch.hidden_size))
+        self.vocab_parallel = arch.vocab_parallel
+        rows = arch.vocab_shard if self.vocab_parallel else arch.vocab_size
+        self.start = arch.tp_rank * rows if self.vocab_parallel else 0
+        self.weight = nn.Parameter(torch.empty(rows, arch.hidden_size))
         self.scale = arch.embed_scale
+        if "embed-scale-missing" in bugs:
+            # The planted bug: Gemma's sqrt(hidden) normalizer of the
+            # embedding is not applied.
+            self.scale = None
 
     def forward(self, ids):
-        x = torch.nn.functional.embedding(ids, self.weight)
+        if self.vocab_parallel:
+            rows = self.weight.shape[0]
+            own = (ids >= self.start) & (ids < self.start + rows)
+            x = torch.nn.functional.embedding(torch.where(own, ids - self.start, 0), self.weight)
+            partial = x.float() * own.unsqueeze(-1)
+            torch.distributed.all_reduce(partial)
+            x = partial.to(self.weight.dtype)
+        else:
+            x = torch.nn.functional.embedding(ids, self.weight)
         if self.scale is not None:
             x = x * torch.tensor(self.scale, dtype=x.dtype, device=x.device)
         return x
@@ -494,7 +554,7 @@ class Model(nn.Module):
         super().__init__()
         a = arch
         self.arch = a
-        self.embed_tokens = Embedding(a) if a.first_stage else MissingLayer()
+        self.embed_tokens = Embedding(a, bugs) if a.first_stage else MissingLayer()
         self.layers = nn.ModuleList(DecoderLayer(a, i, bugs) if i in a.stage_layers
                                     else MissingLayer() for i in range(a.num_layers))
         self.norm = (RMSNorm(a.hidden_size, a.eps, a.norm_offset) if a.last_stage
@@ -522,10 +582,18 @@ class Model(nn.Module):
 
 class LogitsProcessor(nn.Module):
     """Logits of the positions the engine samples from (here: every
-    position, as the reference computes them), in float32."""
+    position, as the reference computes them), in float32; soft-capped
+    (cap * tanh(logits / cap)) where the model has a final cap."""
+
+    def __init__(self, softcap=None):
+        super().__init__()
+        self.softcap = softcap
 
     def forward(self, logits):
-        return logits.float()
+        logits = logits.float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
 
 class ForCausalLM(nn.Module):
@@ -535,7 +603,12 @@ class ForCausalLM(nn.Module):
         self.model = Model(arch, bugs)
         if arch.last_stage:
             self.lm_head = Linear(arch.hidden_size, arch.vocab_size)
-            self.logits_processor = LogitsProcessor()
+            softcap = arch.final_softcap
+            if "softcap-key-wrong" in bugs:
+                # The planted bug: the cap is read from a config key the
+                # model's config does not have, so none is applied.
+                softcap = None
+            self.logits_processor = LogitsProcessor(softcap)
 
     def forward(self, ids, positions, meta, intermediate=None):
         """The logits; on a stage before the last, what it hands on."""
