@@ -42,6 +42,9 @@ private:
   /// The root calls' inputs (token ids) of the first step must agree before
   /// any module can be blamed: a missing BOS token shows up here.
   bool checkInputs(Diagnosis &D);
+  /// Each decode step's token against the argmax of the target's logits of
+  /// the step before (D.Sampling).
+  void checkSampling(Diagnosis &D);
 
   static std::string shape(llvm::ArrayRef<int64_t> S) {
     std::string Out = "[";

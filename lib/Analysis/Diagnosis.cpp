@@ -150,6 +150,11 @@ Diagnosis Diagnoser::run() {
   CurveStepRatios = std::move(StepRatios);
   StepRatios.clear();
   localize(D);
+  checkSampling(D);
+  // Greedy decoding that did not take its logits' argmax: the sampler's
+  // divergence, which no module call shows.
+  if (O.Greedy && !D.Sampling.empty() && D.Result == Diagnosis::Verdict::NoDivergence)
+    D.Result = Diagnosis::Verdict::Divergence;
   // The names the target's calls go by (the last part of each path).
   StringSet<> TargetNames;
   for (const ModuleCallRecord &M : T.Calls)
@@ -179,6 +184,77 @@ Diagnosis Diagnoser::run() {
     }
   }
   return D;
+}
+
+void Diagnoser::checkSampling(Diagnosis &D) {
+  // The vocabulary: the last extent of the reference root's output (HF's
+  // *ForCausalLM returns the logits).
+  const ModuleCallRecord *RR = nullptr;
+  for (const ModuleCallRecord &M : R.Calls)
+    if (!M.ParentId) {
+      RR = &M;
+      break;
+    }
+  const TensorRecord *RefLogits = RR ? R.tensor(RR->Id, "output", 0) : nullptr;
+  if (!RefLogits || RefLogits->Shape.size() < 2 || unitRoundoff(RefLogits->Type) == 0)
+    return;
+  int64_t Vocab = RefLogits->Shape.back();
+  // Per step: its root's token ids, and the last call's output that has
+  // the vocabulary's extent (an engine's logits processor after its model).
+  std::map<int64_t, const TensorRecord *> Tokens, Logits;
+  std::map<int64_t, std::string> LogitsBy;
+  for (const ModuleCallRecord &M : T.Calls) {
+    if (!M.ParentId && !Tokens.count(M.Step))
+      for (int64_t I = 0; const TensorRecord *X = T.tensor(M.Id, "input", I); ++I)
+        if (unitRoundoff(X->Type) == 0) {
+          Tokens[M.Step] = X;
+          break;
+        }
+    const TensorRecord *Out = T.tensor(M.Id, "output", 0);
+    if (Out && unitRoundoff(Out->Type) != 0 && !Out->Shape.empty() && Out->Shape.back() == Vocab) {
+      Logits[M.Step] = Out;
+      LogitsBy[M.Step] = M.Path.empty() ? "(root) " + M.ClassName : M.Path;
+    }
+  }
+  for (const auto &[Step, Given] : Tokens) {
+    // A decode step of one sequence: one token, fed back from the step
+    // before (a prefill chunk's tokens are the prompt's).
+    auto Before = Logits.find(Step - 1);
+    if (Step < 2 || Before == Logits.end())
+      continue;
+    int64_t Elements = 1;
+    for (int64_t E : Given->Shape)
+      Elements *= E;
+    if (Elements != 1)
+      continue;
+    auto Token = T.values(Given);
+    auto Scores = T.values(Before->second);
+    if (!Token || Token->size() != 1 || !Scores || Scores->size() < size_t(Vocab) ||
+        Scores->size() % size_t(Vocab))
+      continue;
+    int64_t Rows = int64_t(Scores->size()) / Vocab;
+    auto ArgmaxOf = [&](int64_t Row) {
+      auto First = Scores->begin() + Row * Vocab;
+      return int64_t(std::max_element(First, First + Vocab) - First);
+    };
+    ++D.SamplingChecked;
+    int64_t Consumed = int64_t((*Token)[0]), Last = ArgmaxOf(Rows - 1);
+    // A tie with the maximum is the argmax too.
+    if (Consumed == Last || (Consumed >= 0 && Consumed < Vocab &&
+                             (*Scores)[(Rows - 1) * Vocab + Consumed] ==
+                                 (*Scores)[(Rows - 1) * Vocab + Last]))
+      continue;
+    SamplingDeparture S;
+    S.Step = Step;
+    S.Consumed = Consumed;
+    S.Argmax = Last;
+    S.Logits = LogitsBy[Step - 1];
+    S.Rows = Rows;
+    for (int64_t Row = Rows - 2; Row >= 0 && S.Row < 0; --Row)
+      if (ArgmaxOf(Row) == Consumed)
+        S.Row = Row;
+    D.Sampling.push_back(std::move(S));
+  }
 }
 
 bool Diagnoser::checkInputs(Diagnosis &D) {

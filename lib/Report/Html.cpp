@@ -41,6 +41,10 @@ void writeHtml(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
        << "</b> (" << htmlEscape(D.Suspects[0].Component.ClassQualname) << ")</p>\n";
   if (!D.InputsDifference.empty())
     OS << "<p>" << htmlEscape(D.InputsDifference) << "</p>\n";
+  for (const SamplingDeparture &S : D.Sampling)
+    OS << "<p class=\"suspect\">Sampling: step " << S.Step << " consumed token " << S.Consumed
+       << " where the argmax of " << htmlEscape(S.Logits) << "'s logits of step " << S.Step - 1
+       << " is " << S.Argmax << "</p>\n";
   // The curve: log10(R) over the call sequence, threshold dashed.
   const double W = 900, H = 260, Pad = 30;
   auto Y = [&](double R) {

@@ -1,6 +1,7 @@
 //===- Report.cpp - A diagnosis as text, JSON, a mapping listing ----------===//
 #include "ekka/Report/Report.h"
 #include "ekka/Config.h"
+#include "ekka/Support/Plural.h"
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -26,7 +27,45 @@ json::Value orNull(const std::string &S) { return S.empty() ? json::Value(nullpt
 
 } // namespace
 
+/// One decode step's departure, as the text says it.
+static std::string departureText(const SamplingDeparture &S) {
+  std::string Out;
+  raw_string_ostream OS(Out);
+  OS << "step " << S.Step << " consumed token " << S.Consumed << " where the argmax of "
+     << S.Logits << "'s logits of step " << S.Step - 1 << " is " << S.Argmax;
+  if (S.Row >= 0)
+    OS << " (" << S.Consumed << " is the argmax of their row " << S.Row << " of " << S.Rows
+       << (S.Row == S.Rows - 2 ? ": one position early" : "") << ")";
+  return Out;
+}
+
+/// The decode steps whose token was not the target's own argmax.
+static void printSampling(raw_ostream &OS, const Diagnosis &D, bool Verdict) {
+  if (D.Sampling.empty())
+    return;
+  OS << "\nsampling: " << D.Sampling.size() << " of " << countOf(D.SamplingChecked, "decode step")
+     << " checked consumed a token other than the argmax of the target's logits before it:\n";
+  constexpr size_t MostSteps = 8;
+  for (size_t I = 0; I < D.Sampling.size() && I < MostSteps; ++I)
+    OS << "  " << departureText(D.Sampling[I]) << "\n";
+  if (D.Sampling.size() > MostSteps)
+    OS << "  ... (" << D.Sampling.size() - MostSteps << " more)\n";
+  OS << (Verdict ? "  the target decoded greedily (--greedy): its sampler, or what feeds its "
+                   "token back, departs\n"
+                 : "  under greedy decoding its sampler, or what feeds its token back, departs "
+                   "(--greedy makes this the verdict); under temperature sampling it is "
+                   "expected\n");
+}
+
 void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources) {
+  if (D.Result == Diagnosis::Verdict::Divergence && D.Suspects.empty() && !D.Sampling.empty()) {
+    OS << "divergence: the sampler: " << departureText(D.Sampling.front()) << "\n";
+    OS << "  noise model: " << D.NoiseModel << "\n";
+    OS << "  no module call departs beyond numerical noise (largest R = "
+       << format("%.3g", D.MaxRatio) << ", threshold " << format("%g", D.Threshold) << ")\n";
+    printSampling(OS, D, /*Verdict=*/true);
+    return;
+  }
   switch (D.Result) {
   case Diagnosis::Verdict::InputsDiffer:
     OS << "inputs-differ: the two programs were not fed the same inputs: " << D.InputsDifference
@@ -36,6 +75,7 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
     OS << "no-divergence: no component departs beyond numerical noise (largest R = "
        << format("%.3g", D.MaxRatio) << ", threshold " << format("%g", D.Threshold) << ")\n";
     OS << "  noise model: " << D.NoiseModel << "\n";
+    printSampling(OS, D, /*Verdict=*/false);
     return;
   case Diagnosis::Verdict::Divergence:
     break;
@@ -147,6 +187,7 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
       }
     }
   }
+  printSampling(OS, D, /*Verdict=*/false);
 }
 
 
@@ -261,6 +302,16 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
                  {"components", std::move(Curve)}};
   if (D.Result == Diagnosis::Verdict::InputsDiffer)
     O["inputs_difference"] = D.InputsDifference;
+  json::Array Departures;
+  for (const SamplingDeparture &S : D.Sampling)
+    Departures.push_back(json::Object{{"step", S.Step},
+                                      {"consumed", S.Consumed},
+                                      {"argmax", S.Argmax},
+                                      {"logits", S.Logits},
+                                      {"rows", S.Rows},
+                                      {"row", S.Row >= 0 ? json::Value(S.Row) : nullptr}});
+  O["sampling"] = json::Object{{"checked", int64_t(D.SamplingChecked)},
+                               {"departures", std::move(Departures)}};
   return json::Value(std::move(O));
 }
 
@@ -286,6 +337,9 @@ std::string calibrationRefusal(const Diagnosis &D) {
   case Diagnosis::Verdict::Divergence:
     break;
   }
+  if (D.Suspects.empty())
+    return D.Sampling.empty() ? "it diverges"
+                              : "its sampler departs (" + departureText(D.Sampling.front()) + ")";
   const ComponentRatio &First = D.Suspects.front().Component;
   return "it diverges at " + First.Path + " (R = " + ratioText(First.Ratio) + ")";
 }

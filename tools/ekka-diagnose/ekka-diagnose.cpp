@@ -51,6 +51,11 @@ cl::list<std::string> Indexes("index", cl::value_desc("INDEX"), cl::cat(Category
 cl::opt<double> Threshold("threshold", cl::init(1.5), cl::cat(Category),
                           cl::desc("Error ratio above which a component diverges (default 1.5)"));
 cl::opt<bool> Json("json", cl::cat(Category), cl::desc("Print the diagnosis as JSON"));
+cl::opt<bool> Greedy(
+    "greedy", cl::cat(Category),
+    cl::desc("The target decoded greedily: a decode step whose token is not the argmax of the "
+             "target's logits before it is a divergence (of the sampler, which no module shows), "
+             "not only a note"));
 cl::opt<std::string> HtmlFile("html", cl::value_desc("FILE"), cl::cat(Category),
                               cl::desc("Also write a self-contained HTML report"));
 cl::opt<std::string> MappingFile(
@@ -273,6 +278,7 @@ int main(int argc, char **argv) {
     Options.CalibratedNoise = unwrapOrExit(Tool, readCalibratedNoise(MappingFile));
   }
   Options.UseRecipes = !NoRecipes;
+  Options.Greedy = Greedy;
   Diagnosis D = unwrapOrExit(Tool, diagnose(Target, Reference, FP32, Options));
 
   if (!CalibrateFile.empty()) {

@@ -343,6 +343,12 @@ EXTRA_CASES = [
     Case("embed-scale-missing", "extra: held-out, s27", "Gemma3ForCausalLM", gemma3_config,
          ["embed-scale-missing"], ["model.embed_tokens"],
          symptom="Gemma's sqrt(hidden) embedding normalizer is not applied"),
+    # No module computes it: the sampler, after the logits, which the
+    # diagnosis names when told the engine decodes greedily (--greedy).
+    Case("sample-index", "extra: held-out, s28", "LlamaForCausalLM", llama_config,
+         ["sample-index"], ["(sampler)"],
+         symptom="the first token after the prefill is the argmax of the logits one position "
+                 "early"),
 ]
 
 BY_ID = {c.id: c for c in CASES + EXTRA_CASES}

@@ -117,9 +117,10 @@ def diagnose_case(work, index, text=True):
         if not any(os.path.isfile(os.path.join(work, side, *where, "trace.db"))
                    for where in ((), ("rank-0",))):
             die(f"zoo: no trace '{side}' in '{work}' (zoo trace CASE --work DIR makes them)")
+    # The engine decodes greedily, as a user diagnosing it would know.
     cmd = [tool("ekka-diagnose"), "--target", f"{work}/target",
            "--reference", f"{work}/reference-bf16", "--reference-fp32", f"{work}/reference-fp32",
-           "--index", index]
+           "--index", index, "--greedy"]
     shown = (subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
              if text else "")
     js = subprocess.run(cmd + ["--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -140,6 +141,10 @@ def run_case(case, work, index, text=True, device="cpu", separate=False):
 
 def score(case, report, seconds):
     suspects = [s.get("component", "") for s in report.get("suspects", [])]
+    # A divergence of the sampler, after every module: no suspect names it.
+    if (not suspects and report.get("verdict") == "divergence"
+            and (report.get("sampling") or {}).get("departures")):
+        suspects = ["(sampler)"]
     divergence = report.get("verdict") != "no-divergence"
     row = {"id": case.id, "clean": case.clean, "expected": list(case.accepted),
            "suspects": suspects[:3], "top1": None, "top3": None, "kernel": None,

@@ -54,6 +54,23 @@ struct DiagnoseOptions {
   std::map<std::string, double> CalibratedNoise;
   double CalibratedMargin = 1.25;
   double CalibratedFloor = 1.2;
+  /// The target decoded greedily: a decode step whose token is not the
+  /// argmax of the logits before it is a divergence (of the sampler, which
+  /// no module call shows), not only a note.
+  bool Greedy = false;
+};
+
+/// A decode step that consumed a token other than the argmax of the
+/// target's logits of the step before: under greedy decoding, its sampler
+/// (or what feeds the token back) departs.
+struct SamplingDeparture {
+  int64_t Step = 0;                 ///< The step that consumed the token.
+  int64_t Consumed = 0, Argmax = 0; ///< Argmax of the logits' last row.
+  std::string Logits;               ///< The call whose output the logits are.
+  int64_t Rows = 0;                 ///< The logits' rows (positions).
+  /// The row whose argmax the consumed token is, nearest the last (one
+  /// position early: Rows - 2); -1 when none.
+  int64_t Row = -1;
 };
 
 /// One target module call and how far it departs from the reference.
@@ -144,6 +161,12 @@ struct Diagnosis {
   /// Target calls that could not be compared (unmapped, not captured, or in
   /// steps the reference did not run).
   unsigned Uncompared = 0;
+  /// The decode steps whose token was checked against the target's logits
+  /// before it, and those that were not its argmax. With
+  /// DiagnoseOptions::Greedy, a departure where no module call departs is
+  /// the divergence (no suspects: no module computed it).
+  unsigned SamplingChecked = 0;
+  std::vector<SamplingDeparture> Sampling;
 };
 
 llvm::StringRef verdictName(Diagnosis::Verdict V);

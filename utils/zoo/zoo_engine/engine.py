@@ -311,7 +311,11 @@ class Engine:
                                              seq_ids=torch.zeros_like(positions),
                                              positions=positions)
                 logits = self._forward(ids, positions, meta)
-                token = self._sampled(logits[-1].argmax() if logits is not None else None)
+                # The planted bug sample-index: the first token after the
+                # prefill is taken from the logits of the prompt's last
+                # position but one.
+                row = -2 if "sample-index" in self.bugs and step == 0 else -1
+                token = self._sampled(logits[row].argmax() if logits is not None else None)
                 generated.append(token)
                 if step + 1 < max_new_tokens:
                     consumed.append(token)
