@@ -118,6 +118,7 @@ void Diagnoser::localize(Diagnosis &D) {
     S.Component = D.Curve[I];
     raw_string_ostream(S.Reason)
         << "output diverges (R = " << format("%.3g", *D.Curve[I].Ratio)
+        << (std::isinf(*D.Curve[I].Ratio) ? nonFinite(D.Curve[I]) : std::string())
         << (D.Curve[I].CalibratedNoise
                 ? formatv(", above its calibrated noise: {0} on the known-good pair, "
                           "threshold {1}",
@@ -453,6 +454,30 @@ Diagnoser::disagreeingOpProducer(const Diagnosis &D, size_t Index) {
     return std::make_pair(*Owner, std::move(*F));
   }
   return std::nullopt;
+}
+
+std::string Diagnoser::nonFinite(const ComponentRatio &C) const {
+  // Over every step the component ran (joined steps: each its own call).
+  auto Count = [](const Side &S, StringRef Path, int64_t &NaN, int64_t &Inf) {
+    for (const ModuleCallRecord &M : S.Calls)
+      if (M.Path == Path)
+        if (auto It = S.ByCall.find(M.Id); It != S.ByCall.end())
+          if (auto Out = It->second.find("output"); Out != It->second.end())
+            for (const auto &[Index, X] : Out->second)
+              if (X->Stats) {
+                NaN += X->Stats->NanCount;
+                Inf += X->Stats->InfCount;
+              }
+  };
+  int64_t NaN = 0, Inf = 0, RefNaN = 0, RefInf = 0;
+  Count(T, C.Path, NaN, Inf);
+  for (const std::string &P : C.ReferencePaths)
+    Count(R, P, RefNaN, RefInf);
+  if (!NaN && !Inf)
+    return "";
+  return formatv(": its outputs hold {0} NaN and {1} Inf values, the reference's {2} and {3}", NaN,
+                 Inf, RefNaN, RefInf)
+      .str();
 }
 
 bool Diagnoser::divergedUpstream(const Diagnosis &D, size_t Index) const {

@@ -379,6 +379,10 @@ private:
   bool elevated(const std::optional<double> &X) const { return X && *X > O.Threshold; }
   /// Whether \p C's output departs: above its calibrated threshold where a
   /// calibration gave it one. Inputs are held to the diagnosis's.
+  /// For an infinite ratio: the NaN and Inf its outputs hold, against the
+  /// reference's (empty when they hold none: a finite value off by more
+  /// than the scale can say).
+  std::string nonFinite(const ComponentRatio &C) const;
   bool departs(const ComponentRatio &C) const {
     return C.Ratio && *C.Ratio > C.Threshold.value_or(O.Threshold);
   }

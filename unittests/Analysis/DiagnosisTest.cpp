@@ -345,6 +345,11 @@ TEST_F(DiagnosisTest, ANaNTheReferenceDoesNotHaveIsADivergence) {
   ASSERT_EQ(D.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(D.Suspects[0].Component.Path, "a");
   EXPECT_TRUE(std::isinf(*D.Suspects[0].Component.Ratio));
+  // The reason says what the infinite ratio stands for.
+  EXPECT_NE(D.Suspects[0].Reason.find(
+                "R = inf: its outputs hold 1 NaN and 0 Inf values, the reference's 0 and 0"),
+            std::string::npos)
+      << D.Suspects[0].Reason;
   // The same NaN on both sides agrees.
   mlpLike("ref2", {1, std::nanf("")}, {3, 4}, {5, 6});
   EXPECT_EQ(run("ref2", "ref2").Result, Diagnosis::Verdict::NoDivergence);
