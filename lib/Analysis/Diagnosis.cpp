@@ -4,6 +4,7 @@
 #include "ekka/Align/Transforms.h"
 #include "ekka/Analysis/TensorMath.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/Plural.h"
 #include "ekka/Support/Progress.h"
 
 #include "llvm/ADT/DenseMap.h"
@@ -347,6 +348,22 @@ void Diagnoser::computeRatios(Diagnosis &D) {
     if (auto Noise = O.CalibratedNoise.find(C.Path); Noise != O.CalibratedNoise.end()) {
       C.CalibratedNoise = Noise->second;
       C.Threshold = std::max(O.CalibratedFloor, O.CalibratedMargin * Noise->second);
+    }
+    if (MergeSteps && C.Mapped && !C.Ratio) {
+      // Its outputs over the steps it ran do not make the reference's
+      // tokens: say which steps it missed.
+      std::set<int64_t> Ran = {TC.Step};
+      if (auto Later = LaterSteps.find(TC.Id); Later != LaterSteps.end())
+        for (const ModuleCallRecord *M : Later->second)
+          Ran.insert(M->Step);
+      std::vector<int64_t> Missed;
+      for (int64_t S = 1; S <= D.MergedSteps; ++S)
+        if (!Ran.count(S))
+          Missed.push_back(S);
+      if (!Missed.empty())
+        C.UncomparedReason = "it ran in " + countOf(Ran.size(), "step") + " of " +
+                             std::to_string(D.MergedSteps) + ", not in " +
+                             (Missed.size() == 1 ? "step " : "steps ") + rangesOf(Missed);
     }
     if (C.Ratio)
       D.MaxRatio = std::max(D.MaxRatio, *C.Ratio);

@@ -57,6 +57,18 @@ static void printSampling(raw_ostream &OS, const Diagnosis &D, bool Verdict) {
                    "expected\n");
 }
 
+/// Of joined steps, those in which \p S's outputs alone depart, where not
+/// all do: ", departing in steps 2-5".
+static std::string departingSteps(const Suspect &S, double Threshold) {
+  std::vector<int64_t> Steps;
+  for (const auto &[Step, Ratio] : S.StepRatios)
+    if (Ratio > Threshold)
+      Steps.push_back(Step);
+  if (Steps.empty() || Steps.size() == S.StepRatios.size())
+    return "";
+  return (Steps.size() == 1 ? ", departing in step " : ", departing in steps ") + rangesOf(Steps);
+}
+
 void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources) {
   if (D.Result == Diagnosis::Verdict::Divergence && D.Suspects.empty() && !D.Sampling.empty()) {
     OS << "divergence: the sampler: " << departureText(D.Sampling.front()) << "\n";
@@ -94,7 +106,7 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
          : !First.Component.Ratio
              ? std::string(" (no reference counterpart: see the first suspect's reason)")
              : std::string())
-     << "\n";
+     << departingSteps(First, thresholdOf(First.Component, D)) << "\n";
   OS << "  noise model: " << D.NoiseModel << "\n";
   // Suspects of several steps (the same module may be one in each) say
   // which step each is.
@@ -140,10 +152,22 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
         OS << ", ... (" << S.UnmatchedReference.size() - MostNames << " more)";
       OS << "\n";
     }
+    // Calls inside it whose steps tell (a decode path that skips one).
+    std::vector<std::string> Skipped;
+    for (const ComponentRatio &C : D.Curve)
+      if (!C.UncomparedReason.empty() &&
+          (S.Component.Path.empty() || StringRef(C.Path).starts_with(S.Component.Path + ".")))
+        Skipped.push_back(C.Path + " (" + C.UncomparedReason + ")");
+    constexpr size_t MostSkipped = 4;
+    for (size_t I = 0; I < Skipped.size() && I < MostSkipped; ++I)
+      OS << "  not compared inside it: " << Skipped[I] << "\n";
+    if (Skipped.size() > MostSkipped)
+      OS << "  not compared inside it: ... (" << Skipped.size() - MostSkipped << " more)\n";
     OS << "  evidence (R of the calls around it, in execution order):\n";
     auto Line = [&](const ComponentRatio &C, bool Mark) {
       OS << (Mark ? "  > " : "    ") << format("%-12s", ratioText(C.Ratio).c_str()) << " "
-         << componentName(C) << "\n";
+         << componentName(C)
+         << (C.UncomparedReason.empty() ? "" : "  (" + C.UncomparedReason + ")") << "\n";
     };
     for (const ComponentRatio &C : S.Before)
       Line(C, false);
@@ -225,6 +249,7 @@ json::Value curveJSON(const ComponentRatio &C, const Diagnosis &D) {
   O["reference"] = json::Array(C.ReferencePaths);
   O["mapped_by"] = C.Mapped ? json::Value(mappingHow(C)) : json::Value(nullptr);
   O["unmapped_reason"] = C.Mapped ? json::Value(nullptr) : json::Value(C.UnmappedReason);
+  O["uncompared_reason"] = orNull(C.UncomparedReason);
   O["calibrated_noise"] = ratioJSON(C.CalibratedNoise);
   O["threshold"] = thresholdOf(C, D);
   return V;
@@ -324,6 +349,7 @@ void printMapping(raw_ostream &OS, const Diagnosis &D) {
     OS << (C.Mapped ? "mapped    " : "unmapped  ") << "step " << C.Step << "  " << componentName(C)
        << (C.Mapped ? "  <->  " + Refs + (How.empty() ? "" : "  [" + How + "]")
                     : "  (" + C.UnmappedReason + ")")
+       << (C.UncomparedReason.empty() ? "" : "  (not compared: " + C.UncomparedReason + ")")
        << "\n";
   }
 }

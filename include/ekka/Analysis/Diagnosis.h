@@ -105,6 +105,10 @@ struct ComponentRatio {
   /// From a calibration: its largest R on the known-good pair, and the
   /// ratio above which it departs here (instead of the diagnosis's).
   std::optional<double> CalibratedNoise, Threshold;
+  /// Mapped, but not compared, where the reason is a clue: a call that ran
+  /// in fewer of the joined steps than the model did (a decode path that
+  /// skips it). Empty otherwise.
+  std::string UncomparedReason;
 };
 
 /// Inside a suspect: the first op whose output departs from the matching

@@ -2,6 +2,7 @@
 #ifndef EKKA_SUPPORT_PLURAL_H
 #define EKKA_SUPPORT_PLURAL_H
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <cstdint>
@@ -17,6 +18,21 @@ inline std::string countOf(uint64_t N, llvm::StringRef Noun, llvm::StringRef Plu
   if (N == 1)
     return Out + Noun.str();
   return Plural.empty() ? Out + Noun.str() + "s" : Out + Plural.str();
+}
+
+/// Ascending numbers as ranges, as a summary says them: "2-5", "1, 4",
+/// "2, 4-6".
+inline std::string rangesOf(llvm::ArrayRef<int64_t> Numbers) {
+  std::string Out;
+  for (size_t I = 0; I < Numbers.size();) {
+    size_t J = I;
+    while (J + 1 < Numbers.size() && Numbers[J + 1] == Numbers[J] + 1)
+      ++J;
+    Out += (Out.empty() ? "" : ", ") + std::to_string(Numbers[I]) +
+           (J > I ? "-" + std::to_string(Numbers[J]) : std::string());
+    I = J + 1;
+  }
+  return Out;
 }
 
 } // namespace ekka

@@ -1,7 +1,9 @@
 """A tiny HuggingFace Llama run two ways over one 12-token sequence: `oneshot`
 (a single forward, as a reference runs) or `serve` (a prefill of 8 tokens,
 then 4 decode steps against the KV cache, as a serving engine runs).
---bug makes layer 1's attention wrong in decode steps only."""
+--bug makes layer 1's attention wrong in decode steps only; --skip makes layer
+1's MLP, in decode steps, use a down projection of zeros without calling its
+down_proj module (a decode path built with weights never loaded)."""
 import argparse
 
 import torch
@@ -11,6 +13,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=["oneshot", "serve"])
 parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
 parser.add_argument("--bug", action="store_true")
+parser.add_argument("--skip", action="store_true")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -30,6 +33,17 @@ if args.bug:
         return out
 
     attn.forward = decode_bug
+if args.skip:
+    mlp = model.model.layers[1].mlp
+    prefill = mlp.forward
+
+    def decode_skip(x):
+        if x.shape[1] > 1:
+            return prefill(x)
+        inner = mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
+        return torch.nn.functional.linear(inner, torch.zeros_like(mlp.down_proj.weight))
+
+    mlp.forward = decode_skip
 ids = torch.tensor([[1, 17, 42, 9, 33, 5, 77, 21, 64, 3, 11, 8]])
 with torch.no_grad():
     if args.mode == "oneshot":
