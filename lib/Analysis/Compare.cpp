@@ -229,33 +229,39 @@ std::optional<double> Diagnoser::ratioOf(std::optional<std::vector<double>> XT, 
       YR = C->Shape == B->Shape ? transpose(*YR, C->Shape, RefSwap->first, RefSwap->second)
                                 : std::nullopt;
   }
+  return joinedRatio(*XT, TargetType, *XR, YR ? ArrayRef<double>(*YR) : std::nullopt, B->Type);
+}
+
+std::optional<double> Diagnoser::joinedRatio(ArrayRef<double> XT, DType TargetType,
+                                             ArrayRef<double> XR, ArrayRef<double> YR,
+                                             DType RefType) {
   // The steps joined into XT, each alone: where an output of a call was
   // joined along its rows, in the reference's own order.
   JoinedSteps Joined = std::move(LastJoined);
   LastJoined = JoinedSteps();
   if (Joined.A && Joined.A->Role == "output" && !RefSwap &&
-      Joined.Rows.size() > 1 && XT->size() == XR->size()) {
+      Joined.Rows.size() > 1 && XT.size() == XR.size()) {
     int64_t Total = 0;
     for (const auto &[Step, Rows] : Joined.Rows)
       Total += Rows;
-    if (Total > 0 && XT->size() % size_t(Total) == 0) {
-      size_t Row = XT->size() / size_t(Total), Off = 0;
-      bool WithY = YR && YR->size() == XT->size();
+    if (Total > 0 && XT.size() % size_t(Total) == 0) {
+      size_t Row = XT.size() / size_t(Total), Off = 0;
+      bool WithY = YR.size() == XT.size();
       std::vector<std::pair<int64_t, double>> Steps;
       // The whole's sums are the steps' added: one pass for both, unless a
       // value is not finite (each ratio is then taken element by element).
       RatioSums Whole;
       for (const auto &[Step, Rows] : Joined.Rows) {
         size_t Len = size_t(Rows) * Row;
-        auto Part = [&](const Elements &X) { return ArrayRef<double>(X).slice(Off, Len); };
-        ArrayRef<double> PT = Part(*XT), PR = Part(*XR), PY = WithY ? Part(*YR) : ArrayRef<double>();
+        auto Part = [&](ArrayRef<double> X) { return X.slice(Off, Len); };
+        ArrayRef<double> PT = Part(XT), PR = Part(XR), PY = WithY ? Part(YR) : ArrayRef<double>();
         Off += Len;
         if (Len == 0)
           continue;
         RatioSums S = ratioSums(PT, PR, PY);
         Whole += S;
-        auto Ratio = S.Finite ? std::optional(ratioFromSums(S, WithY, TargetType, B->Type))
-                              : ratioValues(PT, TargetType, PR, B->Type, PY);
+        auto Ratio = S.Finite ? std::optional(ratioFromSums(S, WithY, TargetType, RefType))
+                              : ratioValues(PT, TargetType, PR, RefType, PY);
         if (Ratio)
           Steps.emplace_back(Step, *Ratio);
       }
@@ -269,11 +275,11 @@ std::optional<double> Diagnoser::ratioOf(std::optional<std::vector<double>> XT, 
           for (const auto &[Other, R] : Steps)
             if (Other == Step)
               Ratio = std::max(Ratio, R);
-      if (Whole.Finite && Off == XT->size())
-        return ratioFromSums(Whole, WithY, TargetType, B->Type);
+      if (Whole.Finite && Off == XT.size())
+        return ratioFromSums(Whole, WithY, TargetType, RefType);
     }
   }
-  return ratioValues(*XT, TargetType, *XR, B->Type, YR ? ArrayRef<double>(*YR) : std::nullopt);
+  return ratioValues(XT, TargetType, XR, RefType, YR);
 }
 
 double Diagnoser::ratioFromSums(const RatioSums &S, bool WithFP32, DType TargetType,

@@ -85,8 +85,8 @@ std::optional<double> Diagnoser::ruleRatio(const ModuleCallRecord &TC,
   std::optional<Elements> YR;
   if (F && FC.size() == RC.size())
     YR = Gather(*F, FC);
-  return ratioValues(*XT, TT->Type, *XR, ruleTensor(R, RC[0], Inputs[0])->Type,
-                     YR ? ArrayRef<double>(*YR) : std::nullopt);
+  return joinedRatio(*XT, TT->Type, *XR, YR ? ArrayRef<double>(*YR) : std::nullopt,
+                     ruleTensor(R, RC[0], Inputs[0])->Type);
 }
 
 std::string Diagnoser::structureDiffers(const ModuleCallRecord &TC, const ModuleCallRecord &RC) {

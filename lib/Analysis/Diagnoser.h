@@ -129,6 +129,10 @@ private:
   /// reference tensor \p B, with FP32 reference tensor \p C if any.
   std::optional<double> ratioOf(std::optional<std::vector<double>> XT, DType TargetType,
                                 const TensorRecord *B, const TensorRecord *C);
+  /// ratioValues, and where the target's steps were joined into \p XT (the
+  /// last targetValues of an output), each step's alone (StepRatios).
+  std::optional<double> joinedRatio(ArrayRef<double> XT, DType TargetType, ArrayRef<double> XR,
+                                    ArrayRef<double> YR, DType RefType);
 
   /// R from finite sums: against the FP32 reference when \p WithFP32,
   /// else by the noise model.
