@@ -57,6 +57,24 @@ static void printSampling(raw_ostream &OS, const Diagnosis &D, bool Verdict) {
                    "expected\n");
 }
 
+/// The first mapped call inside \p S's component whose inputs depart, when
+/// the component's own do not and no call inside it departed before (whose
+/// output would be what it was given).
+static const ComponentRatio *firstDepartingInputInside(const Diagnosis &D, const Suspect &S) {
+  if (!S.Component.InputRatio || *S.Component.InputRatio > D.Threshold)
+    return nullptr;
+  for (const ComponentRatio &C : D.Curve) {
+    if (C.Seq <= S.Component.Seq || C.Step != S.Component.Step || !C.Mapped ||
+        !(S.Component.Path.empty() || StringRef(C.Path).starts_with(S.Component.Path + ".")))
+      continue;
+    if (C.InputRatio && *C.InputRatio > D.Threshold)
+      return &C;
+    if (C.Ratio && *C.Ratio > thresholdOf(C, D))
+      return nullptr;
+  }
+  return nullptr;
+}
+
 /// Of joined steps, those in which \p S's outputs alone depart, where not
 /// all do: ", departing in steps 2-5".
 static std::string departingSteps(const Suspect &S, double Threshold) {
@@ -152,6 +170,14 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
         OS << ", ... (" << S.UnmatchedReference.size() - MostNames << " more)";
       OS << "\n";
     }
+    // The first call inside it given what departs, where its own inputs
+    // do not: what the block fed it (a router given the residual) is the
+    // lead, when no op that wrote it was found.
+    if (const ComponentRatio *Given = firstDepartingInputInside(D, S);
+        Given && !(S.Op && !S.Op->ReadBy.empty()))
+      OS << "  inside it, " << componentName(*Given)
+         << " was given what departs from what its counterpart was given (R = "
+         << ratioText(Given->InputRatio) << ")\n";
     // Calls inside it whose steps tell (a decode path that skips one).
     std::vector<std::string> Skipped;
     for (const ComponentRatio &C : D.Curve)
@@ -250,6 +276,7 @@ json::Value curveJSON(const ComponentRatio &C, const Diagnosis &D) {
   O["mapped_by"] = C.Mapped ? json::Value(mappingHow(C)) : json::Value(nullptr);
   O["unmapped_reason"] = C.Mapped ? json::Value(nullptr) : json::Value(C.UnmappedReason);
   O["uncompared_reason"] = orNull(C.UncomparedReason);
+  O["input_ratio"] = ratioJSON(C.InputRatio);
   O["calibrated_noise"] = ratioJSON(C.CalibratedNoise);
   O["threshold"] = thresholdOf(C, D);
   return V;
