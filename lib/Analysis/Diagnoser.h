@@ -45,6 +45,8 @@ private:
   /// Each decode step's token against the argmax of the target's logits of
   /// the step before (D.Sampling).
   void checkSampling(Diagnosis &D);
+  /// Suspect::Relation of a one-to-one mapped component.
+  std::string relation(const ComponentRatio &C);
 
   static std::string shape(llvm::ArrayRef<int64_t> S) {
     std::string Out = "[";

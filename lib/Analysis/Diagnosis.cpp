@@ -163,6 +163,7 @@ Diagnosis Diagnoser::run() {
   for (Suspect &S : D.Suspects) {
     if (auto It = CurveStepRatios.find(S.Component.CallId); It != CurveStepRatios.end())
       S.StepRatios = It->second;
+    S.Relation = relation(S.Component);
     if (const ModuleCallRecord *RC = refCall(S.Component.CallId)) {
       // Each once, with how many times it ran (Gemma3's rotary_emb, twice).
       // One whose name the target calls elsewhere was moved, not skipped
@@ -185,6 +186,86 @@ Diagnosis Diagnoser::run() {
     }
   }
   return D;
+}
+
+std::string Diagnoser::relation(const ComponentRatio &C) {
+  const ModuleCallRecord *RC = refCall(C.CallId);
+  if (!RC || !C.Ratio || C.ReferencePaths.size() != 1 || C.Transposed || C.ResidualPair ||
+      !Peers.empty())
+    return "";
+  const TensorRecord *A = T.tensor(C.CallId, "output", 0), *B = R.tensor(RC->Id, "output", 0);
+  if (!A || !B || B->Shape.empty())
+    return "";
+  auto XT = targetValues(A, C.CallId, B->Shape);
+  LastJoined = JoinedSteps();
+  auto XR = R.values(B);
+  if (!XT || !XR || XT->size() != XR->size() || XT->empty())
+    return "";
+  std::optional<Elements> YF;
+  if (const ModuleCallRecord *FC = F ? fp32Call(RC) : nullptr)
+    if (const TensorRecord *Z = F->tensor(FC->Id, "output", 0))
+      YF = F->values(Z);
+  if (YF && YF->size() != XR->size())
+    YF.reset();
+  const Elements &X = *XT, &Y = *XR;
+  // A relation holds where the target's output, undone by it, agrees with
+  // the reference's within noise.
+  auto Agrees = [&](const Elements &Undone) {
+    auto Ratio = ratioValues(Undone, A->Type, Y, B->Type,
+                             YF ? ArrayRef<double>(*YF) : ArrayRef<double>());
+    return Ratio && *Ratio <= O.Threshold;
+  };
+  double XX = 0, YY = 0, XY = 0;
+  for (size_t I = 0; I < X.size(); ++I) {
+    XX += X[I] * X[I];
+    YY += Y[I] * Y[I];
+    XY += X[I] * Y[I];
+  }
+  if (!std::isfinite(XX) || !std::isfinite(YY) || YY == 0)
+    return "";
+  if (XX == 0)
+    return "all zeros";
+  // A scale: X = c Y.
+  if (double Scale = XY / YY; Scale != 0 && std::fabs(Scale - 1) > 0.01) {
+    Elements Undone(X);
+    for (double &V : Undone)
+      V /= Scale;
+    if (Agrees(Undone))
+      return formatv("the reference's times {0}", format("%.3g", Scale)).str();
+  }
+  // Its rows (tokens, or pooled sequences) are the reference's, reordered:
+  // each row's nearest reference row, checked together.
+  size_t Features = size_t(B->Shape.back());
+  size_t Rows = Features ? X.size() / Features : 0;
+  if (Rows < 2 || Rows > 512 || Rows * Features != X.size())
+    return "";
+  std::vector<size_t> From(Rows);
+  std::vector<bool> Taken(Rows, false);
+  Elements Undone(X.size());
+  for (size_t I = 0; I < Rows; ++I) {
+    double Best = std::numeric_limits<double>::infinity();
+    for (size_t J = 0; J < Rows; ++J) {
+      double D = 0;
+      for (size_t K = 0; K < Features; ++K)
+        D += (X[I * Features + K] - Y[J * Features + K]) * (X[I * Features + K] - Y[J * Features + K]);
+      if (D < Best) {
+        Best = D;
+        From[I] = J;
+      }
+    }
+    if (Taken[From[I]])
+      return "";
+    Taken[From[I]] = true;
+    std::copy_n(X.begin() + I * Features, Features, Undone.begin() + From[I] * Features);
+  }
+  size_t First = 0;
+  while (First < Rows && From[First] == First)
+    ++First;
+  if (First == Rows || !Agrees(Undone))
+    return "";
+  return formatv("the reference's rows in another order (its row {0} is the reference's row {1})",
+                 First, From[First])
+      .str();
 }
 
 void Diagnoser::checkSampling(Diagnosis &D) {

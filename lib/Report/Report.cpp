@@ -170,6 +170,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
         OS << ", ... (" << S.UnmatchedReference.size() - MostNames << " more)";
       OS << "\n";
     }
+    if (!S.Relation.empty())
+      OS << "  its output: " << S.Relation << "\n";
     // The first call inside it given what departs, where its own inputs
     // do not: what the block fed it (a router given the residual) is the
     // lead, when no op that wrote it was found.
@@ -339,6 +341,7 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
         {"evidence", json::Object{{"before", std::move(Before)}, {"after", std::move(After)}}},
         {"step_ratios", std::move(Steps)},
         {"unmatched_reference", json::Array(S.UnmatchedReference)},
+        {"relation", orNull(S.Relation)},
     });
   }
   json::Array Curve;

@@ -405,6 +405,32 @@ TEST_F(DiagnosisTest, ACalibratedNoiseHoldsAComponentToItsOwn) {
   EXPECT_EQ(run("noisier", "ref", "fp32", Noisy).Result, Diagnosis::Verdict::NoDivergence);
 }
 
+// A suspect whose output is its counterpart's under one simple relation
+// says which: a scale, all zeros, its rows reordered; none where none holds.
+TEST_F(DiagnosisTest, ASuspectsOutputIsRelatedToItsCounterpartsWhereOneRelationHolds) {
+  auto Pooled = [&](StringRef Name, std::vector<float> Rows) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2, 3});
+    T.callOutputs("pool", "", {Rows}, {3, 2});
+    T.close();
+  };
+  Pooled("ref", {1, 2, 3, 4, 5, 6});
+  Pooled("scaled", {2, 4, 6, 8, 10, 12});
+  Pooled("zeros", {0, 0, 0, 0, 0, 0});
+  Pooled("reversed", {5, 6, 3, 4, 1, 2});
+  Pooled("other", {1, 2, 3, 4, 5, 9});
+  auto Relation = [&](StringRef Target) {
+    Diagnosis D = run(Target, "ref");
+    EXPECT_EQ(D.Result, Diagnosis::Verdict::Divergence) << Target.str();
+    return D.Suspects.empty() ? std::string("?") : D.Suspects[0].Relation;
+  };
+  EXPECT_EQ(Relation("scaled"), "the reference's times 2");
+  EXPECT_EQ(Relation("zeros"), "all zeros");
+  EXPECT_EQ(Relation("reversed"),
+            "the reference's rows in another order (its row 0 is the reference's row 2)");
+  EXPECT_EQ(Relation("other"), "");
+}
+
 // A fused add+norm layer returns (output, residual) where the reference's
 // layer returns their sum: compared as the sum, no divergence; a layer whose
 // sum is off is blamed.

@@ -149,6 +149,10 @@ struct Suspect {
   /// call was mapped onto (`model.norm (LlamaRMSNorm)`: a module the
   /// target skipped shows here, and nowhere else), in execution order.
   std::vector<std::string> UnmatchedReference;
+  /// What its output is, exactly, in terms of its counterpart's where one
+  /// simple relation holds ("the reference's times 2", "all zeros", "the
+  /// reference's rows in another order: ..."); empty otherwise.
+  std::string Relation;
 };
 
 struct Diagnosis {
