@@ -298,17 +298,24 @@ void Diagnoser::checkSampling(Diagnosis &D) {
       LogitsBy[M.Step] = M.Path.empty() ? "(root) " + M.ClassName : M.Path;
     }
   }
+  auto ElementsOf = [](const TensorRecord *X) {
+    int64_t N = 1;
+    for (int64_t E : X->Shape)
+      N *= E;
+    return N;
+  };
   for (const auto &[Step, Given] : Tokens) {
     // A decode step of one sequence: one token, fed back from the step
     // before (a prefill chunk's tokens are the prompt's).
     auto Before = Logits.find(Step - 1);
-    if (Step < 2 || Before == Logits.end())
+    if (Step < 2 || Before == Logits.end() || ElementsOf(Given) != 1)
       continue;
-    int64_t Elements = 1;
-    for (int64_t E : Given->Shape)
-      Elements *= E;
-    if (Elements != 1)
-      continue;
+    // After a step of several tokens, one token may still be the prompt's
+    // last, prefilled alone (a chunked prefill whose last chunk is one
+    // token): there only the argmax of another row of those logits (the
+    // sampler read the wrong position) tells a departure.
+    auto Previous = Tokens.find(Step - 1);
+    bool MaybePrompt = Previous != Tokens.end() && ElementsOf(Previous->second) > 1;
     auto Token = T.values(Given);
     auto Scores = T.values(Before->second);
     if (!Token || Token->size() != 1 || !Scores || Scores->size() < size_t(Vocab) ||
@@ -319,13 +326,14 @@ void Diagnoser::checkSampling(Diagnosis &D) {
       auto First = Scores->begin() + Row * Vocab;
       return int64_t(std::max_element(First, First + Vocab) - First);
     };
-    ++D.SamplingChecked;
     int64_t Consumed = int64_t((*Token)[0]), Last = ArgmaxOf(Rows - 1);
     // A tie with the maximum is the argmax too.
     if (Consumed == Last || (Consumed >= 0 && Consumed < Vocab &&
                              (*Scores)[(Rows - 1) * Vocab + Consumed] ==
-                                 (*Scores)[(Rows - 1) * Vocab + Last]))
+                                 (*Scores)[(Rows - 1) * Vocab + Last])) {
+      ++D.SamplingChecked;
       continue;
+    }
     SamplingDeparture S;
     S.Step = Step;
     S.Consumed = Consumed;
@@ -335,6 +343,9 @@ void Diagnoser::checkSampling(Diagnosis &D) {
     for (int64_t Row = Rows - 2; Row >= 0 && S.Row < 0; --Row)
       if (ArgmaxOf(Row) == Consumed)
         S.Row = Row;
+    if (MaybePrompt && S.Row < 0)
+      continue; // not checked: the prompt's token, as far as it shows
+    ++D.SamplingChecked;
     D.Sampling.push_back(std::move(S));
   }
 }
