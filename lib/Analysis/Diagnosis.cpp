@@ -121,6 +121,7 @@ namespace detail {
 Diagnosis Diagnoser::run() {
   Diagnosis D;
   D.Threshold = O.Threshold;
+  D.Greedy = O.Greedy;
   D.NoiseModel = F ? "R = |X_T - Y_R| / max(|X_R - Y_R|, u |Y_R|), Y_R from the FP32 reference"
                    : "no FP32 reference: R = |X_T - X_R| / (" +
                          formatv("{0}", format("%g", O.NoiseUnits)).str() +

@@ -50,11 +50,15 @@ static void printSampling(raw_ostream &OS, const Diagnosis &D, bool Verdict) {
     OS << "  " << departureText(D.Sampling[I]) << "\n";
   if (D.Sampling.size() > MostSteps)
     OS << "  ... (" << D.Sampling.size() - MostSteps << " more)\n";
-  OS << (Verdict ? "  the target decoded greedily (--greedy): its sampler, or what feeds its "
-                   "token back, departs\n"
-                 : "  under greedy decoding its sampler, or what feeds its token back, departs "
-                   "(--greedy makes this the verdict); under temperature sampling it is "
-                   "expected\n");
+  // Under --greedy with a module's divergence the verdict is the module's,
+  // and the sampler departs as well.
+  OS << (Verdict    ? "  the target decoded greedily (--greedy): its sampler, or what feeds its "
+                      "token back, departs\n"
+         : D.Greedy ? "  the target decoded greedily (--greedy): its sampler, or what feeds its "
+                      "token back, departs as well\n"
+                    : "  under greedy decoding its sampler, or what feeds its token back, departs "
+                      "(--greedy makes this the verdict); under temperature sampling it is "
+                      "expected\n");
 }
 
 /// The first mapped call inside \p S's component whose inputs depart, when

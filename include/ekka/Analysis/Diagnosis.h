@@ -175,6 +175,8 @@ struct Diagnosis {
   /// the divergence (no suspects: no module computed it).
   unsigned SamplingChecked = 0;
   std::vector<SamplingDeparture> Sampling;
+  /// DiagnoseOptions::Greedy: the target decoded greedily.
+  bool Greedy = false;
 };
 
 llvm::StringRef verdictName(Diagnosis::Verdict V);
