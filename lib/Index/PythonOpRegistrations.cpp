@@ -236,11 +236,12 @@ private:
     if (std::optional<std::string> L = literal(N))
       return *L;
     TSSymbol S = ts_node_symbol(N);
-    // register_kernel's device_types=("cpu", "cuda"): "cpu,cuda".
+    // register_kernel's device_types=("cpu", "cuda"): "cpu,cuda". A comment
+    // between them (an extra) is none.
     if (S == G.Tuple || S == G.List) {
       std::optional<std::string> Keys = std::string();
       forEachChild(N, [&](TSNode Part) {
-        if (!ts_node_is_named(Part) || !Keys)
+        if (!ts_node_is_named(Part) || ts_node_is_extra(Part) || !Keys)
           return;
         std::optional<std::string> K = literal(Part);
         Keys = K ? std::optional<std::string>(*Keys + (Keys->empty() ? "" : ",") + *K)

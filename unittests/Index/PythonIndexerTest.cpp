@@ -183,6 +183,14 @@ direct_register_custom_op("d", fd, dispatch_key=f"{platform}")
 torch.library.register_kernel("keys::e", ("cpu", "cuda"), fe)
 torch.library.register_kernel("keys::f", device_types=["cuda"], func=ff)
 torch.library.register_kernel("keys::g", ("cpu", DEVICE), fg)
+torch.library.register_kernel(
+    "keys::h",
+    device_types=(
+        "cpu",  # the host
+        "cuda",
+    ),
+    func=fh,
+)
 )", "pkg.keys", false);
   EXPECT_EQ(ops(F), (std::vector<std::string>{
                         "keys::a <- fa [current_platform.dispatch_key]",
@@ -192,6 +200,7 @@ torch.library.register_kernel("keys::g", ("cpu", DEVICE), fg)
                         "keys::e <- fe [cpu,cuda]",
                         "keys::f <- ff [cuda]",
                         "keys::g <- fg [(\"cpu\", DEVICE)]",
+                        "keys::h <- fh [cpu,cuda]",
                     }));
 }
 

@@ -81,8 +81,9 @@ public:
   /// stable ABI's blocks. 3: the include search's misses. 4: every header
   /// unit no source records runs, and a header's record no longer depends
   /// on thread order. 5: Python dispatch keys that are not literals. 6:
-  /// register_kernel's device_types as the keys a tuple or list names.
-  static constexpr int ParserRevision = 6;
+  /// register_kernel's device_types as the keys a tuple or list names. 7:
+  /// also where a comment stands among them.
+  static constexpr int ParserRevision = 7;
 
   /// Opens \p Path for building, creating it if needed. An existing file
   /// that is not an Ekka index is an error, never overwritten.
