@@ -457,10 +457,11 @@ Diagnoser::disagreeingOpProducer(const Diagnosis &D, size_t Index) {
 }
 
 std::string Diagnoser::nonFinite(const ComponentRatio &C) const {
-  // Over every step the component ran (joined steps: each its own call).
-  auto Count = [](const Side &S, StringRef Path, int64_t &NaN, int64_t &Inf) {
+  // Over every step the component ran where its steps were joined (each
+  // its own call), else over its own step.
+  auto Count = [&](const Side &S, StringRef Path, int64_t &NaN, int64_t &Inf) {
     for (const ModuleCallRecord &M : S.Calls)
-      if (M.Path == Path)
+      if (M.Path == Path && (MergeSteps || M.Step == C.Step))
         if (auto It = S.ByCall.find(M.Id); It != S.ByCall.end())
           if (auto Out = It->second.find("output"); Out != It->second.end())
             for (const auto &[Index, X] : Out->second)
