@@ -324,8 +324,9 @@ void Diagnoser::checkSampling(Diagnosis &D) {
       continue;
     // After a step of several tokens, one token may still be the prompt's
     // last, prefilled alone (a chunked prefill whose last chunk is one
-    // token): there only the argmax of another row of those logits (the
-    // sampler read the wrong position) tells a departure.
+    // token): there only the argmax of the row before the last, or of the
+    // first, tells a departure (a sampler that read the wrong position; a
+    // language model's rows predict prompt tokens, any row's may be it).
     auto Previous = Tokens.find(Step - 1);
     bool MaybePrompt = Previous != Tokens.end() && ElementsOf(Previous->second) > 1;
     auto Token = T.values(Given);
@@ -355,7 +356,7 @@ void Diagnoser::checkSampling(Diagnosis &D) {
     for (int64_t Row = Rows - 2; Row >= 0 && S.Row < 0; --Row)
       if (ArgmaxOf(Row) == Consumed)
         S.Row = Row;
-    if (MaybePrompt && S.Row < 0)
+    if (MaybePrompt && !(Rows >= 2 && (ArgmaxOf(Rows - 2) == Consumed || ArgmaxOf(0) == Consumed)))
       continue; // not checked: the prompt's token, as far as it shows
     ++D.SamplingChecked;
     D.Sampling.push_back(std::move(S));
