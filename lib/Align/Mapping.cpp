@@ -40,23 +40,28 @@ Expected<std::vector<MappingRule>> readMappingFile(StringRef Path) {
   return parseMappingRules((*Buffer)->getBuffer(), ("mapping file '" + Path + "'").str());
 }
 
-Expected<std::map<std::string, double>> readCalibratedNoise(StringRef Path) {
+Expected<CalibratedNoise> readCalibratedNoise(StringRef Path) {
   auto Buffer = MemoryBuffer::getFile(Path);
   if (!Buffer)
     return makeError("cannot read mapping file '" + Path + "': " + Buffer.getError().message());
   return parseCalibratedNoise((*Buffer)->getBuffer(), ("mapping file '" + Path + "'").str());
 }
 
-Expected<std::map<std::string, double>> parseCalibratedNoise(StringRef Text, StringRef Name) {
+Expected<CalibratedNoise> parseCalibratedNoise(StringRef Text, StringRef Name) {
   auto Bad = [&](const Twine &Why) { return makeError(Name + ": " + Why); };
   Expected<json::Value> V = parseJSON(Text);
   if (!V)
     return Bad("not JSON (" + toString(V.takeError()) + ")");
-  std::map<std::string, double> Out;
+  CalibratedNoise Out;
   const json::Object *O = V->getAsObject();
   const json::Value *Noise = O ? O->get("noise") : nullptr;
   if (!Noise)
     return Out;
+  if (const json::Value *FP32 = O->get("noise_against_fp32")) {
+    Out.AgainstFP32 = FP32->getAsBoolean();
+    if (!Out.AgainstFP32)
+      return Bad("\"noise_against_fp32\" must be true or false");
+  }
   const json::Object *ByPath = Noise->getAsObject();
   if (!ByPath)
     return Bad("\"noise\" must map component paths to ratios");
@@ -64,7 +69,7 @@ Expected<std::map<std::string, double>> parseCalibratedNoise(StringRef Text, Str
     std::optional<double> R = Ratio.getAsNumber();
     if (!R || !(*R >= 0) || !std::isfinite(*R))
       return Bad("\"noise\" of '" + Path.str() + "' must be a ratio (a finite number >= 0)");
-    Out[Path.str()] = *R;
+    Out.ByPath[Path.str()] = *R;
   }
   return Out;
 }

@@ -440,7 +440,8 @@ json::Value calibrationJSON(const Diagnosis &D, const CalibrationOrigin &Origin,
                                                   {"largest_ratio", D.MaxRatio},
                                                   {"tool", "ekka-diagnose " EKKA_VERSION}}},
                       {"components", std::move(Components)},
-                      {"noise", std::move(Noise)}};
+                      {"noise", std::move(Noise)},
+                      {"noise_against_fp32", !Origin.ReferenceFP32.empty()}};
 }
 
 } // namespace ekka

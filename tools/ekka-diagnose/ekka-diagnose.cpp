@@ -275,7 +275,17 @@ int main(int argc, char **argv) {
   Options.Threshold = Threshold;
   if (!MappingFile.empty()) {
     Options.Mapping = unwrapOrExit(Tool, readMappingFile(MappingFile));
-    Options.CalibratedNoise = unwrapOrExit(Tool, readCalibratedNoise(MappingFile));
+    CalibratedNoise Noise = unwrapOrExit(Tool, readCalibratedNoise(MappingFile));
+    // R against an FP32 reference and R by the noise model without one are
+    // other scales: a calibration of one says nothing of the other.
+    bool FP32Now = !ReferenceFP32Dir.empty();
+    if (!Noise.ByPath.empty() && Noise.AgainstFP32 && *Noise.AgainstFP32 != FP32Now)
+      errs() << Tool << ": warning: the calibration's noise in '" << MappingFile
+             << "' was measured " << (FP32Now ? "without" : "against")
+             << " an FP32 reference and this run has " << (FP32Now ? "one" : "none")
+             << ": it is not used (its mappings are)\n";
+    else
+      Options.CalibratedNoise = std::move(Noise.ByPath);
   }
   Options.UseRecipes = !NoRecipes;
   Options.Greedy = Greedy;

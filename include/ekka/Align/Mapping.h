@@ -58,11 +58,15 @@ llvm::Expected<std::vector<MappingRule>> parseMappingRules(llvm::StringRef Text,
 
 /// A calibration's noise (`--calibrate` writes it beside its rules): each
 /// component's largest R on the known-good pair, by module path,
-/// {"noise": {"model.layers.1.mlp.down_proj": 1.02, ...}}. Empty for a
-/// mapping file without.
-llvm::Expected<std::map<std::string, double>> readCalibratedNoise(llvm::StringRef Path);
-llvm::Expected<std::map<std::string, double>> parseCalibratedNoise(llvm::StringRef Text,
-                                                                   llvm::StringRef Name);
+/// {"noise": {"model.layers.1.mlp.down_proj": 1.02, ...}}, and whether it
+/// was measured against an FP32 reference ("noise_against_fp32"; R means
+/// something else without one). Empty for a mapping file without.
+struct CalibratedNoise {
+  std::map<std::string, double> ByPath;
+  std::optional<bool> AgainstFP32; ///< None where the file does not say.
+};
+llvm::Expected<CalibratedNoise> readCalibratedNoise(llvm::StringRef Path);
+llvm::Expected<CalibratedNoise> parseCalibratedNoise(llvm::StringRef Text, llvm::StringRef Name);
 
 /// The built-in knowledge base: recipes that map serving engines' module
 /// naming (vLLM, SGLang: fused QKV, merged gate/up, the logits processor)
