@@ -191,8 +191,9 @@ Diagnosis Diagnoser::run() {
 
 std::string Diagnoser::relation(const ComponentRatio &C) {
   const ModuleCallRecord *RC = refCall(C.CallId);
-  if (!RC || !C.Ratio || C.ReferencePaths.size() != 1 || C.Transposed || C.ResidualPair ||
-      !Peers.empty())
+  // Not of one within noise (a producer named for what it wrote elsewhere).
+  if (!RC || !C.Ratio || !departs(C) || C.ReferencePaths.size() != 1 || C.Transposed ||
+      C.ResidualPair || !Peers.empty())
     return "";
   const TensorRecord *A = T.tensor(C.CallId, "output", 0), *B = R.tensor(RC->Id, "output", 0);
   if (!A || !B || B->Shape.empty())
@@ -289,7 +290,13 @@ void Diagnoser::checkSampling(Diagnosis &D) {
       RR = &M;
       break;
     }
-  const TensorRecord *RefLogits = RR ? R.tensor(RR->Id, "output", 0) : nullptr;
+  // A language model's head: HF's generating classes (a base model's
+  // output is its hidden states).
+  StringRef Class = RR ? StringRef(RR->ClassName) : StringRef();
+  if (!Class.ends_with("ForCausalLM") && !Class.ends_with("LMHeadModel") &&
+      !Class.ends_with("ForConditionalGeneration"))
+    return;
+  const TensorRecord *RefLogits = R.tensor(RR->Id, "output", 0);
   if (!RefLogits || RefLogits->Shape.size() < 2 || unitRoundoff(RefLogits->Type) == 0)
     return;
   int64_t Vocab = RefLogits->Shape.back();
