@@ -189,6 +189,24 @@ Diagnosis Diagnoser::run() {
   return D;
 }
 
+/// The first call without a parent: the root of the first step.
+static const ModuleCallRecord *firstRoot(const Side &S) {
+  for (const ModuleCallRecord &M : S.Calls)
+    if (!M.ParentId)
+      return &M;
+  return nullptr;
+}
+
+/// A root's first integer input: the token ids. Other integer inputs
+/// (positions, an attention mask) are passed differently by each program;
+/// floating inputs (embeddings fed directly) are compared as components are.
+static const TensorRecord *tokenIds(const Side &S, int64_t Root) {
+  for (int64_t I = 0; const TensorRecord *X = S.tensor(Root, "input", I); ++I)
+    if (unitRoundoff(X->Type) == 0)
+      return X;
+  return nullptr;
+}
+
 std::string Diagnoser::relation(const ComponentRatio &C) {
   const ModuleCallRecord *RC = refCall(C.CallId);
   // Not of one within noise (a producer named for what it wrote elsewhere).
@@ -284,12 +302,7 @@ std::string Diagnoser::relation(const ComponentRatio &C) {
 void Diagnoser::checkSampling(Diagnosis &D) {
   // The vocabulary: the last extent of the reference root's output (HF's
   // *ForCausalLM returns the logits).
-  const ModuleCallRecord *RR = nullptr;
-  for (const ModuleCallRecord &M : R.Calls)
-    if (!M.ParentId) {
-      RR = &M;
-      break;
-    }
+  const ModuleCallRecord *RR = firstRoot(R);
   // A language model's head: HF's generating classes (a base model's
   // output is its hidden states).
   StringRef Class = RR ? StringRef(RR->ClassName) : StringRef();
@@ -306,11 +319,8 @@ void Diagnoser::checkSampling(Diagnosis &D) {
   std::map<int64_t, std::string> LogitsBy;
   for (const ModuleCallRecord &M : T.Calls) {
     if (!M.ParentId && !Tokens.count(M.Step))
-      for (int64_t I = 0; const TensorRecord *X = T.tensor(M.Id, "input", I); ++I)
-        if (unitRoundoff(X->Type) == 0) {
-          Tokens[M.Step] = X;
-          break;
-        }
+      if (const TensorRecord *X = tokenIds(T, M.Id))
+        Tokens[M.Step] = X;
     const TensorRecord *Out = T.tensor(M.Id, "output", 0);
     if (Out && unitRoundoff(Out->Type) != 0 && !Out->Shape.empty() && Out->Shape.back() == Vocab) {
       Logits[M.Step] = Out;
@@ -371,26 +381,10 @@ void Diagnoser::checkSampling(Diagnosis &D) {
 }
 
 bool Diagnoser::checkInputs(Diagnosis &D) {
-  auto Root = [](Side &S) -> const ModuleCallRecord * {
-    for (const ModuleCallRecord &M : S.Calls)
-      if (!M.ParentId)
-        return &M;
-    return nullptr;
-  };
-  const ModuleCallRecord *TR = Root(T), *RR = Root(R);
+  const ModuleCallRecord *TR = firstRoot(T), *RR = firstRoot(R);
   if (!TR || !RR)
     return false;
-  // The first integer input of each root: the token ids. Other integer
-  // inputs (positions, an attention mask) are passed differently by each
-  // program; floating inputs (embeddings fed directly) are compared as
-  // components are.
-  auto FirstInteger = [](Side &S, int64_t Call) -> const TensorRecord * {
-    for (int64_t I = 0; const TensorRecord *X = S.tensor(Call, "input", I); ++I)
-      if (unitRoundoff(X->Type) == 0)
-        return X;
-    return nullptr;
-  };
-  const TensorRecord *A = FirstInteger(T, TR->Id), *B = FirstInteger(R, RR->Id);
+  const TensorRecord *A = tokenIds(T, TR->Id), *B = tokenIds(R, RR->Id);
   if (!A || !B)
     return false;
   auto VA = targetValues(A, TR->Id, B->Shape), VB = R.values(B);

@@ -61,6 +61,11 @@ static void printSampling(raw_ostream &OS, const Diagnosis &D, bool Verdict) {
                       "expected\n");
 }
 
+/// Whether \p C's path lies inside \p Outer's (below it; the root holds all).
+static bool insidePath(const ComponentRatio &Outer, const ComponentRatio &C) {
+  return Outer.Path.empty() || StringRef(C.Path).starts_with(Outer.Path + ".");
+}
+
 /// The first mapped call inside \p S's component whose inputs depart, when
 /// the component's own do not and no call inside it departed before (whose
 /// output would be what it was given).
@@ -69,7 +74,7 @@ static const ComponentRatio *firstDepartingInputInside(const Diagnosis &D, const
     return nullptr;
   for (const ComponentRatio &C : D.Curve) {
     if (C.Seq <= S.Component.Seq || C.Step != S.Component.Step || !C.Mapped ||
-        !(S.Component.Path.empty() || StringRef(C.Path).starts_with(S.Component.Path + ".")))
+        !insidePath(S.Component, C))
       continue;
     if (C.InputRatio && *C.InputRatio > D.Threshold)
       return &C;
@@ -187,8 +192,7 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
     // Calls inside it whose steps tell (a decode path that skips one).
     std::vector<std::string> Skipped;
     for (const ComponentRatio &C : D.Curve)
-      if (!C.UncomparedReason.empty() &&
-          (S.Component.Path.empty() || StringRef(C.Path).starts_with(S.Component.Path + ".")))
+      if (!C.UncomparedReason.empty() && insidePath(S.Component, C))
         Skipped.push_back(C.Path + " (" + C.UncomparedReason + ")");
     constexpr size_t MostSkipped = 4;
     for (size_t I = 0; I < Skipped.size() && I < MostSkipped; ++I)
