@@ -178,7 +178,12 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
 // ForCausalLM's forward after `lm_head`: the root's logits where the root
 // returns them, `lm_head`'s otherwise (a recipe onto the root applies only
 // where the root is HF's *ForCausalLM or *ForConditionalGeneration and its
-// first output has the target's features).
+// first output has the target's features). An engine's root returns the
+// hidden states (vLLM computes the logits in compute_logits, after it):
+// HF's base model's output, where the features say so. An engine's act_fn
+// that takes gate and up together (SiluAndMul, GeluAndMul) returns what
+// HF's down_proj is given (act_fn(gate) * up); it applies only where the
+// structure says HF's act_fn is another computation.
 static const char *RecipesV1 = R"json({"components": [
   {"target": "model.layers.*.self_attn.qkv_proj",
    "reference": ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.k_proj",
@@ -191,6 +196,8 @@ static const char *RecipesV1 = R"json({"components": [
                  "model.layers.*.mlp.shared_expert.up_proj"], "concat_dim": -1},
   {"target": "logits_processor", "reference": ""},
   {"target": "logits_processor", "reference": "lm_head"},
+  {"target": "", "reference": "model"},
+  {"target": "model.layers.*.mlp.act_fn", "reference": "model.layers.*.mlp.down_proj:input"},
   {"target": "model.layers.*.self_attn.attn", "reference": "model.layers.*.self_attn.o_proj:input"}
 ]})json";
 

@@ -119,6 +119,15 @@ std::string Diagnoser::structureDiffers(const ModuleCallRecord &TC, const Module
 
 bool Diagnoser::rootHolds(const ModuleCallRecord &TC,
                           const std::vector<const ModuleCallRecord *> &RC) const {
+  // The target's root onto a reference module (an engine's model returns
+  // the hidden states, HF's base `model`'s): only where they have the
+  // same features.
+  if (TC.Path.empty() && !TC.ParentId)
+    for (const ModuleCallRecord *X : RC) {
+      const TensorRecord *A = T.tensor(TC.Id, "output", 0), *B = R.tensor(X->Id, "output", 0);
+      if (!A || !B || !sameFeatures(A->Shape, B->Shape))
+        return false;
+    }
   for (const ModuleCallRecord *X : RC) {
     if (!X->Path.empty())
       continue;
@@ -161,9 +170,14 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
     auto Key = T.KeyOf.lookup(TC.Id);
     // A recipe translates between two frameworks' names; where the
     // reference has the target's own path (the same model code on both
-    // sides), pairing by path is the better evidence.
-    if (Recipe && Rule.Source != "calibration" && R.ByKey.count(Key))
-      continue;
+    // sides), pairing by path is the better evidence — unless the structure
+    // says that path computes something else there (vLLM's root returns
+    // the hidden states where HF's returns the logits; its act_fn takes
+    // gate and up together).
+    if (Recipe && Rule.Source != "calibration")
+      if (auto Same = R.ByKey.find(Key);
+          Same != R.ByKey.end() && structureDiffers(TC, *Same->second).empty())
+        continue;
     std::vector<const ModuleCallRecord *> RC, FC;
     std::vector<bool> Inputs;
     C.ReferencePaths.clear();

@@ -458,6 +458,14 @@ def _before(module, args, kwargs=None):
             tree = _tree_holding(local, named)
             if tree is not None:
                 is_root = False
+        if is_root and _after_forward(local, named):
+            # A module with no weights called alone after a model's forward
+            # on this thread (vLLM's Sampler, after compute_logits): the
+            # step's post-processing, named as a root of its own
+            # (`<Sampler>`), in the step of the forward.
+            if tree is None:
+                tree = trees[id(named)] = _new_tree(trees, named)
+            is_root = False
         if is_root:
             tree = _begin_step(local, trees, named, tree)
     else:
@@ -571,6 +579,19 @@ def _begin_step(local, trees, module, tree):
         tree = trees[id(module)] = _new_tree(trees, module)
     local.current = tree
     return tree
+
+
+def _after_forward(local, module):
+    """Whether a root-level call of `module` belongs to the forward step
+    begun last on this thread: a model's forward has run here, and
+    `module` holds no parameters or buffers (a sampler, a logits
+    post-processor), so it computes on what that forward produced. A
+    module with weights (a draft model, a second model) begins a step."""
+    current = getattr(local, "current", None)
+    root = current.root() if current is not None else None
+    if root is None or root is module:
+        return False
+    return next(module.parameters(), None) is None and next(module.buffers(), None) is None
 
 
 def _generating(module):

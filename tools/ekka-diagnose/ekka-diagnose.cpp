@@ -4,6 +4,8 @@
 // 2 usage or input error.
 //
 //===----------------------------------------------------------------------===//
+#include "ReferenceRun.h"
+
 #include "ekka/Analysis/Diagnosis.h"
 #include "ekka/Report/Report.h"
 #include "ekka/Config.h"
@@ -18,6 +20,7 @@
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <cmath>
@@ -45,6 +48,22 @@ cl::opt<std::string> ReferenceFP32Dir(
     "reference-fp32", cl::value_desc("TRACE"), cl::cat(Category),
     cl::desc("Trace of the trusted implementation in FP32 (recommended): the accurate answer "
              "the error ratio measures against"));
+cl::opt<std::string> ReferenceModel(
+    "reference-model", cl::value_desc("DIR"), cl::cat(Category),
+    cl::desc("Instead of --reference and --reference-fp32: the HuggingFace model directory the "
+             "target served. Ekka runs HuggingFace Transformers on it itself, teacher-forced on "
+             "exactly the token ids each request of the target consumed (from its trace), once "
+             "in the target's dtype and once in FP32, each traced by ekka-trace"));
+cl::opt<std::string> ReferenceOut(
+    "reference-out", cl::value_desc("DIR"), cl::cat(Category),
+    cl::desc("Where --reference-model keeps its two traces and the requests it ran (default: "
+             "the target's directory name + '.reference'); reused while the requests and the "
+             "model are the same"));
+cl::opt<std::string> ReferencePython(
+    "reference-python", cl::value_desc("PYTHON"), cl::cat(Category),
+    cl::init(EKKA_REFERENCE_PYTHON),
+    cl::desc("The Python interpreter --reference-model runs HuggingFace Transformers with "
+             "(default: the one Ekka was built with, " EKKA_REFERENCE_PYTHON ")"));
 cl::list<std::string> Indexes("index", cl::value_desc("INDEX"), cl::cat(Category),
                               cl::desc("Code index (ekka-index build) to name the suspects' "
                                        "source; repeatable"));
@@ -207,10 +226,18 @@ int main(int argc, char **argv) {
           "output departs beyond noise while its own inputs do not.\n\n"
           "  ekka-diagnose --target tgt.trace --reference ref.trace \\\n"
           "                --reference-fp32 ref32.trace --index repo.idx --html report.html\n\n"
+          "With the HuggingFace model directory a serving engine (vLLM) served, Ekka runs\n"
+          "the reference itself on the tokens the target's trace shows:\n\n"
+          "  ekka-trace -o vllm.trace --framework vllm -- python serve.py\n"
+          "  ekka-diagnose --target vllm.trace --reference-model MODEL_DIR\n\n"
           "Exit code: 0 no divergence beyond noise, 1 divergence or differing inputs,\n"
           "2 usage or input error.\n");
-  if (TargetDir.empty() || ReferenceDir.empty())
-    exitWithError(Tool, makeError("needs --target TRACE and --reference TRACE (see --help)"));
+  if (!ReferenceModel.empty() && (!ReferenceDir.empty() || !ReferenceFP32Dir.empty()))
+    exitWithError(Tool, makeError("--reference-model runs the reference itself: drop "
+                                  "--reference and --reference-fp32, or --reference-model"));
+  if (TargetDir.empty() || (ReferenceDir.empty() && ReferenceModel.empty()))
+    exitWithError(Tool, makeError("needs --target TRACE and --reference TRACE, or --target "
+                                  "TRACE and --reference-model DIR (see --help)"));
   // A calibration writes a mapping file, not a report.
   if (!CalibrateFile.empty() && (Json || !HtmlFile.empty()))
     exitWithError(Tool, makeError(std::string("--calibrate writes a mapping file and no "
@@ -240,6 +267,19 @@ int main(int argc, char **argv) {
   // parallelism) are compared through rank 0, the others lending their
   // shards of sharded tensors.
   noteRanks("target", Target, false);
+  if (!ReferenceModel.empty()) {
+    ReferenceRunOptions RO;
+    RO.ModelDir = ReferenceModel;
+    RO.OutDir = ReferenceOut.empty()
+                    ? (sys::path::remove_leading_dotslash(
+                           StringRef(TargetDir.getValue()).rtrim('/')) + ".reference").str()
+                    : ReferenceOut.getValue();
+    RO.Python = ReferencePython;
+    RO.Argv0 = argv[0];
+    ReferenceTraces Traces = unwrapOrExit(Tool, runReference(Target, RO));
+    ReferenceDir = Traces.LowPrecision;
+    ReferenceFP32Dir = Traces.FP32;
+  }
   auto ReferenceRanks = openRanks("reference", ReferenceDir);
   std::vector<TraceReader *> Reference, FP32;
   for (auto &R : ReferenceRanks)
@@ -306,6 +346,8 @@ int main(int argc, char **argv) {
     outs() << formatv("{0:2}", toJSON(D, Sources)) << "\n";
   else
     printText(outs(), D, Sources);
+  // The report first, whole: a warning never lands inside it.
+  outs().flush();
   if (D.Uncompared && D.Result != Diagnosis::Verdict::InputsDiffer)
     errs() << Tool << ": warning: " << D.Uncompared << " of " << D.Curve.size()
            << " target module calls could not be compared (unmapped, not captured, or in "

@@ -1,0 +1,6 @@
+"""Silent bugs planted in the real vLLM (filled in below)."""
+BUGS = {}
+
+
+def plant(name, engine):
+    BUGS[name](engine)
