@@ -41,6 +41,17 @@ config.substitutions.append(("%zoo-dir", os.path.join(config.ekka_src_root, "uti
 config.substitutions.append(
     ("%expect-exit", os.path.join(config.ekka_src_root, "utils", "lit", "expect-exit")))
 
+# The real vLLM (utils/install-vllm, which utils/build runs): its Python,
+# and the suite's own programs, test/vllm.
+vllm_python_file = os.path.join(config.ekka_obj_root, "vllm-python")
+if os.path.exists(vllm_python_file):
+    with open(vllm_python_file) as f:
+        vllm_python = f.read().strip()
+    if os.access(vllm_python, os.X_OK):
+        config.available_features.add("vllm")
+        config.substitutions.append(("%vllm-python", vllm_python))
+config.substitutions.append(("%vllm-dir", os.path.join(config.ekka_src_root, "utils", "vllm")))
+
 # A test that hangs (a traced program waiting forever) fails on its own,
 # with its name, instead of stalling the whole suite until ctest's timeout.
 try:

@@ -183,7 +183,9 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
 // HF's base model's output, where the features say so. An engine's act_fn
 // that takes gate and up together (SiluAndMul, GeluAndMul) returns what
 // HF's down_proj is given (act_fn(gate) * up); it applies only where the
-// structure says HF's act_fn is another computation.
+// structure says HF's act_fn is another computation. vLLM's fused MoE
+// calls the MoE block's router from inside (`mlp.experts.gate`): HF's
+// `mlp.gate`.
 static const char *RecipesV1 = R"json({"components": [
   {"target": "model.layers.*.self_attn.qkv_proj",
    "reference": ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.k_proj",
@@ -197,6 +199,7 @@ static const char *RecipesV1 = R"json({"components": [
   {"target": "logits_processor", "reference": ""},
   {"target": "logits_processor", "reference": "lm_head"},
   {"target": "", "reference": "model"},
+  {"target": "model.layers.*.mlp.experts.gate", "reference": "model.layers.*.mlp.gate"},
   {"target": "model.layers.*.mlp.act_fn", "reference": "model.layers.*.mlp.down_proj:input"},
   {"target": "model.layers.*.self_attn.attn", "reference": "model.layers.*.self_attn.o_proj:input"}
 ]})json";

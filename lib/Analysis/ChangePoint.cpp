@@ -27,6 +27,28 @@ using namespace llvm;
 namespace ekka {
 namespace detail {
 
+bool Diagnoser::rescaledAfter(Diagnosis &D, size_t I) {
+  const ComponentRatio &C = D.Curve[I];
+  // The next mapped call after it, outside it and not around it: what its
+  // output goes on to.
+  size_t J = I + 1;
+  while (J < D.Curve.size() && (within(D.Curve[J].CallId, C.CallId) ||
+                                within(C.CallId, D.Curve[J].CallId) || !D.Curve[J].Mapped ||
+                                !D.Curve[J].Ratio))
+    ++J;
+  if (J == D.Curve.size() || !D.Curve[J].InputsCompared || !D.Curve[J].InputRatio ||
+      elevated(D.Curve[J].InputRatio) || departs(D.Curve[J]))
+    return false;
+  std::string Relation = relation(C);
+  if (!StringRef(Relation).starts_with("the reference's times "))
+    return false;
+  RescaledCalls.insert(C.CallId);
+  D.Rescaled.push_back(C.Path + "'s output is " + Relation + ", and " + D.Curve[J].Path +
+                       " after it is given what its counterpart is: the engine scales it "
+                       "between the two, where the reference's module scales it inside");
+  return true;
+}
+
 void Diagnoser::localize(Diagnosis &D) {
   for (size_t I = 0; I < D.Curve.size(); ++I)
     CurveIndex[D.Curve[I].CallId] = I;
@@ -46,7 +68,7 @@ void Diagnoser::localize(Diagnosis &D) {
     if (C.Mapped && departs(C) && !elevated(C.InputRatio) &&
         *C.Ratio > C.Threshold.value_or(O.Threshold) * std::max(1.0, C.InputRatio.value_or(0)) &&
         (C.InputsCompared || !divergedUpstream(D, I)) &&
-        (C.MappedBy != "structure" || containerDeparts(D, I)))
+        (C.MappedBy != "structure" || containerDeparts(D, I)) && !rescaledAfter(D, I))
       (C.InputsCompared ? Candidates : Weak).push_back(I);
   }
   Candidates.insert(Candidates.end(), Weak.begin(), Weak.end());

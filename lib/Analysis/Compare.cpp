@@ -120,11 +120,25 @@ std::optional<double> Diagnoser::ratio(const TensorRecord *A, const TensorRecord
 
 std::optional<std::pair<int, int>> Diagnoser::memoryOrder(const TensorRecord *A,
                                                           const TensorRecord *B) const {
-  // Comparable as laid out (the common case, decided first): nothing to do.
-  if (A->Shape.empty() || B->Shape.empty() || sameFeatures(A->Shape, B->Shape) ||
-      transposition(A->Shape, B->Shape))
+  if (A->Shape.empty() || B->Shape.empty())
     return std::nullopt;
   auto Swap = viewSwap(B->Shape, B->Strides);
+  // One step of several joined along the tokens ([24, heads, dim] of a
+  // prefill against [1, heads, 27, dim], a view of [1, 27, heads, dim]:
+  // Gemma-3's q_norm): its other dimensions are the view's memory order's,
+  // not its shape's, and the tokens differ, which the shapes alone do not
+  // tell apart from a layout as it is.
+  if (Swap) {
+    Dims SA = squeezeLeading(A->Shape), SB = squeezeLeading(B->Shape),
+         Memory = squeezeLeading(swapped(B->Shape, *Swap));
+    if (SA.size() > 1 && SA.size() == Memory.size() && SA.size() == SB.size() &&
+        SA[0] != Memory[0] && std::equal(SA.begin() + 1, SA.end(), Memory.begin() + 1) &&
+        !std::equal(SA.begin() + 1, SA.end(), SB.begin() + 1))
+      return Swap;
+  }
+  // Comparable as laid out (the common case, decided first): nothing to do.
+  if (sameFeatures(A->Shape, B->Shape) || transposition(A->Shape, B->Shape))
+    return std::nullopt;
   if (!Swap)
     return std::nullopt;
   Dims Memory = swapped(B->Shape, *Swap);

@@ -394,6 +394,14 @@ private:
   }
 
   void localize(Diagnosis &D);
+  /// Whether the departure of D.Curve[I] is a scale that the engine undoes
+  /// before the next component, which is given what its counterpart is
+  /// (Gemma's embedding: vLLM multiplies by sqrt(hidden) after
+  /// embed_tokens, HF's scaled embedding inside it). Then it is no root
+  /// cause: its output is only another factoring of the same tensor, and
+  /// a note says so (Diagnosis::Rescaled).
+  bool rescaledAfter(Diagnosis &D, size_t I);
+  DenseSet<int64_t> RescaledCalls;
 
   /// For a call whose inputs could not all be compared: whether what flows
   /// into it had already departed, as far as the calls around it tell —

@@ -152,6 +152,13 @@ Diagnosis Diagnoser::run() {
   CurveStepRatios = std::move(StepRatios);
   StepRatios.clear();
   localize(D);
+  // A rescaled component's ratio measures a factoring, not noise.
+  if (!RescaledCalls.empty()) {
+    D.MaxRatio = 0;
+    for (const ComponentRatio &C : D.Curve)
+      if (C.Ratio && !RescaledCalls.count(C.CallId))
+        D.MaxRatio = std::max(D.MaxRatio, *C.Ratio);
+  }
   checkSampling(D);
   // Greedy decoding that did not take its logits' argmax: the sampler's
   // divergence, which no module call shows.

@@ -114,6 +114,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
     OS << "no-divergence: no component departs beyond numerical noise (largest R = "
        << format("%.3g", D.MaxRatio) << ", threshold " << format("%g", D.Threshold) << ")\n";
     OS << "  noise model: " << D.NoiseModel << "\n";
+    for (const std::string &Note : D.Rescaled)
+      OS << "  rescaled: " << Note << "\n";
     printSampling(OS, D, /*Verdict=*/false);
     return;
   case Diagnosis::Verdict::Divergence:
@@ -135,6 +137,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
              : std::string())
      << departingSteps(First, thresholdOf(First.Component, D)) << "\n";
   OS << "  noise model: " << D.NoiseModel << "\n";
+  for (const std::string &Note : D.Rescaled)
+    OS << "  rescaled: " << Note << "\n";
   // Suspects of several steps (the same module may be one in each) say
   // which step each is.
   bool Steps = llvm::any_of(D.Suspects, [&](const Suspect &S) {
@@ -359,6 +363,7 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
                  {"suspects", std::move(Suspects)},
                  {"threshold", D.Threshold},
                  {"noise_model", D.NoiseModel},
+                 {"rescaled", json::Array(D.Rescaled)},
                  {"max_ratio", ratioJSON(D.MaxRatio)},
                  {"uncompared", int64_t(D.Uncompared)},
                  {"merged_steps", D.MergedSteps},

@@ -36,7 +36,12 @@ class AppliedRotary(torch.nn.Module):
         self.apply_rotary = apply
 
     def forward(self, q, k, cos, sin, *args, **kwargs):
-        return self.apply_rotary(q, k, cos, sin, *args, **kwargs)
+        q, k = self.apply_rotary(q, k, cos, sin, *args, **kwargs)
+        # Handed on in token-major memory ([batch, heads, tokens, dim] as a
+        # view of [batch, tokens, heads, dim]), an engine's layout; the
+        # values are the same (some models' rotary returns heads-major).
+        return (q.transpose(1, 2).contiguous().transpose(1, 2),
+                k.transpose(1, 2).contiguous().transpose(1, 2))
 
 
 def _expose_rotary(model):

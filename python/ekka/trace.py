@@ -458,6 +458,7 @@ def _before(module, args, kwargs=None):
             tree = _tree_holding(local, named)
             if tree is not None:
                 is_root = False
+                local.called_after = getattr(local, "forwards", 0)
         if is_root and _after_forward(local, named):
             # A module with no weights called alone after a model's forward
             # on this thread (vLLM's Sampler, after compute_logits): the
@@ -583,10 +584,14 @@ def _begin_step(local, trees, module, tree):
 
 def _after_forward(local, module):
     """Whether a root-level call of `module` belongs to the forward step
-    begun last on this thread: a model's forward has run here, and
-    `module` holds no parameters or buffers (a sampler, a logits
-    post-processor), so it computes on what that forward produced. A
-    module with weights (a draft model, a second model) begins a step."""
+    begun last on this thread: after that forward, a submodule of its model
+    was called on its own (vLLM's compute_logits calls the logits
+    processor so), and `module` holds no parameters or buffers (vLLM's
+    Sampler): it computes on what the step produced. A module with weights
+    (a draft model, a second model) begins a step, and so does one after a
+    forward alone."""
+    if getattr(local, "called_after", None) != getattr(local, "forwards", 0):
+        return False
     current = getattr(local, "current", None)
     root = current.root() if current is not None else None
     if root is None or root is module:
@@ -1588,6 +1593,26 @@ def _runtime_library(runtime_library=None):
             "ekka.trace: Ekka's runtime library was not given: set EKKA_RUNTIME_LIB "
             "to its path (an Ekka build's lib/libekka_runtime.so), or pass "
             "runtime_library= to ekka.trace.Trace")
+    built_for = os.environ.get("EKKA_RUNTIME_TORCH") if runtime_library is None else None
+    ours = torch.__version__.split("+")[0]
+    if built_for and built_for != ours:
+        # A runtime links the LibTorch it was built against: another torch's
+        # may load and record garbage, or crash the program. ekka-trace
+        # names the runtimes its build has for other torches.
+        others = {}
+        for entry in os.environ.get("EKKA_RUNTIMES", "").split(":"):
+            version, _, path = entry.partition("=")
+            if version and path:
+                others[version] = path
+        if ours in others:
+            return others[ours]
+        have = ", ".join(sorted([built_for] + list(others)))
+        raise RuntimeError(
+            f"ekka.trace: this program runs torch {ours}, and Ekka's runtime is built against "
+            f"torch {have} only: build the tracer against this program's Python, "
+            f"`cmake -S EKKA_SRC -B BUILD/torch-{ours} -DEKKA_TRACER_ONLY=ON "
+            f"-DEKKA_PYTHON={sys.executable}` then `cmake --build BUILD/torch-{ours}` "
+            f"(utils/install-vllm does so for its vLLM), and trace with ekka-trace as before")
     return library
 
 

@@ -20,6 +20,7 @@
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
@@ -120,7 +121,36 @@ cl::opt<unsigned> ShowLimit("limit", cl::sub(ShowCmd), cl::init(200),
 /// tree (bin/ -> lib/), the Python package in the source tree.
 struct Resources {
   std::string RuntimeLibrary, PythonDir, BootstrapDir;
+  /// The torch the runtime was built against (empty: unknown, or a runtime
+  /// the user named), and the runtimes built for other torches, as
+  /// "VERSION=PATH" entries: a build's torch-VERSION/ directories
+  /// (utils/install-vllm's), beside this build or inside it.
+  std::string RuntimeTorch, OtherRuntimes;
 };
+
+/// The torch version a build's runtime library was built against, from the
+/// file written beside it; empty where there is none.
+std::string runtimeTorch(StringRef Library) {
+  auto Buffer = MemoryBuffer::getFile((sys::path::parent_path(Library) +
+                                       "/libekka_runtime.torch-version").str());
+  return Buffer ? (*Buffer)->getBuffer().trim().str() : std::string();
+}
+
+/// Every runtime of \p BuildDir and of its torch-*/ builds, with their torch.
+void addRuntimes(StringRef BuildDir, std::map<std::string, std::string> &Out) {
+  auto Add = [&](StringRef Dir) {
+    SmallString<256> Lib(Dir);
+    sys::path::append(Lib, "lib", "libekka_runtime.so");
+    std::string Version = runtimeTorch(Lib);
+    if (!Version.empty() && sys::fs::exists(Lib))
+      Out.try_emplace(Version, std::string(Lib));
+  };
+  Add(BuildDir);
+  std::error_code EC;
+  for (sys::fs::directory_iterator It(BuildDir, EC), End; It != End && !EC; It.increment(EC))
+    if (sys::path::filename(It->path()).starts_with("torch-"))
+      Add(It->path());
+}
 
 Resources findResources(const char *Argv0) {
   std::string Exe = sys::fs::getMainExecutable(Argv0, (void *)&findResources);
@@ -128,10 +158,23 @@ Resources findResources(const char *Argv0) {
   sys::path::append(Lib, "lib", "libekka_runtime.so");
   Resources R;
   R.RuntimeLibrary = std::string(Lib);
-  if (const char *Env = std::getenv("EKKA_RUNTIME_LIB"))
-    R.RuntimeLibrary = Env;
   R.PythonDir = EKKA_PYTHON_SOURCE_DIR;
   R.BootstrapDir = R.PythonDir + "/ekka/_bootstrap";
+  if (const char *Env = std::getenv("EKKA_RUNTIME_LIB")) {
+    R.RuntimeLibrary = Env; // the user's choice: not second-guessed
+    return R;
+  }
+  R.RuntimeTorch = runtimeTorch(R.RuntimeLibrary);
+  // This build's, its torch-*/ builds', and, in such a build, the main
+  // build's and its siblings'.
+  std::map<std::string, std::string> Runtimes;
+  StringRef Build = sys::path::parent_path(sys::path::parent_path(Exe));
+  addRuntimes(Build, Runtimes);
+  if (sys::path::filename(Build).starts_with("torch-"))
+    addRuntimes(sys::path::parent_path(Build), Runtimes);
+  for (auto &[Version, Path] : Runtimes)
+    if (Version != R.RuntimeTorch)
+      R.OtherRuntimes += (R.OtherRuntimes.empty() ? "" : ":") + Version + "=" + Path;
   return R;
 }
 
@@ -586,6 +629,8 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
       {"EKKA_TRACE_DIR", std::string(Dir)},
       {"EKKA_TRACE_OPTIONS", captureOptions()},
       {"EKKA_RUNTIME_LIB", R.RuntimeLibrary},
+      {"EKKA_RUNTIME_TORCH", R.RuntimeTorch},
+      {"EKKA_RUNTIMES", R.OtherRuntimes},
       {"EKKA_COMMAND_LINE", CommandLine},
       // Its closing summary names each trace's losses: the processes need
       // not say theirs (without naming their traces).

@@ -160,6 +160,9 @@ struct Diagnosis {
   std::vector<Suspect> Suspects;      ///< Best first; at most three.
   std::vector<ComponentRatio> Curve;  ///< Every target call, in execution order.
   std::string NoiseModel;             ///< How R was computed.
+  /// Components whose output departs by a scale the engine undoes before
+  /// the next component (Diagnoser::rescaledAfter): not suspects, said.
+  std::vector<std::string> Rescaled;
   std::string InputsDifference;       ///< For InputsDiffer: where, in words.
   double Threshold = 1.5;
   double MaxRatio = 0;
