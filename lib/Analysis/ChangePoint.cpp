@@ -37,7 +37,7 @@ bool Diagnoser::rescaledAfter(Diagnosis &D, size_t I) {
                                 !D.Curve[J].Ratio))
     ++J;
   if (J == D.Curve.size() || !D.Curve[J].InputsCompared || !D.Curve[J].InputRatio ||
-      elevated(D.Curve[J].InputRatio) || departs(D.Curve[J]))
+      elevated(D.Curve[J].InputRatio))
     return false;
   std::string Relation = relation(C);
   if (!StringRef(Relation).starts_with("the reference's times "))

@@ -603,7 +603,25 @@ std::optional<std::vector<double>> Diagnoser::targetValues(const TensorRecord *A
   }
   if (LastJoined.Rows.size() != Parts.size())
     LastJoined = JoinedSteps();
-  return concatenate(Merged, Shapes, int(*Dim));
+  auto Out = concatenate(Merged, Shapes, int(*Dim));
+  // Requests served together (a batch, interleaved step by step) against a
+  // reference that ran them one after another: the rows put in its order.
+  int64_t Rows = 0;
+  for (const Dims &S : Shapes)
+    Rows += S[*Dim];
+  auto Order = RowOrders.find(Rows);
+  if (Out && Order != RowOrders.end() &&
+      llvm::all_of(ArrayRef<int64_t>(Shapes[0]).take_front(*Dim),
+                   [](int64_t D) { return D == 1; })) {
+    size_t Width = Out->size() / size_t(Rows);
+    Elements Reordered(Out->size());
+    for (size_t R = 0; R < Order->second.size(); ++R)
+      std::copy_n(Out->begin() + Order->second[R] * Width, Width,
+                  Reordered.begin() + R * Width);
+    LastJoined = JoinedSteps(); // a step's rows are no longer one block
+    return Reordered;
+  }
+  return Out;
 }
 
 void Diagnoser::groupSteps() {

@@ -35,6 +35,7 @@ using namespace llvm;
 class Diagnoser {
 public:
   Diagnoser(Side &T, Side &R, Side *F, const DiagnoseOptions &O) : T(T), R(R), F(F), O(O) {}
+  void setRowOrders(std::map<int64_t, std::vector<size_t>> Orders) { RowOrders = std::move(Orders); }
 
   Diagnosis run();
 
@@ -42,6 +43,9 @@ private:
   /// The root calls' inputs (token ids) of the first step must agree before
   /// any module can be blamed: a missing BOS token shows up here.
   bool checkInputs(Diagnosis &D);
+  /// The target's tensor \p A of root \p Call and its later steps' alike,
+  /// one after the other, whatever their shapes (token ids).
+  std::optional<std::vector<double>> joinedIds(const TensorRecord *A, int64_t Call);
   /// Each decode step's token against the argmax of the target's logits of
   /// the step before (D.Sampling).
   void checkSampling(Diagnosis &D);
@@ -246,6 +250,11 @@ private:
   void groupSteps();
 
   bool MergeSteps = false;
+  /// Where the reference ran each request in a step of its own (joined by
+  /// Side::joinSteps) and the target served them together: for a number
+  /// of joined rows (every token, or each segment's last: the logits), the
+  /// target's row that goes to each place, request after request.
+  std::map<int64_t, std::vector<size_t>> RowOrders;
   /// What the last targetValues joined along the tokens (its first
   /// dimension): the tensor, its call, and each step's rows in order.
   struct JoinedSteps {

@@ -1,5 +1,6 @@
 //===- Diagnosis.cpp - From two traces to the first diverging component ---===//
 #include "ekka/Analysis/Diagnosis.h"
+#include "ekka/Analysis/ServedRequests.h"
 #include "Diagnoser.h"
 #include "ekka/Align/Transforms.h"
 #include "ekka/Analysis/TensorMath.h"
@@ -196,6 +197,48 @@ Diagnosis Diagnoser::run() {
   return D;
 }
 
+/// For \p Requests served step by step: the target's joined rows (every
+/// token; each segment's last, the logits), request after request, where
+/// that differs from the steps' order.
+static std::map<int64_t, std::vector<size_t>>
+requestRowOrders(const std::vector<ServedRequest> &Requests) {
+  std::map<int64_t, int64_t> Tokens, Segments; // per step
+  for (const ServedRequest &R : Requests)
+    for (const ServedRequest::Segment &S : R.Segments) {
+      Tokens[S.Step] += S.End - S.Begin;
+      Segments[S.Step] += 1;
+    }
+  std::map<int64_t, int64_t> TokenAt, SegmentAt; // each step's first row
+  int64_t NT = 0, NS = 0;
+  for (auto &[Step, N] : Tokens) {
+    TokenAt[Step] = NT;
+    NT += N;
+  }
+  for (auto &[Step, N] : Segments) {
+    SegmentAt[Step] = NS;
+    NS += N;
+  }
+  std::vector<size_t> ByToken, BySegment;
+  for (const ServedRequest &R : Requests)
+    for (const ServedRequest::Segment &S : R.Segments) {
+      for (int64_t Row = S.Begin; Row < S.End; ++Row)
+        ByToken.push_back(size_t(TokenAt[S.Step] + Row));
+      BySegment.push_back(size_t(SegmentAt[S.Step] + S.IndexInStep));
+    }
+  std::map<int64_t, std::vector<size_t>> Out;
+  auto Identity = [](const std::vector<size_t> &V) {
+    for (size_t I = 0; I < V.size(); ++I)
+      if (V[I] != I)
+        return false;
+    return true;
+  };
+  if (!Identity(ByToken))
+    Out[NT] = std::move(ByToken);
+  if (!Identity(BySegment) && NS != NT)
+    Out[NS] = std::move(BySegment);
+  return Out;
+}
+
 /// The first call without a parent: the root of the first step.
 static const ModuleCallRecord *firstRoot(const Side &S) {
   for (const ModuleCallRecord &M : S.Calls)
@@ -387,6 +430,41 @@ void Diagnoser::checkSampling(Diagnosis &D) {
   }
 }
 
+/// How two token sequences differ, in words: a token missing or extra at
+/// the start (a BOS token), one sequence the other's beginning, or shifted.
+static std::string tokensDiffer(ArrayRef<double> A, ArrayRef<double> B) {
+  auto Id = [](double V) { return formatv("{0}", format("%g", V)).str(); };
+  if (A.size() + 1 == B.size() && A == B.drop_front())
+    return "the target lacks the reference's first token (id " + Id(B.front()) + ")";
+  if (B.size() + 1 == A.size() && B == A.drop_front())
+    return "the target has a first token the reference lacks (id " + Id(A.front()) + ")";
+  if (A.size() < B.size() && A == B.take_front(A.size()))
+    return "the target's tokens are the reference's first " + std::to_string(A.size()) +
+           ": the reference has " + std::to_string(B.size() - A.size()) + " more after them";
+  if (B.size() < A.size() && B == A.take_front(B.size()))
+    return "the reference's tokens are the target's first " + std::to_string(B.size()) +
+           ": the target has " + std::to_string(A.size() - B.size()) + " more after them";
+  if (A.size() == B.size() && A.size() > 1 && A.drop_front() == B.drop_back())
+    return "the target's tokens are the reference's shifted one position later";
+  if (A.size() == B.size() && A.size() > 1 && A.drop_back() == B.drop_front())
+    return "the target's tokens are the reference's shifted one position earlier";
+  return "the token ids differ";
+}
+
+std::optional<std::vector<double>> Diagnoser::joinedIds(const TensorRecord *A, int64_t Call) {
+  std::vector<double> Out;
+  auto First = T.values(A);
+  if (!First)
+    return std::nullopt;
+  Out = std::move(*First);
+  if (auto Later = LaterSteps.find(Call); Later != LaterSteps.end())
+    for (const ModuleCallRecord *M : Later->second)
+      if (const TensorRecord *X = T.tensor(M->Id, A->Role, A->Index))
+        if (auto V = T.values(X))
+          Out.insert(Out.end(), V->begin(), V->end());
+  return Out;
+}
+
 bool Diagnoser::checkInputs(Diagnosis &D) {
   const ModuleCallRecord *TR = firstRoot(T), *RR = firstRoot(R);
   if (!TR || !RR)
@@ -395,23 +473,29 @@ bool Diagnoser::checkInputs(Diagnosis &D) {
   if (!A || !B)
     return false;
   auto VA = targetValues(A, TR->Id, B->Shape), VB = R.values(B);
+  // Steps whose tokens do not add up to the reference's: every step's ids,
+  // in order, to say how they differ.
+  if (!VA && MergeSteps)
+    VA = joinedIds(A, TR->Id);
   if (!VA || !VB)
     return false;
   auto Diff = firstDifference(*VA, *VB);
   // The same ids, however laid out: [batch, seq] and the flattened tokens
   // of a serving engine are the same inputs.
-  if (!Diff && (VA->size() == VB->size() || MergeSteps))
+  if (!Diff && VA->size() == VB->size())
     return false;
-  size_t P = Diff.value_or(0);
+  size_t P = Diff.value_or(std::min(VA->size(), VB->size()));
   std::string Msg;
   raw_string_ostream OS(Msg);
   OS << "input " << A->Index << " of the root (" << (TR->Path.empty() ? TR->ClassName : TR->Path)
-     << ") differs: shape " << shape(A->Shape) << " against " << shape(B->Shape)
-     << "; first difference at flat position " << P << ": target ";
+     << ") differs: ";
   auto Value = [](const std::vector<double> &V, size_t P) {
     return P < V.size() ? formatv("{0}", format("%g", V[P])).str() : std::string("(none)");
   };
-  OS << Value(*VA, P) << ", reference " << Value(*VB, P);
+  OS << tokensDiffer(*VA, *VB) << " (" << VA->size() << " tokens against " << VB->size()
+     << ", shape " << shape(A->Shape) << " against " << shape(B->Shape)
+     << "); first difference at position " << P << ": target " << Value(*VA, P)
+     << ", reference " << Value(*VB, P);
   D.Result = Diagnosis::Verdict::InputsDiffer;
   D.InputsDifference = Msg;
   return true;
@@ -624,7 +708,28 @@ Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks,
     return NoCalls("target", Target);
   if (R.Calls.empty())
     return NoCalls("reference", Reference);
+  // A reference of one step per request (ekka.reference's) against a
+  // target that served them in more steps: the reference's steps joined,
+  // the target's rows put in request order.
+  std::map<int64_t, std::vector<size_t>> RowOrders;
+  auto StepsOf = [](const Side &S) {
+    int64_t Max = 0;
+    for (const ModuleCallRecord &M : S.Calls)
+      Max = std::max(Max, M.Step);
+    return Max;
+  };
+  if (int64_t RefSteps = StepsOf(R); RefSteps > 1 && StepsOf(T) > RefSteps) {
+    if (auto Requests = servedRequests(T, 0); !Requests)
+      consumeError(Requests.takeError()); // not a served run: steps as they are
+    else if (int64_t(Requests->size()) == RefSteps) {
+      R.joinSteps();
+      if (ReferenceFP32)
+        F.joinSteps();
+      RowOrders = requestRowOrders(*Requests);
+    }
+  }
   Diagnoser Run(T, R, ReferenceFP32 ? &F : nullptr, Options);
+  Run.setRowOrders(std::move(RowOrders));
   for (auto &P : Peers)
     Run.Peers.push_back(P.get());
   Diagnosis D = Run.run();
@@ -635,10 +740,14 @@ Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks,
     if (!P->Problem.empty())
       return makeError(P->Problem);
   if (D.Result != Diagnosis::Verdict::InputsDiffer &&
-      llvm::none_of(D.Curve, [](const ComponentRatio &C) { return C.Ratio.has_value(); }))
-    return makeError("no target component could be compared with the reference: the module "
-                     "paths differ (different models?) or nothing was captured; "
-                     "--show-mapping lists the components");
+      llvm::none_of(D.Curve, [](const ComponentRatio &C) { return C.Ratio.has_value(); })) {
+    std::string Why = "no target component could be compared with the reference: the module "
+                      "paths differ (different models?) or nothing was captured; "
+                      "--show-mapping lists the components";
+    if (!Options.KeepUncomparable)
+      return makeError(Why);
+    D.NothingCompared = Why;
+  }
   return D;
 }
 

@@ -98,7 +98,11 @@ Expected<std::vector<ServedRequest>> servedRequests(ArrayRef<TraceReader *> Rank
     return makeError("the target trace has no rank");
   detail::Side S;
   if (Error E = S.load(*Ranks.front()))
-    return std::move(E);
+    return E;
+  return detail::servedRequests(S, VocabSize);
+}
+
+Expected<std::vector<ServedRequest>> detail::servedRequests(Side &S, int64_t VocabSize) {
   auto Steps = stepInputs(S, VocabSize);
   if (!Steps)
     return Steps.takeError();
@@ -118,7 +122,8 @@ Expected<std::vector<ServedRequest>> servedRequests(ArrayRef<TraceReader *> Rank
     bool LastRowsOnly = In.LogitsRows == int64_t(Segments.size()) &&
                         In.LogitsRows != int64_t(In.Positions.size());
     std::vector<bool> Taken(Expecting.size(), false);
-    for (auto [Begin, End] : Segments) {
+    for (size_t SegIndex = 0; SegIndex < Segments.size(); ++SegIndex) {
+      auto [Begin, End] = Segments[SegIndex];
       int64_t First = In.Positions[Begin];
       std::string Where = "step " + std::to_string(In.Step) + ", token " + std::to_string(Begin);
       size_t Req = Requests.size();
@@ -158,7 +163,7 @@ Expected<std::vector<ServedRequest>> servedRequests(ArrayRef<TraceReader *> Rank
         Taken.push_back(true);
       }
       ServedRequest &R = Requests[Req];
-      R.Segments.emplace_back(In.Step, int64_t(Begin));
+      R.Segments.push_back({In.Step, int64_t(Begin), int64_t(End), int64_t(SegIndex)});
       R.Tokens.insert(R.Tokens.end(), In.Ids.begin() + Begin, In.Ids.begin() + End);
       int64_t Last = In.Positions[End - 1];
       if (LastRowsOnly)

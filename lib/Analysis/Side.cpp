@@ -139,6 +139,168 @@ Error Side::append(TraceReader &R, int64_t Stage) {
   return Error::success();
 }
 
+int64_t Side::joinSteps() {
+  int64_t Steps = 1;
+  for (const ModuleCallRecord &M : Calls)
+    Steps = std::max(Steps, M.Step);
+  if (Steps < 2)
+    return 1;
+  // Each step's tokens: its root's first integer input's elements.
+  std::map<int64_t, int64_t> Tokens;
+  for (const ModuleCallRecord &M : Calls)
+    if (!M.ParentId && !Tokens.count(M.Step))
+      for (int64_t I = 0; const TensorRecord *X = tensor(M.Id, "input", I); ++I)
+        if (unitRoundoff(X->Type) == 0 && !X->Shape.empty()) {
+          int64_t N = 1;
+          for (int64_t D : X->Shape)
+            N *= D;
+          Tokens[M.Step] = N;
+          break;
+        }
+  // Every later step's calls are the first step's again.
+  std::map<int64_t, std::vector<int64_t>> Later; // first step's call -> later steps' alike
+  for (const ModuleCallRecord &M : Calls) {
+    if (M.Step == 1)
+      continue;
+    auto [Step, Path, Occurrence] = KeyOf.lookup(M.Id);
+    auto First = ByKey.find(std::make_tuple(int64_t(1), Path, Occurrence));
+    if (First == ByKey.end())
+      return 1;
+    Later[First->second->Id].push_back(M.Id);
+  }
+  struct JoinedTensor {
+    int64_t Call;
+    std::string Role;
+    int64_t Index;
+    TensorRecord Record;
+    std::vector<const TensorRecord *> Parts;
+    int Dim;
+  };
+  std::vector<JoinedTensor> Made;
+  int64_t NextId = -1;
+  for (const ModuleCallRecord &M : Calls) {
+    if (M.Step != 1)
+      continue;
+    auto It = ByCall.find(M.Id);
+    if (It == ByCall.end())
+      continue;
+    const std::vector<int64_t> &Others = Later[M.Id];
+    for (auto &[Role, ByIndex] : It->second)
+      for (auto &[Index, X] : ByIndex) {
+        std::vector<const TensorRecord *> Parts = {X};
+        for (int64_t L : Others) {
+          const TensorRecord *Y = tensor(L, Role, Index);
+          if (!Y || Y->Shape.size() != X->Shape.size() || Y->Type != X->Type)
+            break;
+          Parts.push_back(Y);
+        }
+        JoinedTensor J{M.Id, Role, Index, *X, Parts, -1};
+        J.Record.Id = NextId--;
+        J.Record.SourceId.reset();
+        if (Parts.size() != Others.size() + 1 || X->Shape.empty()) {
+          J.Record.Shard.clear(); // not comparable: not the whole of it
+          J.Record.Stats.reset();
+          Made.push_back(std::move(J));
+          continue;
+        }
+        // The tokens' dimension: where the steps' extents differ, else
+        // the one with each step's token count.
+        for (size_t D = 0; D < X->Shape.size() && J.Dim < 0; ++D) {
+          bool Differ = false, Others = true;
+          for (const TensorRecord *Y : Parts)
+            Differ |= Y->Shape[D] != X->Shape[D];
+          for (const TensorRecord *Y : Parts)
+            for (size_t E = 0; E < X->Shape.size(); ++E)
+              Others &= E == D || Y->Shape[E] == X->Shape[E];
+          if (Differ && Others)
+            J.Dim = int(D);
+        }
+        for (size_t D = 0; D < X->Shape.size() && J.Dim < 0; ++D) {
+          bool Each = true;
+          for (const TensorRecord *Y : Parts) {
+            const ModuleCallRecord *Owner = CallById.lookup(Y->OwnerId);
+            Each &= Owner && Tokens.count(Owner->Step) && Y->Shape[D] == Tokens[Owner->Step];
+          }
+          if (Each)
+            J.Dim = int(D);
+        }
+        // Else rows of the same count in every step (the logits of each
+        // request's last prompt token and decode steps): the first
+        // dimension past the leading ones, short of the features.
+        for (size_t D = 0; D + 1 < X->Shape.size() && J.Dim < 0; ++D)
+          if (X->Shape[D] != 1)
+            J.Dim = int(D);
+        if (J.Dim < 0) {
+          J.Record.Shard.clear();
+          J.Record.Stats.reset();
+          Made.push_back(std::move(J));
+          continue;
+        }
+        int64_t Extent = 0;
+        bool Stats = true;
+        TensorStats Sum;
+        Sum.Min = std::numeric_limits<double>::infinity();
+        Sum.Max = -Sum.Min;
+        for (const TensorRecord *Y : Parts) {
+          Extent += Y->Shape[size_t(J.Dim)];
+          Stats &= Y->Stats.has_value();
+          if (Y->Stats) {
+            Sum.Sum += Y->Stats->Sum;
+            Sum.SumSq += Y->Stats->SumSq;
+            Sum.Min = std::min(Sum.Min, Y->Stats->Min);
+            Sum.Max = std::max(Sum.Max, Y->Stats->Max);
+            Sum.NanCount += Y->Stats->NanCount;
+            Sum.InfCount += Y->Stats->InfCount;
+          }
+        }
+        J.Record.Shape[size_t(J.Dim)] = Extent;
+        J.Record.Stats = Stats ? std::optional<TensorStats>(Sum) : std::nullopt;
+        // Strides as the first part's memory order has them (a transposed
+        // view stays one), for the joined extent.
+        if (X->Strides.size() == X->Shape.size()) {
+          std::vector<size_t> Order(X->Shape.size());
+          for (size_t D = 0; D < Order.size(); ++D)
+            Order[D] = D;
+          std::stable_sort(Order.begin(), Order.end(),
+                           [&](size_t A, size_t B) { return X->Strides[A] < X->Strides[B]; });
+          int64_t Stride = 1;
+          for (size_t D : Order) {
+            J.Record.Strides[D] = Stride;
+            Stride *= J.Record.Shape[D];
+          }
+        }
+        Made.push_back(std::move(J));
+      }
+  }
+  // The later steps' calls go; the indexes are made again, the joined
+  // tensors standing for the first step's.
+  Calls.erase(std::remove_if(Calls.begin(), Calls.end(),
+                             [](const ModuleCallRecord &M) { return M.Step != 1; }),
+              Calls.end());
+  CallById.clear();
+  ByKey.clear();
+  KeyOf.clear();
+  TensorById.clear();
+  ByCall.clear();
+  OpOutputs.clear();
+  OpStatistics.clear();
+  OpWrites.clear();
+  Snapshots.clear();
+  OpInputs.clear();
+  OpMutated.clear();
+  OpKernels.clear();
+  consumeError(index());
+  for (JoinedTensor &J : Made) {
+    JoinedTensors.push_back(std::move(J.Record));
+    const TensorRecord *X = &JoinedTensors.back();
+    TensorById[X->Id] = X;
+    ByCall[J.Call][J.Role][J.Index] = X;
+    if (J.Dim >= 0)
+      Joined[X->Id] = {std::move(J.Parts), J.Dim};
+  }
+  return Steps;
+}
+
 Error Side::index() {
   std::map<std::pair<int64_t, std::string>, unsigned> Seen;
   for (const ModuleCallRecord &M : Calls) {
@@ -187,6 +349,19 @@ const TensorRecord *Side::tensor(int64_t Call, StringRef Role, int64_t Index) co
 }
 
 std::optional<std::vector<double>> Side::values(const TensorRecord *T) const {
+  if (T)
+    if (auto J = Joined.find(T->Id); J != Joined.end()) {
+      std::vector<Elements> Parts;
+      std::vector<Dims> Shapes;
+      for (const TensorRecord *X : J->second.first) {
+        auto V = values(X);
+        if (!V)
+          return std::nullopt;
+        Parts.push_back(std::move(*V));
+        Shapes.push_back(Dims(X->Shape.begin(), X->Shape.end()));
+      }
+      return concatenate(Parts, Shapes, J->second.second);
+    }
   T = source(T);
   if (!T || T->Shard.empty())
     return std::nullopt;

@@ -9,12 +9,14 @@
 #define EKKA_LIB_ANALYSIS_SIDE_H
 
 #include "ekka/Align/Transforms.h"
+#include "ekka/Analysis/ServedRequests.h"
 #include "ekka/Trace/TraceReader.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -121,6 +123,18 @@ struct Side {
   /// the root's inputs of the first step tell; none found, nothing changes.
   void dropPadding();
 
+  /// One forward step per request (ekka.reference runs each request so,
+  /// teacher-forced): the steps joined into one, each call's tensors of
+  /// every step concatenated along the tokens, request after request, as
+  /// if the requests had been one forward's. Joins only where every later
+  /// step ran the first step's calls; returns the number of steps joined
+  /// (1: nothing done). Call after index().
+  int64_t joinSteps();
+  /// Joined tensors: their parts (each step's), and the dimension they
+  /// were concatenated along.
+  std::map<int64_t, std::pair<std::vector<const TensorRecord *>, int>> Joined;
+  std::deque<TensorRecord> JoinedTensors;
+
   /// Tensors of a padded batch: their shapes as recorded.
   DenseMap<int64_t, Dims> Padded;
   Elements Mask;
@@ -128,6 +142,9 @@ struct Side {
 
   mutable std::string Problem;
 };
+
+/// servedRequests of an indexed side (its first rank's).
+llvm::Expected<std::vector<ServedRequest>> servedRequests(Side &S, int64_t VocabSize);
 
 } // namespace detail
 } // namespace ekka

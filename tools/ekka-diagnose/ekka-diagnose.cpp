@@ -329,7 +329,15 @@ int main(int argc, char **argv) {
   }
   Options.UseRecipes = !NoRecipes;
   Options.Greedy = Greedy;
+  Options.KeepUncomparable = ShowMapping;
   Diagnosis D = unwrapOrExit(Tool, diagnose(Target, Reference, FP32, Options));
+  // --show-mapping shows the mapping, above all where nothing could be
+  // compared: it says why.
+  if (!D.NothingCompared.empty()) {
+    printMapping(outs(), D);
+    outs().flush();
+    exitWithError(Tool, makeError(D.NothingCompared));
+  }
 
   if (!CalibrateFile.empty()) {
     if (ShowMapping)

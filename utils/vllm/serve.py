@@ -53,7 +53,9 @@ def main():
         engine.update(enable_chunked_prefill=True, max_num_batched_tokens=16,
                       max_num_seqs=4)
     if a.config == "prefix":
-        engine.update(enable_prefix_caching=True)
+        # Blocks of 32 tokens (the least vLLM's CPU attention takes): the
+        # shared 32 are one full block, cached.
+        engine.update(enable_prefix_caching=True, block_size=32)
     if a.bug:
         bugs.plant(a.bug, engine)
     llm = LLM(**engine)
@@ -70,9 +72,10 @@ def main():
         prompts = [prompt(a.prompt_len + 16, 0)]
     runs = [prompts]
     if a.config == "prefix":
-        # A second request that shares the first one's first 16 tokens (one
+        # A second request that shares the first one's first 32 tokens (one
         # KV block): served after it, so its prefix comes from the cache.
-        runs = [prompts, [prompts[0][:16] + prompt(8, 3)]]
+        prompts = [prompt(a.prompt_len + 16, 0)]
+        runs = [prompts, [prompts[0][:32] + prompt(8, 3)]]
     for batch in runs:
         outs = llm.generate([{"prompt_token_ids": ids} for ids in batch], sampling,
                             use_tqdm=False)

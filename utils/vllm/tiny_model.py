@@ -28,12 +28,12 @@ def config(arch):
         return tf.Qwen3Config(**COMMON)
     if arch == "gemma3":
         # Sliding window on every layer but the last (pattern 3), a final
-        # logit soft cap and Gemma's scaled embedding: what vLLM must
-        # reproduce.
+        # logit soft cap (small enough to bend this model's logits) and
+        # Gemma's scaled embedding: what vLLM must reproduce.
         return tf.Gemma3TextConfig(**dict(COMMON, sliding_window=8,
                                           layer_types=["sliding_attention", "sliding_attention",
                                                        "full_attention"],
-                                          final_logit_softcapping=30.0,
+                                          final_logit_softcapping=3.0,
                                           query_pre_attn_scalar=64,
                                           hidden_activation="gelu_pytorch_tanh"))
     if arch == "qwen3_moe":
@@ -59,6 +59,12 @@ def main():
     cfg = config(a.arch)
     cfg.dtype = torch.bfloat16
     model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    # Norm weights start at one (zero for Gemma's 1 + w): random ones, so
+    # that a loader that swaps two norms' weights is seen.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
     model.to(torch.bfloat16).save_pretrained(a.dir)
 
 

@@ -58,6 +58,10 @@ struct DiagnoseOptions {
   /// argmax of the logits before it is a divergence (of the sampler, which
   /// no module call shows), not only a note.
   bool Greedy = false;
+  /// Return the diagnosis even where no component could be compared
+  /// (Diagnosis::NothingCompared says so), for --show-mapping to show why;
+  /// otherwise that is an error.
+  bool KeepUncomparable = false;
 };
 
 /// A decode step that consumed a token other than the argmax of the
@@ -160,6 +164,9 @@ struct Diagnosis {
   std::vector<Suspect> Suspects;      ///< Best first; at most three.
   std::vector<ComponentRatio> Curve;  ///< Every target call, in execution order.
   std::string NoiseModel;             ///< How R was computed.
+  /// No component could be compared (with DiagnoseOptions::KeepUncomparable):
+  /// the error that would have been returned.
+  std::string NothingCompared;
   /// Components whose output departs by a scale the engine undoes before
   /// the next component (Diagnoser::rescaledAfter): not suspects, said.
   std::vector<std::string> Rescaled;

@@ -33,8 +33,13 @@ struct ServedRequest {
   /// The positions whose logits the engine computed (a serving engine
   /// computes each scheduled sequence's last row only); empty: all.
   std::vector<int64_t> LogitsPositions;
-  /// The (step, first row) of each of its segments, in order.
-  std::vector<std::pair<int64_t, int64_t>> Segments;
+  /// Its segments, in order: the rows [Begin, End) of a step's tokens, and
+  /// which of that step's segments it is (its logits' row where the
+  /// engine computed each segment's last row only).
+  struct Segment {
+    int64_t Step = 0, Begin = 0, End = 0, IndexInStep = 0;
+  };
+  std::vector<Segment> Segments;
 };
 
 /// The requests of a traced run, in order of their first token. A step's
