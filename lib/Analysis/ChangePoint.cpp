@@ -39,8 +39,13 @@ bool Diagnoser::rescaledAfter(Diagnosis &D, size_t I) {
   if (J == D.Curve.size() || !D.Curve[J].InputsCompared || !D.Curve[J].InputRatio ||
       elevated(D.Curve[J].InputRatio))
     return false;
+  // A factoring, far from one (Gemma's sqrt(hidden)): a modest scale with
+  // the next input just within noise is a modest bug, not a factoring.
   std::string Relation = relation(C);
-  if (!StringRef(Relation).starts_with("the reference's times "))
+  StringRef Factor(Relation);
+  double Scale = 0;
+  if (!Factor.consume_front("the reference's times ") || !to_float(Factor, Scale) ||
+      !(std::fabs(std::log2(std::fabs(Scale))) >= 1))
     return false;
   RescaledCalls.insert(C.CallId);
   D.Rescaled.push_back(C.Path + "'s output is " + Relation + ", and " + D.Curve[J].Path +

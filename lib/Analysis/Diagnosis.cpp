@@ -503,6 +503,10 @@ bool Diagnoser::checkInputs(Diagnosis &D) {
 
 void Diagnoser::computeRatios(Diagnosis &D) {
   DenseMap<int64_t, unsigned> Depth;
+  std::map<int64_t, int64_t> FirstRootOfStep;
+  for (const ModuleCallRecord &M : T.Calls)
+    if (!M.ParentId)
+      FirstRootOfStep.try_emplace(M.Step, M.Id);
   // On a terminal only (lit and logs stay clean): comparing a large
   // model's captured tensors over many decode steps takes a while.
   ProgressBar Bar("comparing module calls", T.Calls.size());
@@ -530,6 +534,14 @@ void Diagnoser::computeRatios(Diagnosis &D) {
         C.Mapped = false;
         C.UnmappedReason = "no reference call with this path at this step, and none inside "
                            "its mapped parent's counterpart agrees by structure or values";
+        // A call on its own after the step's forward that no reference
+        // call matches: an engine's sampler, which a teacher-forced
+        // reference does not run.
+        if (!TC.ParentId && StringRef(TC.Path).starts_with("<") && FirstRootOfStep.count(TC.Step) &&
+            FirstRootOfStep[TC.Step] != TC.Id)
+          C.UnmappedReason = "called on its own after the step's forward (a sampler): the "
+                             "reference has no counterpart; the tokens chosen are checked "
+                             "against the logits instead (sampling)";
       }
     } else if (std::string Why = structureDiffers(TC, *RIt->second); !Why.empty()) {
       C.Mapped = false;

@@ -333,7 +333,7 @@ TEST_F(DiagnosisTest, DifferentTokenIdsAreInputsDiffer) {
   mlpLike("tgt", {1, 2}, {3, 4}, {5, 6}, {2, 3});
   Diagnosis D = run("tgt", "ref");
   EXPECT_EQ(D.Result, Diagnosis::Verdict::InputsDiffer);
-  EXPECT_NE(D.InputsDifference.find("first difference at flat position 0: target 2, reference 1"),
+  EXPECT_NE(D.InputsDifference.find("first difference at position 0: target 2, reference 1"),
             std::string::npos)
       << D.InputsDifference;
 }
@@ -1522,7 +1522,7 @@ TEST_F(DiagnosisTest, APaddedReferenceBatchIsComparedOnItsRealTokens) {
   // The ids are compared without the padding too.
   Diagnosis F = run("dropped", "ref");
   EXPECT_EQ(F.Result, Diagnosis::Verdict::InputsDiffer);
-  EXPECT_NE(F.InputsDifference.find("first difference at flat position 0"), std::string::npos)
+  EXPECT_NE(F.InputsDifference.find("first difference at position 0"), std::string::npos)
       << F.InputsDifference;
 }
 
