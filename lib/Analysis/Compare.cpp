@@ -478,9 +478,20 @@ Diagnoser::RoleTensors Diagnoser::roleTensors(const Side &S, int64_t Call, Strin
     return R->second;
   int64_t N = 0;
   for (const auto &[Index, X] : R->second)
-    if (unitRoundoff(X->Type) != 0)
+    if (unitRoundoff(X->Type) != 0 && !additiveMask(S, X))
       Out[N++] = X;
   return Out;
+}
+
+bool Diagnoser::additiveMask(const Side &S, const TensorRecord *X) {
+  // An additive attention mask: zeros where a token may attend, the
+  // dtype's lowest (or -inf) where not. Each engine builds its own for its
+  // own layout of the batch (a paged engine's spans the step's tokens and
+  // every cached one), so it is no data to compare; what it does shows in
+  // the attention's output.
+  const TensorRecord *P = producer(S, X);
+  const std::optional<TensorStats> &St = P ? P->Stats : X->Stats;
+  return X->Shape.size() == 4 && St && St->Max == 0 && (St->Min <= -1e30 || St->InfCount > 0);
 }
 
 std::optional<double> Diagnoser::residualPairRatio(const ModuleCallRecord &TC, StringRef Role,

@@ -199,6 +199,9 @@ private:
   /// engine's module takes `positions` first where HF's takes the hidden
   /// states first.
   static RoleTensors roleTensors(const Side &S, int64_t Call, StringRef Role);
+  /// Whether input \p X is an additive attention mask ([batch, 1, q, k]:
+  /// zeros and the dtype's lowest), left out of the inputs compared.
+  static bool additiveMask(const Side &S, const TensorRecord *X);
 
   /// A fused residual-add + norm (vLLM's decoder layers and norms) returns
   /// the pair (output, residual) where the reference returns one tensor:
