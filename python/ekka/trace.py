@@ -1606,14 +1606,39 @@ def _runtime_library(runtime_library=None):
                 others[version] = path
         if ours in others:
             return others[ours]
+        installed = _installed_runtime(ours)
+        if installed:
+            return installed
         have = ", ".join(sorted([built_for] + list(others)))
         raise RuntimeError(
             f"ekka.trace: this program runs torch {ours}, and Ekka's runtime is built against "
             f"torch {have} only: build the tracer against this program's Python, "
             f"`cmake -S EKKA_SRC -B BUILD/torch-{ours} -DEKKA_TRACER_ONLY=ON "
-            f"-DEKKA_PYTHON={sys.executable}` then `cmake --build BUILD/torch-{ours}` "
+            f"-DEKKA_PYTHON={sys.executable}` then `cmake --build BUILD/torch-{ours}`, or "
+            f"`pip install --no-build-isolation EKKA_SRC/python` in its environment "
             f"(utils/install-vllm does so for its vLLM), and trace with ekka-trace as before")
     return library
+
+
+def _installed_runtime(version):
+    """The runtime that `pip install --no-build-isolation EKKA_SRC/python`
+    built into this environment's ekka package, if it is for torch
+    `version`; else None. (ekka-trace's own python/ comes first on the
+    path, so the installed package is found by its distribution.)"""
+    try:
+        from importlib import metadata
+        dists = list(metadata.distributions(name="ekka"))
+    except Exception:
+        return None
+    for dist in dists:  # the source tree's own metadata may come first
+        try:
+            library = str(dist.locate_file("ekka/_runtime/libekka_runtime.so"))
+            with open(str(dist.locate_file("ekka/_runtime/libekka_runtime.torch-version"))) as f:
+                if f.read().strip() == version and os.path.exists(library):
+                    return library
+        except Exception:
+            continue
+    return None
 
 
 def _python_binding(library):
