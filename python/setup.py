@@ -29,9 +29,13 @@ class BuildRuntime(build_py):
         try:
             import torch
         except ImportError:
-            sys.exit("ekka: this environment has no torch to build the tracer's runtime against "
-                     "(install torch first, and pip install with --no-build-isolation)")
-        version = torch.__version__.split("+")[0]
+            # An editable install that registers the vLLM plugin only, or a
+            # build isolated from the environment's torch: no runtime.
+            print("ekka: no torch to build the tracer's runtime against: not built (pip "
+                  "install --no-build-isolation in an environment with torch builds it)",
+                  file=sys.stderr)
+            return
+        version = str(torch.__version__)
         build_dir = os.path.join(os.environ.get("EKKA_BUILD_DIR", os.path.join(SRC, "build")),
                                  f"torch-{version}")
         if not os.path.exists(os.path.join(build_dir, "build.ninja")):

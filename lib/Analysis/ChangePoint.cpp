@@ -39,6 +39,14 @@ bool Diagnoser::rescaledAfter(Diagnosis &D, size_t I) {
   if (J == D.Curve.size() || !D.Curve[J].InputsCompared || !D.Curve[J].InputRatio ||
       elevated(D.Curve[J].InputRatio))
     return false;
+  // And it is given C's output, in the reference (HF's layer 0 takes its
+  // scaled embedding's): not a neighbour given the same input (up_proj
+  // beside a gate_proj that departs).
+  const ModuleCallRecord *RC = refCall(C.CallId), *RJ = refCall(D.Curve[J].CallId);
+  const TensorRecord *Out = RC ? R.tensor(RC->Id, "output", 0) : nullptr;
+  RoleTensors In = RJ ? roleTensors(R, RJ->Id, "input") : RoleTensors();
+  if (!Out || In.empty() || !R.sameTensor(In.begin()->second, Out))
+    return false;
   // A factoring, far from one (Gemma's sqrt(hidden)): a modest scale with
   // the next input just within noise is a modest bug, not a factoring.
   std::string Relation = relation(C);

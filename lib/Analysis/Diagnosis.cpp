@@ -239,6 +239,16 @@ requestRowOrders(const std::vector<ServedRequest> &Requests) {
   return Out;
 }
 
+/// The vocabulary of a reference: its root's first output's last extent
+/// (HF's logits), or 0.
+static int64_t vocabOf(const Side &S) {
+  for (const ModuleCallRecord &M : S.Calls)
+    if (!M.ParentId)
+      if (const TensorRecord *X = S.tensor(M.Id, "output", 0); X && !X->Shape.empty())
+        return X->Shape.back();
+  return 0;
+}
+
 /// The first call without a parent: the root of the first step.
 static const ModuleCallRecord *firstRoot(const Side &S) {
   for (const ModuleCallRecord &M : S.Calls)
@@ -730,15 +740,24 @@ Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks,
       Max = std::max(Max, M.Step);
     return Max;
   };
-  if (int64_t RefSteps = StepsOf(R); RefSteps > 1 && StepsOf(T) > RefSteps) {
-    if (auto Requests = servedRequests(T, 0); !Requests)
-      consumeError(Requests.takeError()); // not a served run: steps as they are
-    else if (int64_t(Requests->size()) == RefSteps) {
-      R.joinSteps();
-      if (ReferenceFP32)
-        F.joinSteps();
-      RowOrders = requestRowOrders(*Requests);
-    }
+  // Only a reference that ekka.reference ran (--reference-model): an
+  // ordinary multi-step reference (HF's generate) keeps its steps.
+  auto RanByEkka = [](const TraceReader &Trace) {
+    auto It = Trace.meta().find("command_line");
+    return It != Trace.meta().end() && StringRef(It->second).contains("-m ekka.reference ");
+  };
+  if (int64_t RefSteps = StepsOf(R); RefSteps > 1 && RanByEkka(Reference)) {
+    auto Requests = servedRequests(T, vocabOf(R));
+    if (!Requests)
+      return makeError("the reference ran " + Twine(RefSteps) + " requests, one a step, but " +
+                       toString(Requests.takeError()));
+    if (int64_t(Requests->size()) != RefSteps)
+      return makeError("the reference ran " + Twine(RefSteps) + " requests, one a step, and the "
+                       "target's trace shows " + Twine(Requests->size()));
+    if (R.joinSteps() == 1 || (ReferenceFP32 && F.joinSteps() == 1))
+      return makeError("the reference's requests did not run the same module calls: they "
+                       "cannot be joined into one forward");
+    RowOrders = requestRowOrders(*Requests);
   }
   Diagnoser Run(T, R, ReferenceFP32 ? &F : nullptr, Options);
   Run.setRowOrders(std::move(RowOrders));

@@ -121,19 +121,43 @@ Expected<std::vector<ServedRequest>> detail::servedRequests(Side &S, int64_t Voc
         Segments.back().second = I + 1;
     bool LastRowsOnly = In.LogitsRows == int64_t(Segments.size()) &&
                         In.LogitsRows != int64_t(In.Positions.size());
+    // Logits of another count: two requests whose positions run on (one at
+    // 5, the next at 6) read as one sequence.
+    if (In.LogitsRows > 0 && !LastRowsOnly && In.LogitsRows != int64_t(In.Positions.size()))
+      return makeError("step " + Twine(In.Step) + " computed " + Twine(In.LogitsRows) +
+                       " rows of logits for " + Twine(Segments.size()) +
+                       " runs of positions: the trace does not show which tokens are which "
+                       "request's");
+    std::map<int64_t, int64_t> StartingAt; // this step's segments by first position
+    for (auto [Begin, End] : Segments)
+      ++StartingAt[In.Positions[Begin]];
     std::vector<bool> Taken(Expecting.size(), false);
     for (size_t SegIndex = 0; SegIndex < Segments.size(); ++SegIndex) {
       auto [Begin, End] = Segments[SegIndex];
       int64_t First = In.Positions[Begin];
       std::string Where = "step " + std::to_string(In.Step) + ", token " + std::to_string(Begin);
       size_t Req = Requests.size();
-      if (First > 0)
+      if (First > 0) {
+        // More requests expect this position than this step continues: a
+        // request that ended, or one not scheduled now. Which one goes on
+        // matters only where their tokens differ.
+        std::vector<size_t> Candidates;
         for (size_t K = 0; K < Expecting.size(); ++K)
-          if (!Taken[K] && Expecting[K].second == First) {
-            Req = Expecting[K].first;
-            Taken[K] = true;
-            break;
-          }
+          if (!Taken[K] && Expecting[K].second == First)
+            Candidates.push_back(K);
+        if (int64_t(Candidates.size()) > StartingAt[First])
+          for (size_t K : Candidates)
+            if (Requests[Expecting[K].first].Tokens !=
+                Requests[Expecting[Candidates.front()].first].Tokens)
+              return makeError(Where + " continues one of " + Twine(Candidates.size()) +
+                               " requests at position " + Twine(First) +
+                               ", and the trace does not show which");
+        --StartingAt[First];
+        if (!Candidates.empty()) {
+          Req = Expecting[Candidates.front()].first;
+          Taken[Candidates.front()] = true;
+        }
+      }
       if (Req == Requests.size()) {
         ServedRequest New;
         New.Start = First;

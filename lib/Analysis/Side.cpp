@@ -215,21 +215,28 @@ int64_t Side::joinSteps() {
           if (Differ && Others)
             J.Dim = int(D);
         }
-        for (size_t D = 0; D < X->Shape.size() && J.Dim < 0; ++D) {
+        // Else the one with each step's token count; of several (as many
+        // heads as tokens), the one the memory holds outermost.
+        bool ByDifference = J.Dim >= 0;
+        for (size_t D = 0; D < X->Shape.size() && !ByDifference; ++D) {
           bool Each = true;
           for (const TensorRecord *Y : Parts) {
             const ModuleCallRecord *Owner = CallById.lookup(Y->OwnerId);
             Each &= Owner && Tokens.count(Owner->Step) && Y->Shape[D] == Tokens[Owner->Step];
           }
-          if (Each)
+          if (Each && (J.Dim < 0 || (X->Strides.size() == X->Shape.size() &&
+                                     X->Strides[D] > X->Strides[size_t(J.Dim)])))
             J.Dim = int(D);
         }
         // Else rows of the same count in every step (the logits of each
         // request's last prompt token and decode steps): the first
-        // dimension past the leading ones, short of the features.
+        // dimension past the leading ones, short of the features, or the
+        // one before the features where all are ones.
         for (size_t D = 0; D + 1 < X->Shape.size() && J.Dim < 0; ++D)
           if (X->Shape[D] != 1)
             J.Dim = int(D);
+        if (J.Dim < 0 && X->Shape.size() >= 2)
+          J.Dim = int(X->Shape.size()) - 2;
         if (J.Dim < 0) {
           J.Record.Shard.clear();
           J.Record.Stats.reset();

@@ -91,6 +91,16 @@ struct Side {
     return shardBytes(*T);
   }
 
+  /// Whether input \p X is the output \p Y (through the dataflow; for
+  /// joined tensors, their first parts).
+  bool sameTensor(const TensorRecord *X, const TensorRecord *Y) const {
+    auto First = [&](const TensorRecord *Z) {
+      auto J = Joined.find(Z->Id);
+      return J == Joined.end() ? Z : J->second.first.front();
+    };
+    return X && Y && source(First(X)) == source(First(Y));
+  }
+
   /// The record an input stands for: the earlier output it is.
   const TensorRecord *source(const TensorRecord *T) const {
     for (unsigned Hops = 0; T && T->SourceId && Hops < 4; ++Hops)

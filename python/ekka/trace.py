@@ -1594,7 +1594,7 @@ def _runtime_library(runtime_library=None):
             "to its path (an Ekka build's lib/libekka_runtime.so), or pass "
             "runtime_library= to ekka.trace.Trace")
     built_for = os.environ.get("EKKA_RUNTIME_TORCH") if runtime_library is None else None
-    ours = torch.__version__.split("+")[0]
+    ours = str(torch.__version__)
     if built_for and built_for != ours:
         # A runtime links the LibTorch it was built against: another torch's
         # may load and record garbage, or crash the program. ekka-trace

@@ -114,7 +114,8 @@ Expected<ReferenceTraces> runReference(ArrayRef<TraceReader *> Target,
   SmallString<256> Model;
   if (std::error_code EC = sys::fs::real_path(O.ModelDir, Model))
     return makeError("--reference-model: '" + O.ModelDir + "': " + EC.message());
-  json::Object Job{{"model", std::string(Model)}, {"python", O.Python}};
+  std::string Low = lowPrecision(*Target.front());
+  json::Object Job{{"model", std::string(Model)}, {"python", O.Python}, {"dtype", Low}};
   std::string Text = formatv("{0:2}", requestsJSON(*Requests)).str() + "\n";
   std::string JobText = formatv("{0:2}", json::Value(std::move(Job))).str() + "\n";
 
@@ -125,7 +126,6 @@ Expected<ReferenceTraces> runReference(ArrayRef<TraceReader *> Target,
   sys::path::append(JobFile, "job.json");
   sys::path::append(Done, "complete");
   ReferenceTraces Out;
-  std::string Low = lowPrecision(*Target.front());
   auto Dir = [&](StringRef Dtype) {
     SmallString<256> D(O.OutDir);
     sys::path::append(D, Dtype);

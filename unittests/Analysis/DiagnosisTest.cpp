@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ekka/Analysis/Diagnosis.h"
+#include "ekka/Analysis/ServedRequests.h"
 #include "ekka/Trace/TraceWriter.h"
 
 #include "llvm/ADT/SmallString.h"
@@ -189,6 +190,9 @@ public:
 
   void close() { EXPECT_FALSE(bool(Writer->close())); }
 
+  /// The forward step the calls added next belong to.
+  int64_t Step = 1;
+
 private:
   ModuleCallRecord addCall(const std::string &Path, const std::string &Parent) {
     ModuleCallRecord C;
@@ -196,7 +200,7 @@ private:
     if (Calls.count(Parent) && Path != Parent)
       C.ParentId = Calls[Parent];
     C.Seq = Seq++;
-    C.Step = 1;
+    C.Step = Step;
     C.Path = Path;
     C.ClassName = "C_" + Path;
     C.ClassQualname = "m.C_" + Path;
@@ -1565,3 +1569,53 @@ TEST(Calibration, ValidatedRuleMappingsAreGeneralizedOverLayers) {
 }
 
 } // namespace
+
+namespace {
+
+/// A served run: each step's root given token ids and positions, as a
+/// serving engine flattens its batch.
+void servedStep(TraceBuilder &B, int64_t Step, std::vector<float> Ids,
+                std::vector<float> Positions) {
+  B.Step = Step;
+  TensorDims Shape = {int64_t(Ids.size())};
+  B.callSpecs("", "", {{Ids, Shape, DType::I64}, {Positions, Shape, DType::I64}},
+              {{std::vector<float>(Ids.size(), 1.0f), Shape}});
+}
+
+} // namespace
+
+TEST_F(DiagnosisTest, ServedRequestsAreReadFromTheRootsPositions) {
+  // Two prompts prefilled together, decoded side by side, then the first
+  // alone (the second ended).
+  {
+    TraceBuilder B(dir("served"));
+    servedStep(B, 1, {10, 11, 12, 20, 21}, {0, 1, 2, 0, 1});
+    servedStep(B, 2, {13, 22}, {3, 2});
+    servedStep(B, 3, {14}, {4});
+    B.close();
+  }
+  auto T = open("served");
+  TraceReader *Ranks[] = {T.get()};
+  auto Requests = servedRequests(Ranks, 0);
+  ASSERT_TRUE(bool(Requests)) << toString(Requests.takeError());
+  ASSERT_EQ(Requests->size(), 2u);
+  EXPECT_EQ((*Requests)[0].Tokens, (std::vector<int64_t>{10, 11, 12, 13, 14}));
+  EXPECT_EQ((*Requests)[1].Tokens, (std::vector<int64_t>{20, 21, 22}));
+  ASSERT_EQ((*Requests)[1].Segments.size(), 2u);
+  EXPECT_EQ((*Requests)[1].Segments[1].Step, 2);
+  EXPECT_EQ((*Requests)[1].Segments[1].Begin, 1);
+  // Two requests expecting the same position, one going on: the trace
+  // does not tell which, and says so rather than guess.
+  {
+    TraceBuilder B(dir("ambiguous"));
+    servedStep(B, 1, {10, 11, 20, 21}, {0, 1, 0, 1});
+    servedStep(B, 2, {12}, {2});
+    B.close();
+  }
+  auto A = open("ambiguous");
+  TraceReader *AmbiguousRanks[] = {A.get()};
+  auto Ambiguous = servedRequests(AmbiguousRanks, 0);
+  ASSERT_FALSE(bool(Ambiguous));
+  EXPECT_NE(toString(Ambiguous.takeError()).find("continues one of 2 requests at position 2"),
+            std::string::npos);
+}
