@@ -492,34 +492,6 @@ int stillNamed(PyObject *Names, PyObject *Module, PyObject *Name, PyObject *Pare
   }
 }
 
-/// Of a module's several names (\p List, in named_modules() order), the
-/// shim's `_under`: the first whose path is under \p ParentPath, else the
-/// first. Borrowed from \p List; null with an exception set, or null
-/// without one for a list not as the shim makes them (`_before` is asked).
-PyObject *nameUnder(PyObject *List, PyObject *ParentPath) {
-  Py_ssize_t N = PyList_GET_SIZE(List);
-  if (N == 0)
-    return nullptr;
-  if (PyUnicode_Check(ParentPath) && PyUnicode_GET_LENGTH(ParentPath) > 0) {
-    Ref Prefix(PyUnicode_FromFormat("%U.", ParentPath));
-    if (!Prefix)
-      return nullptr;
-    for (Py_ssize_t I = 0; I < N; ++I) {
-      PyObject *Item = PyList_GET_ITEM(List, I);
-      if (!PyTuple_CheckExact(Item) || PyTuple_GET_SIZE(Item) != 3 ||
-          !PyUnicode_CheckExact(PyTuple_GET_ITEM(Item, 0)))
-        return nullptr;
-      Py_ssize_t Under =
-          PyUnicode_Tailmatch(PyTuple_GET_ITEM(Item, 0), Prefix.get(), 0, PY_SSIZE_T_MAX, -1);
-      if (Under < 0)
-        return nullptr;
-      if (Under)
-        return Item;
-    }
-  }
-  return PyList_GET_ITEM(List, 0);
-}
-
 /// before(module, args, kwargs=None) -> bool: the shim's `_before` for its
 /// common case, a module of the tree whose call is open on this thread
 /// (every call of a forward but its root's), without running Python. True
@@ -557,7 +529,6 @@ PyObject *before(PyObject *, PyObject *const *Args, Py_ssize_t N) {
   if (!isEntry(Top) || PyTuple_GET_ITEM(Top, 0) == Module)
     return owned(Py_False);
   Ref Parent(owned(PyTuple_GET_ITEM(Top, 0)));
-  Ref ParentPath(owned(PyTuple_GET_ITEM(Top, 6)));
   if (!PyDict_GetItemWithError(Sources, (PyObject *)Py_TYPE(PyTuple_GET_ITEM(Top, 0))))
     return PyErr_Occurred() ? nullptr : owned(Py_False);
   // Held: finding the tensors may run Python (pytree), which may change the
@@ -569,17 +540,15 @@ PyObject *before(PyObject *, PyObject *const *Args, Py_ssize_t N) {
     return nullptr;
   if (!PyDict_CheckExact(Names.get()))
     return owned(Py_False);
-  // A module still where it was named (of several paths, the one under its
-  // caller's: vLLM's one rotary embedding of every layer); else _before.
+  // A module still where it was named; one of several paths (vLLM's one
+  // rotary embedding of every layer, a router its MoE runner calls) is
+  // _before's to choose, from the calls open around it.
   PyObject *Name = PyDict_GetItemWithError(Names.get(), Key.get());
   if (!Name)
     return PyErr_Occurred() ? nullptr : owned(Py_False);
+  if (PyList_CheckExact(Name))
+    return owned(Py_False);
   Ref AllNames(owned(Name));
-  if (PyList_CheckExact(Name)) {
-    Name = nameUnder(Name, ParentPath.get());
-    if (!Name)
-      return PyErr_Occurred() ? nullptr : owned(Py_False);
-  }
   if (!PyTuple_CheckExact(Name) || PyTuple_GET_SIZE(Name) != 3 ||
       !PyUnicode_CheckExact(PyTuple_GET_ITEM(Name, 0)))
     return owned(Py_False);

@@ -475,11 +475,12 @@ def _before(module, args, kwargs=None):
         tree = stack[0][4]
     path = None
     parent, parent_path = (stack[-1][0], stack[-1][6]) if stack else (None, None)
+    open_paths = [entry[6] for entry in stack]
     if tree is not None:
-        path = tree.path(named, parent, parent_path)
+        path = tree.path(named, parent, parent_path, open_paths)
         if path is None and stack and tree.named_in != local.forwards:
             tree.rename(local.forwards)  # a module added since it was named
-            path = tree.path(named, parent, parent_path)
+            path = tree.path(named, parent, parent_path, open_paths)
     if path is None:
         # A module outside the root's tree (created on the fly): named under
         # its caller.
@@ -819,25 +820,25 @@ class _Tree:
         path, owner, key = name
         return (f"{self.prefix}.{path}" if path else self.prefix, owner, key)
 
-    def path(self, module, parent=None, parent_path=None):
+    def path(self, module, parent=None, parent_path=None, open_paths=()):
         """The path of `module`'s call, made from the call of `parent` at
-        `parent_path` (None: no call open), or None where it has none in
-        this tree. Of several paths, the one under the parent's, else the
-        first. A module that is no longer where it was named (a pruned
+        `parent_path` (None: no call open) inside the calls at `open_paths`
+        (outermost first), or None where it has none in this tree. Of
+        several paths, as _under chooses. A module that is no longer where it was named (a pruned
         layer list, swapped modules, a dead module's id reused) renames the
         tree first: paths follow named_modules() as it is now."""
         name = self.names.get(id(module))
         if name is None:
             return None
         if type(name) is list:
-            name = _under(name, parent_path)
+            name = _under(name, parent_path, open_paths)
         if not self.still_named(module, name, parent):
             self.rename(self.named_in)
             name = self.names.get(id(module))
             if name is None:
                 return None
             if type(name) is list:
-                name = _under(name, parent_path)
+                name = _under(name, parent_path, open_paths)
         return name[0]
 
     def still_named(self, module, name, parent):
@@ -909,9 +910,25 @@ def _new_tree(trees, module):
     return tree
 
 
-def _under(names, parent_path):
-    """Of a module's several names, the one under `parent_path`, else the
-    first."""
+def _under(names, parent_path, open_paths=()):
+    """Of a module's several names, the one whose owner's call is open,
+    outermost: a module owned by a model's block and lent to a helper
+    module it calls keeps the block's name, the one its weights load
+    under (vLLM's MoE router `mlp.gate`, called by the fused-experts
+    runner `mlp.experts`; its shared expert `mlp.shared_expert`). Else the
+    one under `parent_path`, else the first. One module of every layer
+    (vLLM's rotary embedding) is each layer's: only that layer's owner is
+    open."""
+    outermost = None
+    depth = {}
+    for i, open_path in enumerate(open_paths):
+        depth.setdefault(open_path, i)
+    for name in names:
+        d = depth.get(name[0].rpartition(".")[0])
+        if d is not None and (outermost is None or d < outermost[0]):
+            outermost = (d, name)
+    if outermost is not None:
+        return outermost[1]
     if parent_path:
         prefix = parent_path + "."
         for name in names:

@@ -1,6 +1,8 @@
 """Module paths follow named_modules() as it is at each call: a module at
 several paths (vLLM's get_rope() gives every layer one RotaryEmbedding;
-`self.b = self.a`) is named under the call open around it, and a module
+`self.b = self.a`) is named under the call open around it (of its owners
+with a call open, the outermost's: a block's module that a helper of the
+block calls keeps the block's name), and a module
 moved since its last call (a layer list pruned, two modules swapped) by
 where it is now."""
 import sys
@@ -66,7 +68,30 @@ class Outer(torch.nn.Module):
         return self.q(self.p(x))
 
 
+class Runner(torch.nn.Module):
+    """A helper that calls modules its block owns (vLLM's fused-MoE runner
+    and the block's router and shared expert)."""
+    def __init__(self, gate, shared):
+        super().__init__()
+        self.gate, self.shared = gate, shared
+
+    def forward(self, x):
+        return self.shared(self.gate(x))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate, self.shared_expert = torch.nn.Linear(4, 4), Pair()
+        self.experts = Runner(self.gate, self.shared_expert)
+
+    def forward(self, x):
+        return self.experts(x)
+
+
 with torch.no_grad():
+    if kind == "borrowed":
+        Block()(x)
     if kind == "shared":
         Layers(3)(x)
         # The same module at two paths of one parent: the first.
