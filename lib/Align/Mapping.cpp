@@ -6,6 +6,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/GlobPattern.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
@@ -74,6 +75,33 @@ Expected<CalibratedNoise> parseCalibratedNoise(StringRef Text, StringRef Name) {
   return Out;
 }
 
+/// The one-segment stars of a pattern.
+static size_t starCount(StringRef Pattern) {
+  SmallVector<StringRef, 8> Segments;
+  Pattern.split(Segments, '.');
+  return llvm::count(Segments, "*");
+}
+
+/// Why a reference's `{...}` is not one of the call-relative paths, if it
+/// is not: `{parent}`, `{grandparent}` or `{next}`, at its start.
+static std::optional<std::string> badPlaceholder(StringRef Reference) {
+  size_t Open = Reference.find('{');
+  if (Open == StringRef::npos)
+    return std::nullopt;
+  for (StringRef Known : {"{parent}", "{grandparent}", "{next}"})
+    if (Reference.starts_with(Known)) {
+      StringRef Rest = Reference.drop_front(Known.size());
+      if (Rest.contains('{'))
+        return std::string("only one '{...}', at its start");
+      if (Known == "{next}" ? !(Rest.empty() || Rest == ":input" || Rest == ":output")
+                            : !(Rest.empty() || Rest.starts_with(".") || Rest.starts_with(":")))
+        return std::string("'") + Known.str() + "' must be followed by " +
+               (Known == "{next}" ? "nothing or ':input'" : "'.' and a path");
+      return std::nullopt;
+    }
+  return std::string("'{...}' must be {parent}, {grandparent} or {next}, at its start");
+}
+
 Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef Name) {
   auto Bad = [&](const Twine &Why) { return makeError(Name + ": " + Why); };
   Expected<json::Value> V = parseJSON(Text);
@@ -103,13 +131,38 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
         Targets.push_back(S->str());
       }
     }
+    // "class": the target's class names (globs), wherever it stands.
+    std::vector<std::string> Classes;
+    if (const json::Value *Class = R->get("class")) {
+      if (auto One = Class->getAsString()) {
+        Classes.push_back(One->str());
+      } else if (const json::Array *Many = Class->getAsArray()) {
+        for (const json::Value &X : *Many)
+          if (auto S = X.getAsString())
+            Classes.push_back(S->str());
+          else
+            return Bad("component " + Twine(I) + ": \"class\" must hold strings");
+      }
+      if (Classes.empty() || llvm::is_contained(Classes, ""))
+        return Bad("component " + Twine(I) + ": \"class\" must name a class or several");
+      for (const std::string &C : Classes)
+        if (auto G = GlobPattern::create(C); !G)
+          return Bad("component " + Twine(I) + ": \"class\" '" + C +
+                     "' is not a pattern (" + toString(G.takeError()) + ")");
+    }
+    if (Targets.empty() && !Classes.empty())
+      Targets.push_back("**"); // a class's calls wherever they stand
     if (Targets.empty())
-      return Bad("component " + Twine(I) + " has no \"target\" string");
+      return Bad("component " + Twine(I) + " has no \"target\" string or \"class\"");
     MappingRule Rule;
     Rule.Target = Targets.front();
+    Rule.Classes = Classes;
     if (Calibrated)
       Rule.Source = "calibration";
-    std::string Where = ("component " + Twine(I) + " (" + join(Targets, ", ") + ")").str();
+    std::string Where = ("component " + Twine(I) + " (" +
+                         (Classes.empty() ? join(Targets, ", ") : "class " + join(Classes, ", ")) +
+                         ")")
+                            .str();
     if (const json::Value *Ref = R->get("reference")) {
       if (auto One = Ref->getAsString()) {
         Rule.Reference.push_back(One->str());
@@ -145,12 +198,21 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
         return Bad(Where + ": \"transpose\" applies to a one-to-one mapping only");
       Rule.Transpose = std::make_pair(int(*I), int(*J));
     }
-    // Every star of a reference stands for one of each target's.
+    // Every star of a reference stands for one of each target's; `**`
+    // (any leading segments) stands for none.
     for (const std::string &T : Targets) {
-      size_t Stars = StringRef(T).count('*');
-      for (const std::string &P : Rule.Reference)
-        if (StringRef(P).count('*') > Stars)
+      if (StringRef(T).contains("**") && !(T == "**" || (StringRef(T).starts_with("**.") &&
+                                                        !StringRef(T).drop_front(3).contains("**"))))
+        return Bad(Where + ": '**' may only begin a target ('**.qkv_proj'), in '" + T + "'");
+      size_t Stars = starCount(T);
+      for (const std::string &P : Rule.Reference) {
+        if (starCount(P) > Stars)
           return Bad(Where + ": reference '" + P + "' has more '*' than the target '" + T + "'");
+        if (auto Why = badPlaceholder(P))
+          return Bad(Where + ": reference '" + P + "': " + *Why);
+        if (Targets.size() > 1 && StringRef(P).contains('{'))
+          return Bad(Where + ": a many-to-one rule's reference is a path, without '{...}'");
+      }
     }
     if (Targets.size() == 1) {
       Out.push_back(std::move(Rule));
@@ -170,49 +232,58 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
   return Out;
 }
 
-// The knowledge base, version 1: serving engines' names (vLLM's and
-// SGLang's model code share them) against HuggingFace Transformers'. Of two
-// rules for one target, the first that applies is taken. The logits
-// processor computes the model's final logits (the head, then Gemma's
-// soft-cap, Cohere's or Granite's scale), which HF computes in its
-// ForCausalLM's forward after `lm_head`: the root's logits where the root
-// returns them, `lm_head`'s otherwise (a recipe onto the root applies only
-// where the root is HF's *ForCausalLM or *ForConditionalGeneration and its
-// first output has the target's features). An engine's root returns the
-// hidden states (vLLM computes the logits in compute_logits, after it):
-// HF's base model's output, where the features say so. An engine's act_fn
-// that takes gate and up together (SiluAndMul, GeluAndMul) returns what
-// HF's down_proj is given (act_fn(gate) * up); it applies only where the
-// structure says HF's act_fn is another computation. vLLM's fused MoE
-// calls the MoE block's router from inside (`mlp.experts.gate`): HF's
-// `mlp.gate`.
-static const char *RecipesV1 = R"json({"components": [
-  {"target": "model.layers.*.self_attn.qkv_proj",
-   "reference": ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.k_proj",
-                 "model.layers.*.self_attn.v_proj"], "concat_dim": -1},
-  {"target": "model.layers.*.mlp.gate_up_proj",
-   "reference": ["model.layers.*.mlp.gate_proj", "model.layers.*.mlp.up_proj"],
+// The knowledge base, version 2: serving engines' layers against
+// HuggingFace Transformers' modules. Rules about vLLM's classes (SGLang's
+// layers library shares their names) come first: they hold wherever a
+// model puts the layer, their reference relative to the call. Then rules
+// about vLLM's attribute names, for engines of their own that follow its
+// naming with classes of their own (a plain Linear as `qkv_proj`). Of two
+// rules for one target, the first that applies is taken.
+//
+// - QKVParallelLinear and MergedColumnParallelLinear compute HF's separate
+//   projections, concatenated along the features.
+// - LogitsProcessor computes the model's final logits (the head, then
+//   Gemma's soft-cap, Cohere's or Granite's scale), which HF computes in
+//   its ForCausalLM's forward after `lm_head`: the root's logits where the
+//   root returns them, `lm_head`'s otherwise (a rule onto the root applies
+//   only where the root is HF's *ForCausalLM or *ForConditionalGeneration
+//   and its first output has the target's features).
+// - A vLLM *ForCausalLM root returns the hidden states (vLLM computes the
+//   logits in compute_logits, after it): HF's base model's output, where
+//   the features say so.
+// - An activation that takes gate and up together (SiluAndMul, GeluAndMul,
+//   every *AndMul) returns what the next module is given (down_proj, by
+//   whatever name); it applies only where the structure says HF's module
+//   at its path, if any, is another computation.
+// - The attention backend (vLLM's `Attention`, SGLang's RadixAttention:
+//   by qualified name, as an engine's own `Attention` is often the whole
+//   attention block) returns what the output projection after it is given.
+static const char *RecipesV2 = R"json({"components": [
+  {"class": "QKVParallelLinear",
+   "reference": ["{parent}.q_proj", "{parent}.k_proj", "{parent}.v_proj"], "concat_dim": -1},
+  {"class": "MergedColumnParallelLinear",
+   "reference": ["{parent}.gate_proj", "{parent}.up_proj"], "concat_dim": -1},
+  {"class": "LogitsProcessor", "reference": ""},
+  {"class": "LogitsProcessor", "reference": "lm_head"},
+  {"class": ["*ForCausalLM", "*ForConditionalGeneration"], "target": "", "reference": "model"},
+  {"class": "*AndMul", "reference": "{next}:input"},
+  {"class": ["vllm.*.Attention", "sglang.*.RadixAttention"], "reference": "{next}:input"},
+  {"target": "**.qkv_proj",
+   "reference": ["{parent}.q_proj", "{parent}.k_proj", "{parent}.v_proj"], "concat_dim": -1},
+  {"target": "**.gate_up_proj", "reference": ["{parent}.gate_proj", "{parent}.up_proj"],
    "concat_dim": -1},
-  {"target": "model.layers.*.mlp.shared_expert.gate_up_proj",
-   "reference": ["model.layers.*.mlp.shared_expert.gate_proj",
-                 "model.layers.*.mlp.shared_expert.up_proj"], "concat_dim": -1},
-  {"target": "logits_processor", "reference": ""},
-  {"target": "logits_processor", "reference": "lm_head"},
-  {"target": "", "reference": "model"},
-  {"target": "model.layers.*.mlp.experts.gate", "reference": "model.layers.*.mlp.gate"},
-  {"target": "model.layers.*.mlp.act_fn", "reference": "model.layers.*.mlp.down_proj:input"},
-  {"target": "model.layers.*.self_attn.attn", "reference": "model.layers.*.self_attn.o_proj:input"}
+  {"target": "**.attn", "reference": "{next}:input"}
 ]})json";
 
 const std::vector<MappingRule> &builtinRecipes() {
   static const std::vector<MappingRule> Rules = [] {
-    auto R = parseMappingRules(RecipesV1, "built-in recipes");
+    auto R = parseMappingRules(RecipesV2, "built-in recipes");
     if (!R) {
       consumeError(R.takeError()); // a test guards the text
       return std::vector<MappingRule>();
     }
     for (MappingRule &Rule : *R)
-      Rule.Source = "recipe vllm-hf 1";
+      Rule.Source = "recipe vllm-hf 2";
     return std::move(*R);
   }();
   return Rules;
@@ -228,11 +299,23 @@ std::pair<std::string, std::string> referenceRole(StringRef Reference) {
 /// Matches \p Path against \p Pattern (`*` = one dot-free segment); the
 /// segments the stars took, or none.
 std::optional<std::vector<std::string>> matchPath(StringRef Pattern, StringRef Path) {
+  if (Pattern == "**")
+    return std::vector<std::string>();
   SmallVector<StringRef, 8> P, X;
   Pattern.split(P, '.');
   Path.split(X, '.');
-  if (P.size() != X.size())
+  // `**.rest`: rest matches the path's last segments (all of them, or a
+  // tail after a dot).
+  size_t Skip = 0;
+  if (P.front() == "**") {
+    P.erase(P.begin());
+    if (X.size() < P.size() || (X.size() == P.size() && Path.empty()))
+      return std::nullopt;
+    Skip = X.size() - P.size();
+  }
+  if (P.size() + Skip != X.size())
     return std::nullopt;
+  X.erase(X.begin(), X.begin() + Skip);
   std::vector<std::string> Stars;
   for (size_t I = 0; I < P.size(); ++I) {
     if (P[I] == "*")
@@ -241,6 +324,17 @@ std::optional<std::vector<std::string>> matchPath(StringRef Pattern, StringRef P
       return std::nullopt;
   }
   return Stars;
+}
+
+bool classMatches(const std::vector<std::string> &Classes, StringRef Name, StringRef Qualname) {
+  return llvm::any_of(Classes, [&](const std::string &Glob) {
+    auto Pattern = GlobPattern::create(Glob);
+    if (!Pattern) {
+      consumeError(Pattern.takeError());
+      return false;
+    }
+    return Pattern->match(StringRef(Glob).contains('.') ? Qualname : Name);
+  });
 }
 
 std::string substitute(StringRef Pattern, const std::vector<std::string> &Stars) {

@@ -90,6 +90,8 @@ std::optional<double> Diagnoser::ruleRatio(const ModuleCallRecord &TC,
 }
 
 std::string Diagnoser::structureDiffers(const ModuleCallRecord &TC, const ModuleCallRecord &RC) {
+  if (std::string Why = laterWorkInside(TC, RC); !Why.empty())
+    return Why;
   const TensorRecord *TO = T.tensor(TC.Id, "output", 0), *RO = R.tensor(RC.Id, "output", 0);
   bool OutputSharded = TO && RO && sharded(TO, RO->Shape);
   for (StringRef Role : {"input", "output"}) {
@@ -113,6 +115,32 @@ std::string Diagnoser::structureDiffers(const ModuleCallRecord &TC, const Module
               Twine(A->Shape.back()) + " features against the reference's " +
               Twine(B->Shape.back()))
           .str();
+  }
+  return "";
+}
+
+std::string Diagnoser::laterWorkInside(const ModuleCallRecord &TC, const ModuleCallRecord &RC) {
+  const ModuleCallRecord *Begin = T.Calls.data(), *End = Begin + T.Calls.size();
+  if (&TC < Begin || &TC >= End)
+    return "";
+  StringRef Prefix = TC.Path;
+  DenseSet<int64_t> Inside = {TC.Id};
+  for (const ModuleCallRecord *X = &TC + 1; X < End && X->ParentId && Inside.count(*X->ParentId);
+       ++X) {
+    Inside.insert(X->Id);
+    // A call inside it named elsewhere than under it: a module it (or a
+    // helper of its own) borrows.
+    if (Prefix.empty() || StringRef(X->Path).starts_with((Prefix + ".").str()))
+      continue;
+    auto RIt = R.ByKey.find(T.KeyOf.lookup(X->Id));
+    if (RIt == R.ByKey.end() || RIt->second->Seq < RC.Seq)
+      continue; // the reference runs it before (an input made inside)
+    bool Within = false;
+    for (const ModuleCallRecord *M = parentOf(R, *RIt->second); M && !Within; M = parentOf(R, *M))
+      Within = M->Id == RC.Id;
+    if (!Within)
+      return "same path, but a different computation: it calls " + X->Path +
+             ", which the reference calls after it, outside it";
   }
   return "";
 }
@@ -155,13 +183,21 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
   for (const MappingRule *RulePtr : Rules) {
     const MappingRule &Rule = *RulePtr;
     auto Stars = matchPath(Rule.Target, TC.Path);
-    if (!Stars)
+    if (!Stars ||
+        (!Rule.Classes.empty() && !classMatches(Rule.Classes, TC.ClassName, TC.ClassQualname)))
       continue;
     if (!Rule.Parts.empty())
       return applyPartRule(TC, Rule, *Stars, C);
+    // The reference's paths, with the call's own relatives in them.
+    std::vector<std::string> Named;
+    for (const std::string &Pattern : Rule.Reference)
+      if (auto P = relativePath(substitute(Pattern, *Stars), TC))
+        Named.push_back(std::move(*P));
+    if (Named.size() != Rule.Reference.size())
+      continue; // a relative the call does not have (no next call)
     // A rule onto the call's own path (what --calibrate writes for a layout
     // the shapes left open): paired by path, as without it, with its layout.
-    if (Rule.Reference.size() == 1 && substitute(Rule.Reference[0], *Stars) == TC.Path) {
+    if (Named.size() == 1 && Named[0] == TC.Path) {
       if (Rule.Transpose)
         RuleLayouts[TC.Id] = *Rule.Transpose;
       return false;
@@ -181,10 +217,9 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
     std::vector<const ModuleCallRecord *> RC, FC;
     std::vector<bool> Inputs;
     C.ReferencePaths.clear();
-    for (const std::string &Pattern : Rule.Reference) {
-      std::string Named = substitute(Pattern, *Stars);
-      C.ReferencePaths.push_back(Named);
-      auto [Path, Role] = referenceRole(Named);
+    for (const std::string &Reference : Named) {
+      C.ReferencePaths.push_back(Reference);
+      auto [Path, Role] = referenceRole(Reference);
       Inputs.push_back(Role == "input");
       auto RK = std::make_tuple(std::get<0>(Key), Path, std::get<2>(Key));
       auto RIt = R.ByKey.find(RK);
@@ -205,6 +240,11 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
       continue;
     }
     C.MappedBy = Rule.Source;
+    // Which rule of a knowledge base: the class it knows, or the name.
+    if (!Rule.Classes.empty())
+      C.MappedBy += ": class " + TC.ClassName;
+    else if (Recipe && StringRef(Rule.Target).starts_with("**."))
+      C.MappedBy += ": name " + StringRef(TC.Path).rsplit('.').second.str();
     C.ConcatDim = Rule.ConcatDim;
     if (Rule.Transpose)
       RuleLayouts[TC.Id] = *Rule.Transpose;
@@ -224,6 +264,54 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
     return true;
   }
   return false;
+}
+
+std::optional<std::string> Diagnoser::relativePath(StringRef Pattern,
+                                                   const ModuleCallRecord &TC) const {
+  auto Under = [](StringRef Path, StringRef Rest) -> std::string {
+    // `{parent}.x` of a call at the top level is `x`.
+    if (Path.empty() && Rest.starts_with("."))
+      return Rest.drop_front().str();
+    return (Path + Rest).str();
+  };
+  auto Parent = [](StringRef Path) -> std::optional<StringRef> {
+    if (Path.empty())
+      return std::nullopt;
+    size_t Dot = Path.rfind('.');
+    return Dot == StringRef::npos ? StringRef() : Path.take_front(Dot);
+  };
+  if (Pattern.consume_front("{parent}")) {
+    auto P = Parent(TC.Path);
+    return P ? std::optional<std::string>(Under(*P, Pattern)) : std::nullopt;
+  }
+  if (Pattern.consume_front("{grandparent}")) {
+    auto P = Parent(TC.Path);
+    auto G = P ? Parent(*P) : std::nullopt;
+    return G ? std::optional<std::string>(Under(*G, Pattern)) : std::nullopt;
+  }
+  if (Pattern.consume_front("{next}")) {
+    const ModuleCallRecord *Next = nextSibling(TC);
+    return Next ? std::optional<std::string>(Next->Path + Pattern.str()) : std::nullopt;
+  }
+  return Pattern.str();
+}
+
+const ModuleCallRecord *Diagnoser::nextSibling(const ModuleCallRecord &TC) const {
+  // The calls that follow, while they stay inside TC's parent: the first
+  // with TC's parent is the next.
+  const ModuleCallRecord *Begin = T.Calls.data(), *End = Begin + T.Calls.size();
+  const ModuleCallRecord *At = &TC;
+  if (At < Begin || At >= End)
+    return nullptr;
+  DenseSet<int64_t> Inside = {TC.Id};
+  for (const ModuleCallRecord *X = At + 1; X < End && X->Step == TC.Step; ++X) {
+    if (X->ParentId == TC.ParentId)
+      return X;
+    if (!X->ParentId || !Inside.count(*X->ParentId))
+      return nullptr;
+    Inside.insert(X->Id);
+  }
+  return nullptr;
 }
 
 bool Diagnoser::applyPartRule(const ModuleCallRecord &TC, const MappingRule &Rule,

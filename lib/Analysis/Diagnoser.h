@@ -329,6 +329,25 @@ private:
   /// differ. Empty when nothing speaks against the pair.
   std::string structureDiffers(const ModuleCallRecord &TC, const ModuleCallRecord &RC);
 
+  /// \p Pattern (a rule's reference, stars substituted) with a path
+  /// relative to \p TC resolved: `{parent}`, `{grandparent}`, `{next}`;
+  /// none where \p TC has no such relative.
+  std::optional<std::string> relativePath(StringRef Pattern, const ModuleCallRecord &TC) const;
+
+  /// The call after \p TC under the same parent (the module an activation
+  /// or an attention backend hands its output to); null if none.
+  const ModuleCallRecord *nextSibling(const ModuleCallRecord &TC) const;
+
+  /// Structural evidence that \p TC computes more than \p RC, at its
+  /// path: it calls, itself or through a helper of its own, a module
+  /// named elsewhere (one it borrows) whose
+  /// counterpart the reference runs after \p RC, outside it — its output
+  /// holds work the reference does later (vLLM's shared expert applies the
+  /// sigmoid gate HF's MoE block applies to its output; its fused-experts
+  /// runner adds the shared expert in). A module borrowed to make an input
+  /// (a router the runner calls first) is no such evidence. Empty if none.
+  std::string laterWorkInside(const ModuleCallRecord &TC, const ModuleCallRecord &RC);
+
   /// Applies the first mapping rule that matches \p TC; true if one did.
   bool applyRule(const ModuleCallRecord &TC, ComponentRatio &C);
 

@@ -160,6 +160,14 @@ Diagnosis Diagnoser::run() {
       if (C.Ratio && !RescaledCalls.count(C.CallId))
         D.MaxRatio = std::max(D.MaxRatio, *C.Ratio);
   }
+  for (const ComponentRatio &C : D.Curve)
+    if (C.Ratio && *C.Ratio > O.Threshold && C.Threshold && !C.CalibratedNoise &&
+        *C.Ratio <= *C.Threshold)
+      D.FewValues.push_back(formatv("{0}: R = {1} of {2} values, within the {3} that so few "
+                                    "allow",
+                                    C.Path.empty() ? "(root)" : C.Path, format("%.3g", *C.Ratio),
+                                    C.ComparedValues, format("%.3g", *C.Threshold))
+                                .str());
   checkSampling(D);
   // Greedy decoding that did not take its logits' argmax: the sampler's
   // divergence, which no module call shows.
@@ -568,6 +576,15 @@ void Diagnoser::computeRatios(Diagnosis &D) {
       C.CalibratedNoise = Noise->second;
       C.Threshold = std::max(O.CalibratedFloor, O.CalibratedMargin * Noise->second);
     }
+    // An R of few values is a noisy one (ComparedValues).
+    if (const ModuleCallRecord *RC =
+            C.Mapped && C.Ratio && !C.CalibratedNoise ? refCall(TC.Id) : nullptr)
+      if (const TensorRecord *RO = R.tensor(RC->Id, "output", 0)) {
+        C.ComparedValues = std::max<int64_t>(1, numElements(RO->Shape));
+        double Spread = std::exp(3.09 / std::sqrt(double(C.ComparedValues)));
+        if (Spread > C.Threshold.value_or(O.Threshold))
+          C.Threshold = Spread;
+      }
     if (MergeSteps && C.Mapped && !C.Ratio) {
       // Its outputs over the steps it ran do not make the reference's
       // tokens: say which steps it missed.

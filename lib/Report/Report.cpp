@@ -116,6 +116,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
     OS << "  noise model: " << D.NoiseModel << "\n";
     for (const std::string &Note : D.Rescaled)
       OS << "  rescaled: " << Note << "\n";
+    for (const std::string &Note : D.FewValues)
+      OS << "  few values: " << Note << "\n";
     printSampling(OS, D, /*Verdict=*/false);
     return;
   case Diagnosis::Verdict::Divergence:
@@ -139,6 +141,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
   OS << "  noise model: " << D.NoiseModel << "\n";
   for (const std::string &Note : D.Rescaled)
     OS << "  rescaled: " << Note << "\n";
+  for (const std::string &Note : D.FewValues)
+    OS << "  few values: " << Note << "\n";
   // Suspects of several steps (the same module may be one in each) say
   // which step each is.
   bool Steps = llvm::any_of(D.Suspects, [&](const Suspect &S) {
@@ -293,6 +297,7 @@ json::Value curveJSON(const ComponentRatio &C, const Diagnosis &D) {
   O["input_ratio"] = ratioJSON(C.InputRatio);
   O["calibrated_noise"] = ratioJSON(C.CalibratedNoise);
   O["threshold"] = thresholdOf(C, D);
+  O["compared_values"] = C.ComparedValues ? json::Value(C.ComparedValues) : json::Value(nullptr);
   return V;
 }
 
@@ -364,6 +369,7 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
                  {"threshold", D.Threshold},
                  {"noise_model", D.NoiseModel},
                  {"rescaled", json::Array(D.Rescaled)},
+                 {"few_values", json::Array(D.FewValues)},
                  {"max_ratio", ratioJSON(D.MaxRatio)},
                  {"uncompared", int64_t(D.Uncompared)},
                  {"merged_steps", D.MergedSteps},

@@ -201,6 +201,15 @@ TEST(Mapping, PathsMatchWithStarsForOneSegment) {
   EXPECT_EQ(*Stars, (std::vector<std::string>{"12"}));
   EXPECT_FALSE(matchPath("model.layers.*.mlp", "model.layers.1.2.mlp"));
   EXPECT_EQ(substitute("model.layers.*.self_attn.q_proj", *Stars), "model.layers.12.self_attn.q_proj");
+  // `**.` takes any leading segments, none included; it takes no star.
+  auto Tail = matchPath("**.qkv_proj", "model.layers.2.self_attn.qkv_proj");
+  ASSERT_TRUE(Tail);
+  EXPECT_TRUE(Tail->empty());
+  EXPECT_TRUE(matchPath("**.qkv_proj", "qkv_proj"));
+  EXPECT_FALSE(matchPath("**.qkv_proj", "model.qkv_proj.bias"));
+  EXPECT_FALSE(matchPath("**.attn", ""));
+  EXPECT_TRUE(matchPath("**", ""));
+  EXPECT_EQ(*matchPath("**.layers.*.mlp", "model.layers.4.mlp"), (std::vector<std::string>{"4"}));
   auto [Pattern, Numbers] = starred("model.layers.3.mlp.experts.7");
   EXPECT_EQ(Pattern, "model.layers.*.mlp.experts.*");
   EXPECT_EQ(Numbers, (std::vector<std::string>{"3", "7"}));
@@ -214,9 +223,42 @@ TEST(Mapping, AReferenceMayNameItsInput) {
   EXPECT_EQ(referenceRole("a:b").first, "a:b");
   // The built-in recipes parse, the attention backend's among them.
   EXPECT_TRUE(llvm::any_of(builtinRecipes(), [](const MappingRule &R) {
-    return R.Target == "model.layers.*.self_attn.attn" &&
-           R.Reference == std::vector<std::string>{"model.layers.*.self_attn.o_proj:input"};
+    return classMatches(R.Classes, "Attention", "vllm.model_executor.layers.attention.Attention") &&
+           R.Reference == std::vector<std::string>{"{next}:input"};
   }));
+}
+
+TEST(Mapping, ARuleMayNameTheTargetsClass) {
+  auto Rules = parseMappingRules(R"({"components": [
+      {"class": "SiluAndMul", "reference": "{next}:input"},
+      {"class": ["*AndMul", "vllm.*.Attention"], "target": "**.mlp.*",
+       "reference": "{parent}.down_proj"}]})",
+                                 "test");
+  ASSERT_TRUE(bool(Rules)) << toString(Rules.takeError());
+  ASSERT_EQ(Rules->size(), 2u);
+  EXPECT_EQ((*Rules)[0].Target, "**");
+  EXPECT_EQ((*Rules)[1].Target, "**.mlp.*");
+  // A glob on the class name; with a dot, on the qualified name.
+  const auto &Classes = (*Rules)[1].Classes;
+  EXPECT_TRUE(classMatches(Classes, "GeluAndMul", "vllm.layers.activation.GeluAndMul"));
+  EXPECT_TRUE(classMatches(Classes, "Attention", "vllm.layers.attention.Attention"));
+  EXPECT_FALSE(classMatches(Classes, "Attention", "zoo_engine.model.Attention"));
+  EXPECT_FALSE(classMatches(Classes, "AndMulti", "x.AndMulti"));
+  // What is refused, with why.
+  for (const char *Bad : {
+           R"({"components": [{"class": [], "reference": "x"}]})",
+           R"({"components": [{"class": "A", "reference": "{sibling}.x"}]})",
+           R"({"components": [{"class": "A", "reference": "{next}.x"}]})",
+           R"({"components": [{"class": "A", "reference": "a.{parent}"}]})",
+           R"({"components": [{"target": "a.**.b", "reference": "x"}]})",
+           R"({"components": [{"target": ["a.q", "a.k"], "reference": "{parent}.qk"}]})",
+           R"({"components": [{"class": "[", "reference": "x"}]})",
+       }) {
+    auto R = parseMappingRules(Bad, "test");
+    EXPECT_FALSE(bool(R)) << Bad;
+    if (!R)
+      consumeError(R.takeError());
+  }
 }
 
 TEST(Mapping, SeveralTargetsAgainstOneReferenceAreOneRulePerPart) {

@@ -40,12 +40,20 @@ def config(arch):
         return tf.Qwen3MoeConfig(**dict(COMMON, num_experts=4, num_experts_per_tok=2,
                                         moe_intermediate_size=128, decoder_sparse_step=1,
                                         norm_topk_prob=True, mlp_only_layers=[]))
+    if arch == "qwen2_moe":
+        # A shared expert beside the routed ones, with its own sigmoid gate:
+        # vLLM's layers one level deeper (mlp.shared_expert.act_fn).
+        return tf.Qwen2MoeConfig(**dict(COMMON, num_experts=4, num_experts_per_tok=2,
+                                        moe_intermediate_size=128,
+                                        shared_expert_intermediate_size=256,
+                                        decoder_sparse_step=1, norm_topk_prob=False,
+                                        mlp_only_layers=[]))
     if arch == "phi3":
         c = dict(COMMON)
         c.pop("head_dim")
         return tf.Phi3Config(**dict(c, pad_token_id=0))
     raise SystemExit(f"tiny_model.py: unknown architecture '{arch}' "
-                     "(llama, qwen3, gemma3, qwen3_moe, phi3)")
+                     "(llama, qwen3, gemma3, qwen3_moe, qwen2_moe, phi3)")
 
 
 def main():

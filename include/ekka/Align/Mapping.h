@@ -23,10 +23,21 @@ namespace ekka {
 ///   {"target": "model.layers.*.self_attn.qkv_proj",
 ///    "reference": ["model.layers.*.self_attn.q_proj", "...k_proj", "...v_proj"],
 ///    "concat_dim": -1}
-/// `*` stands for one path segment and takes the same value on both sides.
+/// `*` stands for one path segment and takes the same value on both sides;
+/// a target may begin with `**.` (any leading segments).
 /// Several reference components are concatenated along `concat_dim`.
+///
+/// A rule may name the target's class instead of, or besides, its path:
+///   {"class": "SiluAndMul", "reference": "{next}:input"}
+/// applies to every call of that class, wherever the model puts it. A
+/// class is a glob (`*AndMul`); one with a dot is matched against the
+/// module's qualified name (`vllm.*.Attention`). A reference may begin with
+/// a path relative to the call: `{parent}` (its path less the last
+/// segment), `{grandparent}`, or `{next}`, the next call under the same
+/// parent (the module given its output).
 struct MappingRule {
-  std::string Target;
+  std::string Target; ///< A path pattern; "**" where only the class says.
+  std::vector<std::string> Classes;
   std::vector<std::string> Reference;
   int ConcatDim = -1;
   /// Many-to-one: the target components that together make the one
@@ -68,9 +79,11 @@ struct CalibratedNoise {
 llvm::Expected<CalibratedNoise> readCalibratedNoise(llvm::StringRef Path);
 llvm::Expected<CalibratedNoise> parseCalibratedNoise(llvm::StringRef Text, llvm::StringRef Name);
 
-/// The built-in knowledge base: recipes that map serving engines' module
-/// naming (vLLM, SGLang: fused QKV, merged gate/up, the logits processor)
-/// onto HuggingFace Transformers'. Versioned; tried after the user's rules.
+/// The built-in knowledge base: recipes that map serving engines' layers
+/// (vLLM's and SGLang's classes: fused QKV, merged gate/up, the logits
+/// processor, the attention backend; then vLLM's attribute names, for
+/// engines of their own) onto HuggingFace Transformers' modules.
+/// Versioned; tried after the user's rules.
 const std::vector<MappingRule> &builtinRecipes();
 
 /// A rule's reference component and the tensor it means: `path` (its
@@ -78,9 +91,14 @@ const std::vector<MappingRule> &builtinRecipes();
 /// attention backend returns what HF's `o_proj` is given).
 std::pair<std::string, std::string> referenceRole(llvm::StringRef Reference);
 
-/// Matches \p Path against \p Pattern (`*` = one dot-free segment); the
-/// segments the stars took, or none.
+/// Matches \p Path against \p Pattern (`*` = one dot-free segment, a
+/// leading `**` any number of them); the segments the stars took, or none.
 std::optional<std::vector<std::string>> matchPath(llvm::StringRef Pattern, llvm::StringRef Path);
+
+/// Whether a call of class \p Name (qualified: \p Qualname) is one of
+/// \p Classes (globs; one with a dot meets the qualified name).
+bool classMatches(const std::vector<std::string> &Classes, llvm::StringRef Name,
+                  llvm::StringRef Qualname);
 
 /// \p Pattern with its stars replaced by \p Stars, in order.
 std::string substitute(llvm::StringRef Pattern, const std::vector<std::string> &Stars);

@@ -107,8 +107,15 @@ struct ComponentRatio {
   std::optional<std::pair<int, int>> Transposed;
   std::string LayoutBy;
   /// From a calibration: its largest R on the known-good pair, and the
-  /// ratio above which it departs here (instead of the diagnosis's).
+  /// ratio above which it departs here (instead of the diagnosis's). The
+  /// threshold is also raised for an output of few values (ComparedValues).
   std::optional<double> CalibratedNoise, Threshold;
+  /// How many values its R was computed from (the reference output's).
+  /// Two noise draws' ratio spreads as about exp(1/sqrt(n)): an output of
+  /// few values (a router's one logit per token) departs above
+  /// exp(3.09/sqrt(n)) where that is above the threshold (one in a
+  /// thousand clean pairs would go further).
+  int64_t ComparedValues = 0;
   /// Mapped, but not compared, where the reason is a clue: a call that ran
   /// in fewer of the joined steps than the model did (a decode path that
   /// skips it). Empty otherwise.
@@ -170,6 +177,9 @@ struct Diagnosis {
   /// Components whose output departs by a scale the engine undoes before
   /// the next component (Diagnoser::rescaledAfter): not suspects, said.
   std::vector<std::string> Rescaled;
+  /// Components above the threshold but within the wider one their few
+  /// values allow (ComponentRatio::ComparedValues): not suspects, said.
+  std::vector<std::string> FewValues;
   std::string InputsDifference;       ///< For InputsDiffer: where, in words.
   double Threshold = 1.5;
   double MaxRatio = 0;
