@@ -28,8 +28,16 @@ inline std::string rangesOf(llvm::ArrayRef<int64_t> Numbers) {
     size_t J = I;
     while (J + 1 < Numbers.size() && Numbers[J + 1] == Numbers[J] + 1)
       ++J;
-    Out += (Out.empty() ? "" : ", ") + std::to_string(Numbers[I]) +
-           (J > I ? "-" + std::to_string(Numbers[J]) : std::string());
+    // Appended piece by piece: GCC 12 takes `"-" + std::to_string(...)`,
+    // inlined here, for an overlapping memcpy (a -Wrestrict false
+    // positive, GCC bug 105329) and says so in every file that includes it.
+    if (!Out.empty())
+      Out += ", ";
+    Out += std::to_string(Numbers[I]);
+    if (J > I) {
+      Out += '-';
+      Out += std::to_string(Numbers[J]);
+    }
     I = J + 1;
   }
   return Out;
