@@ -165,10 +165,10 @@ Expected<ReferenceTraces> runReference(ArrayRef<TraceReader *> Target,
     return makeError("--reference-model: ekka-trace is not beside ekka-diagnose ('" + Tracer +
                      "')");
   if (Error E = traceOne(O, Tracer, RequestsFile, Low, Out.LowPrecision))
-    return std::move(E);
+    return E;
   if (!Out.FP32.empty())
     if (Error E = traceOne(O, Tracer, RequestsFile, "fp32", Out.FP32))
-      return std::move(E);
+      return E;
   raw_fd_ostream Mark(Done, EC);
   return Out;
 }
