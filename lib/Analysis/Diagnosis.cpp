@@ -149,6 +149,9 @@ Diagnosis Diagnoser::run() {
     return D;
   reservePaths();
   computeRatios(D);
+  // The change point, the drill-down into ops and kernels, and the checks
+  // after them: a phase of its own on a terminal.
+  ProgressBar Phase("localizing the divergence");
   CurveSoFar = D.Curve;
   CurveStepRatios = std::move(StepRatios);
   StepRatios.clear();
@@ -527,7 +530,7 @@ void Diagnoser::computeRatios(Diagnosis &D) {
       FirstRootOfStep.try_emplace(M.Step, M.Id);
   // On a terminal only (lit and logs stay clean): comparing a large
   // model's captured tensors over many decode steps takes a while.
-  ProgressBar Bar("comparing module calls", T.Calls.size());
+  ProgressBar Bar("comparing module calls", T.Calls.size(), "calls");
   for (const ModuleCallRecord &TC : T.Calls) {
     Bar.advance();
     if (MergeSteps && TC.Step > 1)
@@ -714,19 +717,27 @@ Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks,
   TraceReader &Target = *TargetRanks.front(), &Reference = *ReferenceRanks.front();
   TraceReader *ReferenceFP32 = FP32Ranks.empty() ? nullptr : FP32Ranks.front();
   Side T, R, F;
+  // Reading a large trace's calls, ops and tensor statistics takes a while:
+  // each side is a phase on a terminal.
+  ProgressBar Phase("reading the target trace");
   auto Stages = rankStages(TargetRanks);
   if (!Stages)
     return Stages.takeError();
   if (Error E = loadColumn(T, TargetRanks, *Stages, 0))
     return E;
+  Phase.restart("reading the reference trace");
   // Tensor-parallel ranks: the first is compared, the others lend their
   // shards — unless the reference is sharded alike (then shard meets shard).
   size_t Parallel = Stages->front().size();
   if (Error E = loadReference(R, ReferenceRanks, Parallel, "reference"))
     return E;
-  if (ReferenceFP32)
+  if (ReferenceFP32) {
+    Phase.restart("reading the FP32 reference");
     if (Error E = loadReference(F, FP32Ranks, Parallel, "FP32 reference"))
       return E;
+  }
+  if (Parallel > 1)
+    Phase.restart("reading the other ranks");
   std::vector<std::unique_ptr<Side>> Peers;
   for (size_t P = 1; P < Parallel; ++P) {
     Peers.push_back(std::make_unique<Side>());
@@ -776,6 +787,7 @@ Expected<Diagnosis> diagnose(ArrayRef<TraceReader *> TargetRanks,
                        "cannot be joined into one forward");
     RowOrders = requestRowOrders(*Requests);
   }
+  Phase.finish();
   Diagnoser Run(T, R, ReferenceFP32 ? &F : nullptr, Options);
   Run.setRowOrders(std::move(RowOrders));
   for (auto &P : Peers)

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <set>
 
 using namespace llvm;
@@ -104,9 +105,13 @@ public:
   Expected<IndexBuildSummary> run() {
     auto Start = std::chrono::steady_clock::now();
     WalkStats Walk;
+    // A large repository's walk and its index's writing take a while: each
+    // is a phase on a terminal, between the counts of files parsed.
+    std::optional<ProgressBar> Phase(std::in_place, "walking the repository");
     auto Files = collectSourceFiles(Options.Roots, Walk);
     if (!Files)
       return Files.takeError();
+    Phase.reset();
     auto Index = CodeIndex::openForWriting(Options.IndexPath);
     if (!Index)
       return Index.takeError();
@@ -155,6 +160,7 @@ public:
     if (Error E = parseCxx(Pool, **Index, *Stored, *Files))
       return E;
     phase("c++");
+    Phase.emplace("writing the index");
     if (Error E = write(**Index, *Stored))
       return E;
     if (*Revision != Current)
@@ -164,6 +170,7 @@ public:
       if (Error E = (*Index)->setMeta("cxx_search", SearchNow))
         return E;
     phase("write");
+    Phase.reset();
 
     if (Options.Log)
       for (const auto &[Path, Why] : Walk.Skipped)
@@ -267,7 +274,7 @@ private:
 
   void readAndParsePython(DefaultThreadPool &Pool,
                           const StringMap<IndexedFileState> &Stored) {
-    ProgressBar Bar("indexing files", Work.size());
+    ProgressBar Bar("reading files", Work.size(), "files");
     // Largest files first, so that no thread is left with a big one at the
     // end while the others idle; workers take the next file from a counter.
     std::vector<FileWork *> Order;
@@ -375,7 +382,7 @@ private:
         sys::fs::remove_directories(TempDir);
     });
 
-    ProgressBar Bar("parsing C/C++/CUDA", Sources.size() + Headers.size());
+    ProgressBar Bar("parsing C/C++/CUDA", Sources.size() + Headers.size(), "files");
     auto ParseAll = [&](ArrayRef<FileWork *> Units) {
       for (FileWork *W : Units)
         Pool.async([&, W] {
@@ -398,7 +405,7 @@ private:
           Run.WorkByReal[F->RealPath] = W;
           Again.push_back(W);
         }
-      Bar.restart("parsing C/C++/CUDA", Again.size() + Headers.size());
+      Bar.restart("parsing C/C++/CUDA", Again.size() + Headers.size(), "files");
       ParseAll(Again);
       adoptOffers(Run, Stored);
     }

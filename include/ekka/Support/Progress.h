@@ -1,4 +1,12 @@
-//===- Progress.h - A progress bar for long work on a terminal -*- C++ -*-===//
+//===- Progress.h - Progress of long work on a terminal ---------*- C++ -*-===//
+//
+// A one-line progress display on stderr for the tools' long work: indexing a
+// large repository, reading and comparing a large trace. It is a display
+// only: it never writes to stdout, never draws when stderr is not a terminal
+// (logs, pipes and lit stay clean), and erases itself before the tool's own
+// output continues.
+//
+//===----------------------------------------------------------------------===//
 #ifndef EKKA_SUPPORT_PROGRESS_H
 #define EKKA_SUPPORT_PROGRESS_H
 
@@ -11,27 +19,35 @@
 
 namespace ekka {
 
-/// A one-line progress bar on stderr, redrawn at most ten times a second.
-/// It draws only when stderr is a terminal (or EKKA_PROGRESS=1), so logs and
-/// lit output stay clean. advance() may be called from any thread.
+/// The line a progress display shows, \p Columns wide at most: a phase
+/// (\p Total 0) is its label alone; a count shows a bar, done of total in
+/// \p Unit and, after a moment, the rate per second and the time so far.
+std::string progressLine(llvm::StringRef Label, size_t Done, size_t Total,
+                         llvm::StringRef Unit, double Seconds, unsigned Columns = 80);
+
+/// A progress line on stderr, redrawn at most ten times a second. It draws
+/// only when stderr is a terminal (EKKA_PROGRESS=1 forces it, =0 stops it).
+/// advance() may be called from any thread.
 class ProgressBar {
 public:
-  ProgressBar(llvm::StringRef Label, size_t Total);
+  /// \p Total 0 is a phase: work whose size is not known, shown by name.
+  explicit ProgressBar(llvm::StringRef Label, size_t Total = 0, llvm::StringRef Unit = "");
   ~ProgressBar();
 
   void advance(size_t N = 1);
-  /// Changes the label (a new phase) and the total, keeping the bar.
-  void restart(llvm::StringRef Label, size_t Total);
-  /// Erases the bar; later output starts on a clean line.
+  /// Starts the next phase or count on the same line, drawn at once.
+  void restart(llvm::StringRef Label, size_t Total = 0, llvm::StringRef Unit = "");
+  /// Draws the last state, then erases the line: what the tool prints next
+  /// starts on a clean one.
   void finish();
 
-  /// Whether bars are drawn in this process.
+  /// Whether progress is drawn in this process.
   static bool enabled();
 
 private:
   void draw(bool Force);
 
-  std::string Label;
+  std::string Label, Unit;
   std::atomic<size_t> Done{0};
   size_t Total;
   bool Active;
