@@ -1,6 +1,7 @@
 # lit configuration for Ekka's tool tests: each RUN line is a user's command,
 # each CHECK line what the user expects to see.
 import os
+import shutil
 
 import lit.formats
 
@@ -40,6 +41,16 @@ config.substitutions.append(
 config.substitutions.append(("%zoo-dir", os.path.join(config.ekka_src_root, "utils", "zoo")))
 config.substitutions.append(
     ("%expect-exit", os.path.join(config.ekka_src_root, "utils", "lit", "expect-exit")))
+
+# A report as a person sees it, in headless Chromium (Debian's
+# chromium-headless-shell, which utils/install-deps installs).
+config.substitutions.append(
+    ("%html-in-browser", "{0} {1}".format(
+        config.python_executable,
+        os.path.join(config.ekka_src_root, "utils", "lit", "html-in-browser.py"))))
+if shutil.which("chromium-headless-shell") or os.path.exists(
+        "/usr/lib/chromium/chromium-headless-shell"):
+    config.available_features.add("chromium")
 
 # The real vLLM (utils/install-vllm, which utils/build runs): its Python,
 # and the suite's own programs, test/vllm.
