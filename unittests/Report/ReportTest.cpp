@@ -136,11 +136,14 @@ TEST(Report, TheHTMLPageIsSelfContainedWithThePlotAndTheSuspect) {
   EXPECT_TRUE(Page.starts_with("<!DOCTYPE html>"));
   EXPECT_TRUE(Page.rtrim().ends_with("</html>"));
   EXPECT_FALSE(Page.contains("<script")) << "self-contained and static";
-  // One address only: the SVG namespace; nothing is fetched.
-  EXPECT_EQ(Page.count("http"), 1u);
+  // One address only: the SVG namespace; nothing is fetched, and the
+  // page's policy forbids scripts and loads.
+  EXPECT_EQ(Page.count("http://"), 1u);
+  EXPECT_TRUE(Page.contains("content=\"default-src 'none';"));
   EXPECT_TRUE(Page.contains("<svg id=\"error-ratio\""));
-  // One point per compared call: three of four.
-  EXPECT_EQ(Page.count("<circle"), 3u);
+  // One point per compared call: three of four; the suspect circled.
+  EXPECT_EQ(Page.count("<circle cx="), 3u);
+  EXPECT_EQ(Page.count("<circle class=\"suspect-mark\""), 1u);
   // Names are escaped.
   EXPECT_TRUE(Page.contains("zoo.engine.MLP&lt;float&gt;"));
   EXPECT_FALSE(Page.contains("MLP<float>"));
