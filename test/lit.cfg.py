@@ -42,6 +42,11 @@ config.substitutions.append(("%zoo-dir", os.path.join(config.ekka_src_root, "uti
 config.substitutions.append(
     ("%expect-exit", os.path.join(config.ekka_src_root, "utils", "lit", "expect-exit")))
 
+# Chrome trace-event JSON checked against the format's rules and its trace.
+config.substitutions.append(
+    ("%check-trace-events", "{0} {1}".format(
+        config.python_executable,
+        os.path.join(config.ekka_src_root, "utils", "lit", "check-trace-events.py"))))
 # A report as a person sees it, in headless Chromium (Debian's
 # chromium-headless-shell, which utils/install-deps installs).
 config.substitutions.append(

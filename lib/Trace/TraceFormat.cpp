@@ -61,6 +61,12 @@ CREATE TABLE IF NOT EXISTS tensors(
   key TEXT,
   source_id INTEGER,
   layout TEXT);
+CREATE TABLE IF NOT EXISTS spans(
+  owner TEXT NOT NULL,
+  owner_id INTEGER NOT NULL,
+  thread INTEGER NOT NULL,
+  start_ns INTEGER NOT NULL,
+  end_ns INTEGER NOT NULL);
 )sql";
 }
 

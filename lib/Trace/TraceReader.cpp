@@ -299,6 +299,41 @@ Expected<std::vector<KernelRecord>> TraceReader::kernels() {
   return Out;
 }
 
+Expected<std::vector<SpanRecord>> TraceReader::spans() {
+  std::vector<SpanRecord> Out;
+  auto S = Db->prepare("SELECT owner, owner_id, thread, start_ns, end_ns FROM spans "
+                       "ORDER BY start_ns, end_ns DESC");
+  if (!S) {
+    // Format 1.8 added the table; an older trace has no timeline.
+    if (!formatAtLeast(1, 8)) {
+      consumeError(S.takeError());
+      return Out;
+    }
+    return S.takeError();
+  }
+  std::string Problem;
+  if (Error E = S->forEachRow([&](const SQLiteStatement &Row) {
+        SpanRecord R;
+        std::optional<TensorOwner> Owner = parseOwner(Row.columnText(0));
+        R.OwnerId = Row.columnInt(1);
+        R.Thread = Row.columnInt(2);
+        R.StartNs = Row.columnInt(3);
+        R.EndNs = Row.columnInt(4);
+        if (!Owner || *Owner == TensorOwner::Kernel || R.EndNs < R.StartNs) {
+          if (Problem.empty())
+            Problem = "a span of " + Row.columnText(0).str() + " " + std::to_string(R.OwnerId) +
+                      (Owner ? " ends before it starts" : " has an unknown owner");
+          return;
+        }
+        R.Owner = *Owner;
+        Out.push_back(R);
+      }))
+    return E;
+  if (!Problem.empty())
+    return makeError("'" + directory() + "' is corrupt: " + Problem);
+  return Out;
+}
+
 Expected<std::vector<TensorRecord>> TraceReader::tensors() {
   std::vector<TensorRecord> Out;
   // source_id arrived with format 1.1, layout with 1.4: older traces lack them.

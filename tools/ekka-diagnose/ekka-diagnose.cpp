@@ -13,6 +13,7 @@
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
 #include "ekka/Support/Plural.h"
+#include "ekka/Trace/Timeline.h"
 #include "ekka/Trace/TraceReader.h"
 
 #include "llvm/Support/CommandLine.h"
@@ -77,6 +78,11 @@ cl::opt<bool> Greedy(
              "not only a note"));
 cl::opt<std::string> HtmlFile("html", cl::value_desc("FILE"), cl::cat(Category),
                               cl::desc("Also write a self-contained HTML report"));
+cl::opt<std::string> PerfettoFile(
+    "perfetto", cl::value_desc("FILE"), cl::cat(Category),
+    cl::desc("Also write the target's timeline as Chrome trace-event JSON (Perfetto, "
+             "chrome://tracing), the suspects and the first divergent op marked on it; the "
+             "target must be a trace of format 1.8 or newer"));
 cl::opt<std::string> MappingFile(
     "mapping", cl::value_desc("FILE"), cl::cat(Category),
     cl::desc("A JSON file mapping target components onto reference ones (renamed, fused: "
@@ -209,6 +215,37 @@ void writeCalibration(const Diagnosis &D) {
 
 } // namespace
 
+/// --perfetto: the target's timeline with the suspects and the first
+/// divergent op marked.
+static void writeMarkedTimeline(const Diagnosis &D, ArrayRef<TraceReader *> Target) {
+  TimelineMarks Marks;
+  unsigned Rank = 0;
+  for (const Suspect &S : D.Suspects) {
+    ++Rank;
+    Marks.Calls[S.Component.CallId] = "suspect " + std::to_string(Rank) + ": " +
+                                      componentName(S.Component) + ", R = " +
+                                      ratioText(S.Component.Ratio);
+    if (S.Op && S.Op->OpSeq >= 0 && !Marks.OpSeq) {
+      Marks.OpSeq = S.Op->OpSeq;
+      Marks.OpLabel = "first divergent op: " + S.Op->Name +
+                      (S.Op->Ratio ? ", R = " + ratioText(S.Op->Ratio) : std::string()) +
+                      " (in suspect " + std::to_string(Rank) + ")";
+    }
+  }
+  std::error_code EC;
+  raw_fd_ostream OS(PerfettoFile, EC);
+  if (EC)
+    exitWithError(Tool, makeError("cannot write '" + PerfettoFile + "': " + EC.message()));
+  auto Written = writeTimeline(OS, Target, Marks);
+  OS.close();
+  if (!Written) {
+    sys::fs::remove(PerfettoFile);
+    exitWithError(Tool, Written.takeError());
+  }
+  if (OS.has_error())
+    exitWithError(Tool, makeError("cannot write '" + PerfettoFile + "'"));
+}
+
 int main(int argc, char **argv) {
   // Tensors are widened to doubles one pair after another, in buffers of
   // the same few sizes: keep freed ones in the heap for the next, rather than
@@ -239,30 +276,38 @@ int main(int argc, char **argv) {
     exitWithError(Tool, makeError("needs --target TRACE and --reference TRACE, or --target "
                                   "TRACE and --reference-model DIR (see --help)"));
   // A calibration writes a mapping file, not a report.
-  if (!CalibrateFile.empty() && (Json || !HtmlFile.empty()))
+  if (!CalibrateFile.empty() && (Json || !HtmlFile.empty() || !PerfettoFile.empty()))
     exitWithError(Tool, makeError(std::string("--calibrate writes a mapping file and no "
                                               "report: drop ") +
-                                  (Json ? "--json" : "--html") + " (or run it again without "
-                                  "--calibrate)"));
+                                  (Json ? "--json" : !HtmlFile.empty() ? "--html" : "--perfetto") +
+                                  " (or run it again without --calibrate)"));
   if (!(Threshold > 0) || !std::isfinite(Threshold))
     exitWithError(Tool, makeError("--threshold must be a positive number"));
-  if (!HtmlFile.empty()) {
-    // Refuse an unwritable report before printing a diagnosis, without
-    // emptying one that is there (the run may yet fail on its input).
+  // Refuse an unwritable report before printing a diagnosis, without
+  // emptying one that is there (the run may yet fail on its input).
+  for (const std::string &File : {HtmlFile.getValue(), PerfettoFile.getValue()}) {
+    if (File.empty())
+      continue;
     std::error_code EC;
-    bool Existed = sys::fs::exists(HtmlFile);
+    bool Existed = sys::fs::exists(File);
     {
-      raw_fd_ostream Probe(HtmlFile, EC, sys::fs::OF_Append);
+      raw_fd_ostream Probe(File, EC, sys::fs::OF_Append);
     }
     if (EC)
-      exitWithError(Tool, makeError("cannot write '" + HtmlFile + "': " + EC.message()));
+      exitWithError(Tool, makeError("cannot write '" + File + "': " + EC.message()));
     if (!Existed)
-      sys::fs::remove(HtmlFile);
+      sys::fs::remove(File);
   }
   auto TargetRanks = openRanks("target", TargetDir);
   std::vector<TraceReader *> Target;
   for (auto &R : TargetRanks)
     Target.push_back(R.get());
+  if (!PerfettoFile.empty())
+    for (TraceReader *R : Target)
+      if (!R->formatAtLeast(1, 8))
+        exitWithError(Tool, makeError("--perfetto: the target '" + R->directory() +
+                                      "' records no times (a trace before format 1.8): "
+                                      "trace it again, or drop --perfetto"));
   // Pipeline stages are joined; ranks that ran the same modules (tensor
   // parallelism) are compared through rank 0, the others lending their
   // shards of sharded tensors.
@@ -370,5 +415,7 @@ int main(int argc, char **argv) {
     if (OS.has_error())
       exitWithError(Tool, makeError("cannot write '" + HtmlFile + "'"));
   }
+  if (!PerfettoFile.empty())
+    writeMarkedTimeline(D, Target);
   return D.Result == Diagnosis::Verdict::NoDivergence ? ExitSuccess : ExitFinding;
 }

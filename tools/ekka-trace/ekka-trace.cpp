@@ -2,6 +2,7 @@
 //
 //   ekka-trace -o DIR [options] -- CMD ARGS...   run CMD with tracing on
 //   ekka-trace show DIR                          print a trace readably
+//   ekka-trace export --perfetto OUT.json DIR    its timeline, for Perfetto
 //
 // A thin driver: it prepares the environment that makes every Python process
 // of CMD load the shim and the runtime, runs CMD, returns CMD's own exit code
@@ -13,6 +14,7 @@
 #include "ekka/Support/Error.h"
 #include "ekka/Support/Executables.h"
 #include "ekka/Support/Plural.h"
+#include "ekka/Trace/Timeline.h"
 #include "ekka/Trace/TraceReader.h"
 #include "ekka/Trace/TraceWriter.h"
 
@@ -48,6 +50,15 @@ constexpr const char *Tool = "ekka-trace";
 cl::OptionCategory TraceCategory("ekka-trace options");
 cl::SubCommand ShowCmd("show", "Print a trace's metadata and call sequence.\n"
                                "  ekka-trace show DIR");
+
+cl::SubCommand ExportCmd(
+    "export", "Write a trace's timeline for Perfetto and chrome://tracing.\n"
+              "  ekka-trace export --perfetto OUT.json DIR\n\n"
+              "Module calls and ops go on the threads that ran them, GPU kernels on their\n"
+              "streams (within the ops that launched them: kernel times are not recorded),\n"
+              "each with args naming its trace ids and captured tensors (shard and key).\n"
+              "Open OUT.json at https://ui.perfetto.dev or chrome://tracing. Needs a trace\n"
+              "of format 1.8 or newer (docs/Tracing.md).");
 
 cl::opt<std::string> OutputDir("o", cl::value_desc("DIR"),
                                cl::desc("The trace directory to write"), cl::cat(TraceCategory));
@@ -116,6 +127,13 @@ cl::list<std::string> ShowArgs(cl::Positional, cl::sub(ShowCmd), cl::desc("DIR")
 cl::opt<unsigned> ShowLimit("limit", cl::sub(ShowCmd), cl::init(200),
                             cl::desc("Print at most this many module calls (default 200)"),
                             cl::cat(TraceCategory));
+
+cl::list<std::string> ExportArgs(cl::Positional, cl::sub(ExportCmd), cl::desc("DIR"),
+                                 cl::cat(TraceCategory));
+cl::opt<std::string> ExportPerfetto("perfetto", cl::sub(ExportCmd), cl::value_desc("OUT.json"),
+                                    cl::desc("Write Chrome trace-event JSON to this file "
+                                             "('-': standard output)"),
+                                    cl::cat(TraceCategory));
 
 /// Where the shim and the runtime are: beside this executable in a build
 /// tree (bin/ -> lib/), the Python package in the source tree.
@@ -655,18 +673,64 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   return Code;
 }
 
+/// The program's own trace in \p Dir (its ranks), then those of the
+/// processes it forked or exec'd that found Dir taken (process-PID/); only
+/// those where the program's own process ran no module (DataLoader
+/// workers did).
+std::vector<std::unique_ptr<TraceReader>> openTraces(StringRef Dir) {
+  std::vector<std::unique_ptr<TraceReader>> Ranks;
+  std::vector<std::string> Others = processTraces(Dir);
+  if (Others.empty() || holdsTrace(Dir, /*Processes=*/false))
+    Ranks = unwrapOrExit(Tool, TraceReader::openRanks(Dir));
+  for (const std::string &Other : Others)
+    Ranks.push_back(unwrapOrExit(Tool, TraceReader::open(Other)));
+  return Ranks;
+}
+
+int runExport() {
+  if (ExportArgs.size() != 1)
+    exitWithError(Tool, makeError("export takes one trace DIR"));
+  if (ExportPerfetto.empty())
+    exitWithError(Tool, makeError("export needs --perfetto OUT.json (the one format it writes)"));
+  std::vector<std::unique_ptr<TraceReader>> Traces = openTraces(ExportArgs[0]);
+  std::vector<TraceReader *> Ranks;
+  for (auto &R : Traces)
+    Ranks.push_back(R.get());
+  // Written beside, then renamed: a failed export leaves no half file.
+  std::string Temp = ExportPerfetto == "-" ? "" : ExportPerfetto + ".part";
+  std::error_code EC;
+  std::unique_ptr<raw_fd_ostream> File;
+  if (!Temp.empty()) {
+    File = std::make_unique<raw_fd_ostream>(Temp, EC);
+    if (EC)
+      exitWithError(Tool, makeError("cannot write '" + ExportPerfetto + "': " + EC.message()));
+  }
+  raw_ostream &OS = File ? *File : outs();
+  auto Summary = writeTimeline(OS, Ranks);
+  if (File)
+    File->close();
+  if (!Summary || (File && File->has_error())) {
+    if (!Temp.empty())
+      sys::fs::remove(Temp);
+    if (!Summary)
+      exitWithError(Tool, Summary.takeError());
+    exitWithError(Tool, makeError("cannot write '" + ExportPerfetto + "'"));
+  }
+  if (!Temp.empty())
+    if (std::error_code RenameEC = sys::fs::rename(Temp, ExportPerfetto))
+      exitWithError(Tool, makeError("cannot write '" + ExportPerfetto + "': " +
+                                    RenameEC.message()));
+  errs() << "ekka-trace: wrote " << (Temp.empty() ? "the timeline" : "'" + ExportPerfetto + "'")
+         << ": " << countOf(Summary->ModuleCalls, "module call") << ", "
+         << countOf(Summary->Ops, "op") << ", " << countOf(Summary->Kernels, "kernel") << " on "
+         << countOf(Summary->Threads, "thread") << "\n";
+  return ExitSuccess;
+}
+
 int runShow() {
   if (ShowArgs.size() != 1)
     exitWithError(Tool, makeError("show takes one trace DIR"));
-  // The program's own trace (its ranks), then those of the processes it
-  // forked or exec'd that found DIR taken (process-PID/); only those where
-  // the program's own process ran no module (DataLoader workers did).
-  std::vector<std::unique_ptr<TraceReader>> Ranks;
-  std::vector<std::string> Others = processTraces(ShowArgs[0]);
-  if (Others.empty() || holdsTrace(ShowArgs[0], /*Processes=*/false))
-    Ranks = unwrapOrExit(Tool, TraceReader::openRanks(ShowArgs[0]));
-  for (const std::string &Other : Others)
-    Ranks.push_back(unwrapOrExit(Tool, TraceReader::open(Other)));
+  std::vector<std::unique_ptr<TraceReader>> Ranks = openTraces(ShowArgs[0]);
   std::string Missing; // the first missing shard, said after the rest
   for (auto &R : Ranks) {
     outs() << "trace " << R->directory() << "\n";
@@ -733,6 +797,7 @@ int main(int argc, char **argv) {
   }
   cl::HideUnrelatedOptions({&TraceCategory});
   cl::HideUnrelatedOptions({&TraceCategory}, ShowCmd);
+  cl::HideUnrelatedOptions({&TraceCategory}, ExportCmd);
   cl::SetVersionPrinter([](raw_ostream &OS) { OS << "ekka-trace " EKKA_VERSION "\n"; });
   parseCommandLineOrExit(
       int(Ours.size()), Ours.data(),
@@ -743,11 +808,14 @@ int main(int argc, char **argv) {
       "standard sqlite3 and safetensors modules (docs/TraceFormat.md).\n\n"
       "  ekka-trace -o ref.trace -- python run_reference.py\n"
       "  ekka-trace -o tgt.trace --capture-ops 'zoo::' -- python run_target.py\n"
-      "  ekka-trace show ref.trace\n\n"
+      "  ekka-trace show ref.trace\n"
+      "  ekka-trace export --perfetto ref.json ref.trace   (open in ui.perfetto.dev)\n\n"
       "A C++ program that links LibTorch is traced too, op by op (its C++ modules\n"
       "have no hooks): ekka-trace -o cpp.trace -- ./my_libtorch_program\n\n"
       "The exit code is the program's own (128+N if a signal N ended it).\n");
   if (ShowCmd)
     return runShow();
+  if (ExportCmd)
+    return runExport();
   return runTrace(Command, argv[0]);
 }

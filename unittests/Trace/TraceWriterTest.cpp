@@ -953,6 +953,49 @@ TEST_F(TraceTest, MultiRankDirectoriesOpenInRankOrder) {
   EXPECT_EQ((*Ranks)[1]->meta().at("rank"), "1");
 }
 
+// Spans (format 1.8): from the program's threads, packed small or queued
+// whole, read back by start time; one that ends before it starts is a
+// corrupt trace; a trace before 1.8 has none.
+TEST_F(TraceTest, SpansReadBackByStartTime) {
+  {
+    auto W = TraceWriter::create(Dir);
+    ASSERT_TRUE(bool(W)) << toString(W.takeError());
+    writeSmallTrace(**W, 1);
+    (*W)->addSpan(SpanRecord{TensorOwner::Op, 1, 42, 150, 180});
+    std::thread Other([&] { (*W)->addSpan(SpanRecord{TensorOwner::ModuleCall, 1, 43, 100, 200}); });
+    Other.join();
+    ASSERT_FALSE(bool((*W)->close()));
+  }
+  auto R = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  auto Spans = (*R)->spans();
+  ASSERT_TRUE(bool(Spans)) << toString(Spans.takeError());
+  ASSERT_EQ(Spans->size(), 2u);
+  EXPECT_EQ((*Spans)[0].Owner, TensorOwner::ModuleCall);
+  EXPECT_EQ((*Spans)[0].Thread, 43);
+  EXPECT_EQ((*Spans)[0].StartNs, 100);
+  EXPECT_EQ((*Spans)[1].Owner, TensorOwner::Op);
+  EXPECT_EQ((*Spans)[1].EndNs, 180);
+
+  auto Db = SQLiteDatabase::open(Dir + "/trace.db", SQLiteDatabase::Mode::ReadWriteCreate);
+  ASSERT_TRUE(bool(Db)) << toString(Db.takeError());
+  ASSERT_FALSE(bool((*Db)->exec("UPDATE spans SET end_ns = 10 WHERE owner = 'op'")));
+  auto Bad = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(Bad));
+  auto Refused = (*Bad)->spans();
+  ASSERT_FALSE(bool(Refused));
+  EXPECT_NE(toString(Refused.takeError()).find("is corrupt: a span of op 1 ends before it starts"),
+            std::string::npos);
+
+  ASSERT_FALSE(bool((*Db)->exec("DROP TABLE spans; UPDATE meta SET value = 'ekka-trace 1.7' "
+                                "WHERE key = 'format'")));
+  auto Old = TraceReader::open(Dir);
+  ASSERT_TRUE(bool(Old)) << toString(Old.takeError());
+  auto None = (*Old)->spans();
+  ASSERT_TRUE(bool(None)) << toString(None.takeError());
+  EXPECT_TRUE(None->empty());
+}
+
 TEST_F(TraceTest, CorruptDatabaseIsAClearError) {
   ASSERT_FALSE(sys::fs::create_directories(Dir));
   {

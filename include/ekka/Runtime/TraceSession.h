@@ -5,6 +5,11 @@
 // under the module call that is open when it runs, and the capture policy.
 // Everything is handed to a TraceWriter, whose thread does the I/O. Nothing
 // here throws into PyTorch: errors end tracing and are reported at stop().
+// It decides what is recorded, not how it is stored (TraceWriter) nor what
+// it means (the Analysis library). lib/Runtime/SessionState.h lists its
+// parts: the session's life (TraceSession.cpp), the op observer
+// (OpObserver.cpp), module calls (ModuleCalls.cpp) and GPU launches
+// (LaunchRecording.cpp).
 //
 //===----------------------------------------------------------------------===//
 #ifndef EKKA_RUNTIME_TRACESESSION_H

@@ -2,7 +2,8 @@
 //
 // A trace is a directory that a Python user can open with the standard
 // `sqlite3` and `safetensors` modules — no pickle anywhere:
-//   trace.db                    SQLite: meta, module_calls, ops, kernels, tensors
+//   trace.db                    SQLite: meta, module_calls, ops, kernels, tensors,
+//                               spans
 //   tensors-NNNN.safetensors    captured tensor bytes, in bounded shards
 //   rank-N/                     one such directory per rank of a multi-rank run
 // docs/TraceFormat.md is the user-facing description of the schema.
@@ -27,8 +28,9 @@ constexpr int TraceFormatMajor = 1;
 /// 1.1: tensors.source_id; 1.2: complex dtypes; 1.3: fnuz, e8m0 and fp4
 /// dtypes; 1.4: tensors.layout (sparse, nested and quantized tensors); 1.5:
 /// layout `jagged` (a jagged nested tensor's packed values); 1.6: meta dtype;
-/// 1.7: a rank's rank-N/started marker
-constexpr int TraceFormatMinor = 7;
+/// 1.7: a rank's rank-N/started marker; 1.8: spans (when each module call
+/// and op ran, on which thread)
+constexpr int TraceFormatMinor = 8;
 
 constexpr llvm::StringLiteral TraceDatabaseName = "trace.db";
 /// The file a rank of a distributed run leaves in its rank-N/ directory as
@@ -172,6 +174,18 @@ struct TensorRecord {
   /// whose statistics are those of its values as dense (see TraceFormat.md).
   std::string Layout;
 };
+/// When a module call or an op ran, and on which thread: the timeline of a
+/// trace (`ekka-trace export --perfetto`). Times are nanoseconds of the
+/// traced process's monotonic clock (CLOCK_MONOTONIC), from the call's
+/// entry, its inputs recorded, to its exit, before its outputs are; an op's
+/// likewise. A call that raised has none. Traces before 1.8 have none.
+struct SpanRecord {
+  TensorOwner Owner = TensorOwner::ModuleCall; ///< module_call or op
+  int64_t OwnerId = 0;
+  int64_t Thread = 0; ///< The OS thread id (gettid()), as `ps -L` shows it.
+  int64_t StartNs = 0, EndNs = 0;
+};
+
 /// A queue of records that grows moves them (TensorDims).
 static_assert(std::is_nothrow_move_constructible_v<TensorRecord>);
 

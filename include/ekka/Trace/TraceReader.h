@@ -54,6 +54,9 @@ public:
   llvm::Expected<std::vector<OpRecord>> ops();
   llvm::Expected<std::vector<KernelRecord>> kernels();
   llvm::Expected<std::vector<TensorRecord>> tensors();
+  /// When each module call and op ran, by start time; none in a trace
+  /// before format 1.8.
+  llvm::Expected<std::vector<SpanRecord>> spans();
 
   /// The rows of each table and the captured bytes, read with SQL's count()
   /// and from the captured tensors' rows only: a long run's trace (millions

@@ -1,4 +1,13 @@
-//===- TraceWriter.h - Write a trace off the traced program's hot path -*- C++ -*-===//
+//===- TraceWriter.h - Write a trace off the program's hot path -*- C++ -*-===//
+//
+// Writes one rank's trace directory (TraceFormat.h) for the recorder inside
+// a traced process: the program's threads hand over records cheaply
+// (TraceWriter.cpp) and one thread of its own writes the database and the
+// safetensors shards (TraceWriterStorage.cpp). It records what it is given
+// and decides nothing: what to record and capture is the session's
+// (ekka/Runtime/TraceSession.h); reading a trace is TraceReader's.
+//
+//===----------------------------------------------------------------------===//
 #ifndef EKKA_TRACE_TRACEWRITER_H
 #define EKKA_TRACE_TRACEWRITER_H
 
@@ -121,6 +130,9 @@ public:
   /// A kernel launch named \p Name (from internKernelName): the row
   /// addKernel writes for \p R with that name. R's own Name is not read.
   void addKernel(const KernelRecord &R, const std::string *Name);
+  /// When a module call or an op ran (the program's thread packs it as a
+  /// small record: an op's costs no allocation).
+  void addSpan(const SpanRecord &R);
   /// What to do with a tensor's bytes.
   enum class BytesUse {
     Capture,   ///< Store them in a shard (and compute the statistics).
@@ -211,7 +223,7 @@ private:
   /// A thread's open chunk.
   class ThreadBuffer;
   using Item = std::variant<MetaItem, ModuleCallRecord, OpRecord, KernelRecord, TensorItem,
-                            ChunkPtr>;
+                            SpanRecord, ChunkPtr>;
 
   class Backend;
   TraceWriter(std::string Dir, TraceWriterOptions Options);

@@ -1,0 +1,311 @@
+//===- Timeline.cpp - A trace's timeline as Chrome trace events -----------===//
+//
+// The trace-event format (Chrome's "Trace Event Format" document): a JSON
+// object whose traceEvents are complete events (ph "X": ts and dur in
+// microseconds) on a pid and tid, metadata events (ph "M") naming them, and
+// instant events (ph "i") for the marks. Each rank is a process whose
+// threads are the OS threads that ran its module calls and ops; its GPU
+// kernels go on a process of their own, a track per stream.
+//
+//===----------------------------------------------------------------------===//
+#include "ekka/Trace/Timeline.h"
+#include "ekka/Support/Error.h"
+#include "ekka/Trace/TraceReader.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/Support/JSON.h"
+
+#include <algorithm>
+#include <set>
+#include <vector>
+
+using namespace llvm;
+
+namespace ekka {
+
+namespace {
+
+/// One rank's records, indexed for the events.
+struct RankRecords {
+  std::vector<ModuleCallRecord> Calls;
+  std::vector<OpRecord> Ops;
+  std::vector<KernelRecord> Kernels;
+  std::vector<TensorRecord> Tensors;
+  std::vector<SpanRecord> Spans;
+  DenseMap<int64_t, size_t> CallAt, OpAt;
+  /// Tensors by (owner, id), as indexes into Tensors.
+  std::map<std::pair<TensorOwner, int64_t>, std::vector<size_t>> TensorsOf;
+  /// Span by (owner, id).
+  std::map<std::pair<TensorOwner, int64_t>, size_t> SpanOf;
+};
+
+Expected<RankRecords> readRank(TraceReader &R) {
+  if (!R.formatAtLeast(1, 8)) {
+    auto Format = R.meta().find("format");
+    return makeError("'" + R.directory() + "' is a trace of format " +
+                     (Format != R.meta().end() ? Format->second : std::string("unknown")) +
+                     ", which records no times (spans came with ekka-trace 1.8): trace the "
+                     "program again to export its timeline");
+  }
+  RankRecords Out;
+  auto Take = [](auto Records, auto &Into) -> Error {
+    if (!Records)
+      return Records.takeError();
+    Into = std::move(*Records);
+    return Error::success();
+  };
+  if (Error E = Take(R.moduleCalls(), Out.Calls))
+    return E;
+  if (Error E = Take(R.ops(), Out.Ops))
+    return E;
+  if (Error E = Take(R.kernels(), Out.Kernels))
+    return E;
+  if (Error E = Take(R.tensors(), Out.Tensors))
+    return E;
+  if (Error E = Take(R.spans(), Out.Spans))
+    return E;
+  for (size_t I = 0; I < Out.Calls.size(); ++I)
+    Out.CallAt[Out.Calls[I].Id] = I;
+  for (size_t I = 0; I < Out.Ops.size(); ++I)
+    Out.OpAt[Out.Ops[I].Id] = I;
+  for (size_t I = 0; I < Out.Tensors.size(); ++I)
+    Out.TensorsOf[{Out.Tensors[I].Owner, Out.Tensors[I].OwnerId}].push_back(I);
+  for (size_t I = 0; I < Out.Spans.size(); ++I) {
+    const SpanRecord &S = Out.Spans[I];
+    bool Known = S.Owner == TensorOwner::ModuleCall ? Out.CallAt.count(S.OwnerId)
+                                                    : Out.OpAt.count(S.OwnerId);
+    if (!Known)
+      return makeError("'" + R.directory() + "' is corrupt: a span names " +
+                       ownerName(S.Owner) + " " + Twine(S.OwnerId) + ", which it does not hold");
+    Out.SpanOf[{S.Owner, S.OwnerId}] = I;
+  }
+  return Out;
+}
+
+/// Trace-event times are microseconds; the trace's are nanoseconds.
+double micros(int64_t Ns, int64_t Origin) { return double(Ns - Origin) / 1000.0; }
+
+void writeTensors(json::OStream &J, const RankRecords &R, TensorOwner Owner, int64_t Id) {
+  auto It = R.TensorsOf.find({Owner, Id});
+  if (It == R.TensorsOf.end())
+    return;
+  J.attributeArray("tensors", [&] {
+    for (size_t I : It->second) {
+      const TensorRecord &T = R.Tensors[I];
+      J.object([&] {
+        J.attribute("tensor_id", T.Id);
+        J.attribute("role", T.Role);
+        J.attribute("index", T.Index);
+        if (T.SourceId) { // the dataflow: that earlier output, unchanged
+          J.attribute("source_id", *T.SourceId);
+          return;
+        }
+        J.attribute("dtype", dtypeName(T.Type));
+        J.attributeArray("shape", [&] {
+          for (int64_t D : T.Shape)
+            J.value(D);
+        });
+        if (!T.Shard.empty()) {
+          J.attribute("shard", T.Shard);
+          J.attribute("key", T.Key);
+        }
+      });
+    }
+  });
+}
+
+void writeMetadata(json::OStream &J, StringRef What, int64_t Pid, std::optional<int64_t> Tid,
+                   StringRef Name) {
+  J.object([&] {
+    J.attribute("ph", "M");
+    J.attribute("name", What);
+    J.attribute("pid", Pid);
+    if (Tid)
+      J.attribute("tid", *Tid);
+    J.attributeObject("args", [&] { J.attribute("name", Name); });
+  });
+}
+
+void writeInstant(json::OStream &J, StringRef Name, int64_t Pid, int64_t Tid, double Ts) {
+  J.object([&] {
+    J.attribute("ph", "i");
+    J.attribute("s", "t");
+    J.attribute("cat", "ekka");
+    J.attribute("name", Name);
+    J.attribute("pid", Pid);
+    J.attribute("tid", Tid);
+    J.attribute("ts", Ts);
+  });
+}
+
+std::string callName(const ModuleCallRecord &C) {
+  return C.Path.empty() ? "(root " + C.ClassName + ")" : C.Path;
+}
+
+} // namespace
+
+Expected<TimelineSummary> writeTimeline(raw_ostream &OS, ArrayRef<TraceReader *> Ranks,
+                                        const TimelineMarks &Marks) {
+  std::vector<RankRecords> All;
+  int64_t Origin = INT64_MAX;
+  for (TraceReader *R : Ranks) {
+    auto Records = readRank(*R);
+    if (!Records)
+      return Records.takeError();
+    for (const SpanRecord &S : Records->Spans)
+      Origin = std::min(Origin, S.StartNs);
+    All.push_back(std::move(*Records));
+  }
+  if (Origin == INT64_MAX)
+    Origin = 0;
+
+  TimelineSummary Summary;
+  json::OStream J(OS, /*IndentSize=*/0);
+  J.object([&] {
+    J.attribute("displayTimeUnit", "ns");
+    J.attributeArray("traceEvents", [&] {
+      for (size_t Rank = 0; Rank < All.size(); ++Rank) {
+        const RankRecords &R = All[Rank];
+        // Processes from 1: some viewers take pid 0 for the kernel's.
+        int64_t Pid = int64_t(Rank) + 1, GpuPid = int64_t(All.size() + Rank) + 1;
+        std::string Process = All.size() > 1 ? "rank " + std::to_string(Rank) : "trace";
+        writeMetadata(J, "process_name", Pid, std::nullopt,
+                      Process + " " + Ranks[Rank]->directory().str());
+        writeMetadata(J, "process_sort_index", Pid, std::nullopt, std::to_string(Pid));
+        std::set<int64_t> Threads;
+        for (const SpanRecord &S : R.Spans)
+          Threads.insert(S.Thread);
+        for (int64_t T : Threads)
+          writeMetadata(J, "thread_name", Pid, T, "thread " + std::to_string(T));
+        Summary.Threads += Threads.size();
+
+        // Module calls and ops, by start (a parent before what it holds).
+        for (const SpanRecord &S : R.Spans) {
+          double Ts = micros(S.StartNs, Origin), Dur = double(S.EndNs - S.StartNs) / 1000.0;
+          std::string Mark;
+          bool IsCall = S.Owner == TensorOwner::ModuleCall;
+          const ModuleCallRecord *C = IsCall ? &R.Calls[R.CallAt.lookup(S.OwnerId)] : nullptr;
+          const OpRecord *O = IsCall ? nullptr : &R.Ops[R.OpAt.lookup(S.OwnerId)];
+          if (Rank == 0) {
+            if (C)
+              if (auto It = Marks.Calls.find(C->Id); It != Marks.Calls.end())
+                Mark = It->second;
+            if (O && Marks.OpSeq && O->Seq == *Marks.OpSeq)
+              Mark = Marks.OpLabel;
+          }
+          J.object([&] {
+            J.attribute("ph", "X");
+            J.attribute("cat", IsCall ? "module" : "op");
+            J.attribute("name", C ? callName(*C) : O->Name);
+            J.attribute("pid", Pid);
+            J.attribute("tid", S.Thread);
+            J.attribute("ts", Ts);
+            J.attribute("dur", Dur);
+            if (!Mark.empty())
+              J.attribute("cname", "terrible"); // Chrome's red
+            J.attributeObject("args", [&] {
+              if (C) {
+                J.attribute("module_call_id", C->Id);
+                J.attribute("class", C->ClassQualname);
+                J.attribute("step", C->Step);
+                J.attribute("seq", C->Seq);
+                if (C->ParentId)
+                  J.attribute("parent_id", *C->ParentId);
+                if (!C->SourceFile.empty())
+                  J.attribute("source", C->SourceFile + ":" + std::to_string(C->SourceLine));
+              } else {
+                J.attribute("op_id", O->Id);
+                if (O->ModuleCallId)
+                  J.attribute("module_call_id", *O->ModuleCallId);
+                J.attribute("seq", O->Seq);
+                if (!O->Schema.empty())
+                  J.attribute("schema", O->Schema);
+              }
+              if (!Mark.empty())
+                J.attribute("ekka", Mark);
+              writeTensors(J, R, S.Owner, S.OwnerId);
+            });
+          });
+          if (!Mark.empty()) {
+            writeInstant(J, Mark, Pid, S.Thread, Ts);
+            ++Summary.Marks;
+          }
+          ++(IsCall ? Summary.ModuleCalls : Summary.Ops);
+        }
+
+        // Kernels: their GPU times are not recorded, so each is placed
+        // inside the span of the op that launched it, an op's kernels one
+        // after another in launch order, sharing its time.
+        std::map<int64_t, std::vector<const KernelRecord *>> ByOp;
+        for (const KernelRecord &K : R.Kernels) {
+          auto Span = K.OpId ? R.SpanOf.find({TensorOwner::Op, *K.OpId}) : R.SpanOf.end();
+          if (Span == R.SpanOf.end()) {
+            ++Summary.KernelsWithoutSpan;
+            continue;
+          }
+          ByOp[*K.OpId].push_back(&K);
+        }
+        if (!ByOp.empty()) {
+          writeMetadata(J, "process_name", GpuPid, std::nullopt,
+                        Process + " GPU kernels (placed within the ops that launched them)");
+          std::set<uint64_t> Streams;
+          for (const auto &[Op, Kernels] : ByOp)
+            for (const KernelRecord *K : Kernels)
+              Streams.insert(K->Stream);
+          for (uint64_t S : Streams)
+            writeMetadata(J, "thread_name", GpuPid, int64_t(S), "stream " + std::to_string(S));
+        }
+        for (const auto &[Op, Kernels] : ByOp) {
+          const SpanRecord &S = R.Spans[R.SpanOf.at({TensorOwner::Op, Op})];
+          double Share = double(S.EndNs - S.StartNs) / 1000.0 / double(Kernels.size());
+          for (size_t I = 0; I < Kernels.size(); ++I) {
+            const KernelRecord &K = *Kernels[I];
+            J.object([&] {
+              J.attribute("ph", "X");
+              J.attribute("cat", "kernel");
+              J.attribute("name", K.Name);
+              J.attribute("pid", GpuPid);
+              J.attribute("tid", int64_t(K.Stream));
+              J.attribute("ts", micros(S.StartNs, Origin) + Share * double(I));
+              J.attribute("dur", Share);
+              J.attributeObject("args", [&] {
+                J.attribute("kernel_id", K.Id);
+                J.attribute("op_id", Op);
+                if (K.ModuleCallId)
+                  J.attribute("module_call_id", *K.ModuleCallId);
+                auto Dim3 = [&](StringRef Name, const uint32_t D[3]) {
+                  J.attributeArray(Name, [&] {
+                    for (int I = 0; I < 3; ++I)
+                      J.value(int64_t(D[I]));
+                  });
+                };
+                Dim3("grid", K.Grid);
+                Dim3("block", K.Block);
+                J.attribute("shared_mem", int64_t(K.SharedMem));
+                J.attribute("stream", int64_t(K.Stream));
+                J.attribute("correlation_id", int64_t(K.CorrelationId));
+                J.attribute("placement", "within its op's span: kernel times are not recorded");
+                writeTensors(J, R, TensorOwner::Kernel, K.Id);
+              });
+            });
+            ++Summary.Kernels;
+          }
+        }
+      }
+    });
+    J.attributeObject("otherData", [&] {
+      J.attribute("exported_by", "ekka");
+      J.attributeArray("traces", [&] {
+        for (TraceReader *R : Ranks)
+          J.value(R->directory());
+      });
+      J.attribute("clock", "CLOCK_MONOTONIC of the traced process; ts from its first span");
+      J.attribute("time_origin_ns", Origin);
+      J.attribute("kernel_times", "not recorded: each kernel is drawn within its op's span");
+    });
+  });
+  OS << "\n";
+  return Summary;
+}
+
+} // namespace ekka
