@@ -259,7 +259,7 @@ struct Running {
     R.Max = -R.Min;
     return R;
   }
-  void add(lanes::Double4 V) {
+  void add(const lanes::Double4 &V) {
     Sum += V;
     SumSq += V * V;
     Min = V < Min ? V : Min;
@@ -324,7 +324,7 @@ template <typename L> TensorStats statsCounting(const char *P, size_t N) {
   const Double4 PosInf = {Inf, Inf, Inf, Inf}, NegInf = -PosInf;
   Running R = Running::start();
   Int4 Nan = {0, 0, 0, 0}, Infs = {0, 0, 0, 0};
-  auto Count = [&](Double4 V) {
+  auto Count = [&](const Double4 &V) {
     Nan -= V != V;
     Infs -= (V == PosInf) | (V == NegInf);
   };
