@@ -1,7 +1,6 @@
 # lit configuration for Ekka's tool tests: each RUN line is a user's command,
 # each CHECK line what the user expects to see.
 import os
-import shutil
 
 import lit.formats
 
@@ -53,9 +52,6 @@ config.substitutions.append(
     ("%html-in-browser", "{0} {1}".format(
         config.python_executable,
         os.path.join(config.ekka_src_root, "utils", "lit", "html-in-browser.py"))))
-if shutil.which("chromium-headless-shell") or os.path.exists(
-        "/usr/lib/chromium/chromium-headless-shell"):
-    config.available_features.add("chromium")
 
 # The real vLLM (utils/install-vllm, which utils/build runs): its Python,
 # and the suite's own programs, test/vllm.

@@ -9,6 +9,7 @@
 #define EKKA_LIB_ANALYSIS_SIDE_H
 
 #include "ekka/Align/Transforms.h"
+#include "ekka/Analysis/Diagnosis.h"
 #include "ekka/Analysis/ServedRequests.h"
 #include "ekka/Trace/TraceReader.h"
 
@@ -32,7 +33,7 @@ using namespace llvm;
 /// stages (ranks that ran different modules) are joined into one: their
 /// ids are kept apart by the stage in their top bits.
 struct Side {
-  static constexpr int StageShift = 40;
+  static constexpr int StageShift = PipelineStageShift;
   TraceReader *Reader = nullptr;
   std::vector<TraceReader *> Stages; ///< When joined: each stage's trace.
   std::vector<ModuleCallRecord> Calls;

@@ -108,7 +108,7 @@ void writeCurve(raw_ostream &OS, const Diagnosis &D) {
       continue;
     std::string X = F(P.x(I)), Y = F(P.y(*D.Curve[I].Ratio));
     Points += X + "," + Y + " ";
-    OS << "<circle cx=\"" << X << "\" cy=\"" << Y << "\" r=\"2\" fill=\"#06c\"><title>"
+    OS << "<circle cx=\"" << X << "\" cy=\"" << Y << "\" r=\"2\" fill=\"#039\"><title>"
        << htmlEscape(componentName(D.Curve[I])) << " R=" << ratioText(D.Curve[I].Ratio)
        << "</title></circle>\n";
   }

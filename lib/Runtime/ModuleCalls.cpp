@@ -173,7 +173,7 @@ int64_t enterModule(std::string_view Path, std::string_view ClassName,
   for (size_t I = 0; I < Inputs.size(); ++I)
     recordInput(*S, Id, Inputs[I], int64_t(I), Capture || (IsRoot && S->Options.CaptureModules));
   TS.CallStack.push_back({Id, Capture, S->Writer->nextTensorId(), at::sequence_number::peek(),
-                          nowNanos()});
+                          nowNanos(), S->Serial});
   publishOpenCall(TS);
   return Id;
 }
@@ -226,8 +226,9 @@ void exitModule(int64_t Id, const std::vector<at::Tensor> &Outputs,
   if (!TS.CallStack.empty()) {
     Capture = TS.CallStack.back().Capture;
     FirstTensor = TS.CallStack.back().FirstTensor;
-    S->Writer->addSpan(SpanRecord{TensorOwner::ModuleCall, Id, TS.OsThread,
-                                  int64_t(TS.CallStack.back().StartNs), int64_t(EndNs)});
+    if (TS.CallStack.back().SessionSerial == S->Serial)
+      S->Writer->addSpan(SpanRecord{TensorOwner::ModuleCall, Id, TS.OsThread,
+                                    int64_t(TS.CallStack.back().StartNs), int64_t(EndNs)});
     TS.CallStack.pop_back();
   }
   publishOpenCall(TS);

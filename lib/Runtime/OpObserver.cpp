@@ -322,6 +322,8 @@ std::unique_ptr<at::ObserverContext> onOpStartImpl(const at::RecordFunction &Fn)
       recordTensor(*S, Read[I], TensorOwner::Op, Ctx->OpId, "input", int64_t(I), /*Stats=*/true,
                    /*Capture=*/true);
   }
+  Ctx->Thread = TS.OsThread;
+  Ctx->SessionSerial = S->Serial;
   Ctx->StartNs = nowNanos();
   TS.OpStack.push_back(Ctx.get());
   return Ctx;
@@ -342,8 +344,9 @@ void onOpEndImpl(const at::RecordFunction &Fn, at::ObserverContext *Raw) {
   if (Ctx->Echoes)
     return; // recorded at the end of the op it echoes
   InsideEkkaScope Inside(Flags);
-  S->Writer->addSpan(SpanRecord{TensorOwner::Op, Ctx->OpId, TS.OsThread,
-                                int64_t(Ctx->StartNs), int64_t(EndNs)});
+  if (Ctx->SessionSerial == S->Serial)
+    S->Writer->addSpan(SpanRecord{TensorOwner::Op, Ctx->OpId, Ctx->Thread,
+                                  int64_t(Ctx->StartNs), int64_t(EndNs)});
   recordKernelSnapshots(*S, *Ctx);
   bool Capture = Ctx->Capture;
   bool Stats = S->Options.OpStats || Capture;

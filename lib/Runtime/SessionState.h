@@ -45,6 +45,7 @@ struct OpenCall {
   /// forward made have this one or a later.
   uint64_t Since;
   uint64_t StartNs; ///< Its span's start: its inputs recorded (nowNanos).
+  uint64_t SessionSerial; ///< The session it was entered in (Session::Serial).
 };
 
 /// A module output the trace recorded, to recognise it when it comes back as
@@ -187,6 +188,11 @@ struct ThreadState;
 struct OpContext : at::ObserverContext {
   int64_t OpId = 0;
   uint64_t StartNs = 0; ///< Its span's start (nowNanos), its inputs recorded.
+  /// The thread that began it (an op's end may run on another: an async
+  /// record_function's), and the session it began in: an op still running
+  /// when a session stops writes no span into the next one.
+  int64_t Thread = 0;
+  uint64_t SessionSerial = 0;
   bool Operator = false; ///< A dispatcher op with a schema, not a named scope.
   bool Capture = false; ///< Whether this op's tensors are captured.
   /// Arguments the schema marks as written (`Tensor(a!)`), taken at the

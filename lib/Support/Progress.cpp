@@ -40,7 +40,15 @@ std::string progressLine(StringRef Label, size_t Done, size_t Total, StringRef U
   return Line;
 }
 
+namespace {
+std::atomic<bool> Disabled{false};
+} // namespace
+
+void ProgressBar::disable() { Disabled = true; }
+
 bool ProgressBar::enabled() {
+  if (Disabled)
+    return false;
   if (const char *Env = std::getenv("EKKA_PROGRESS"))
     return StringRef(Env) == "1";
   return sys::Process::StandardErrIsDisplayed();

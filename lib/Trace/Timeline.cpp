@@ -13,7 +13,10 @@
 #include "ekka/Trace/TraceReader.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/Path.h"
 
 #include <algorithm>
 #include <set>
@@ -82,6 +85,25 @@ Expected<RankRecords> readRank(TraceReader &R) {
   return Out;
 }
 
+/// Which of \p Spans (by start, the longer first) do not nest on their
+/// thread: one that begins inside another and ends after it. A complete
+/// event must nest in those around it on its track.
+std::vector<bool> asyncSpans(const std::vector<SpanRecord> &Spans) {
+  std::vector<bool> Async(Spans.size());
+  std::map<int64_t, std::vector<const SpanRecord *>> Open; // by thread
+  for (size_t I = 0; I < Spans.size(); ++I) {
+    const SpanRecord &S = Spans[I];
+    std::vector<const SpanRecord *> &Stack = Open[S.Thread];
+    while (!Stack.empty() && S.StartNs >= Stack.back()->EndNs)
+      Stack.pop_back();
+    if (!Stack.empty() && S.EndNs > Stack.back()->EndNs)
+      Async[I] = true;
+    else
+      Stack.push_back(&S);
+  }
+  return Async;
+}
+
 /// Trace-event times are microseconds; the trace's are nanoseconds.
 double micros(int64_t Ns, int64_t Origin) { return double(Ns - Origin) / 1000.0; }
 
@@ -126,6 +148,15 @@ void writeMetadata(json::OStream &J, StringRef What, int64_t Pid, std::optional<
   });
 }
 
+void writeSortIndex(json::OStream &J, int64_t Pid) {
+  J.object([&] {
+    J.attribute("ph", "M");
+    J.attribute("name", "process_sort_index");
+    J.attribute("pid", Pid);
+    J.attributeObject("args", [&] { J.attribute("sort_index", Pid); });
+  });
+}
+
 void writeInstant(json::OStream &J, StringRef Name, int64_t Pid, int64_t Tid, double Ts) {
   J.object([&] {
     J.attribute("ph", "i");
@@ -140,6 +171,101 @@ void writeInstant(json::OStream &J, StringRef Name, int64_t Pid, int64_t Tid, do
 
 std::string callName(const ModuleCallRecord &C) {
   return C.Path.empty() ? "(root " + C.ClassName + ")" : C.Path;
+}
+
+/// A rank's GPU kernels, on its GPU process, a track per stream. Their
+/// times on the GPU are not recorded: each is placed inside the span of
+/// the op that launched it (or of its module call, for a kernel launched
+/// outside any op: Triton's, Inductor's), at its share of that span, and
+/// the kernels of a stream follow one another in launch order without
+/// overlapping (a parent op's kernels and its child op's take turns).
+void writeKernels(json::OStream &J, const RankRecords &R, StringRef Process,
+                  int64_t GpuPid, int64_t Origin, TimelineSummary &Summary) {
+  struct Placed {
+    const KernelRecord *K;
+    const SpanRecord *Host;
+    double Ts, End; // microseconds, from Origin
+  };
+  // Each host span's kernels, in launch order, share it evenly.
+  std::map<std::pair<TensorOwner, int64_t>, std::vector<const KernelRecord *>> ByHost;
+  for (const KernelRecord &K : R.Kernels) {
+    auto Host = R.SpanOf.end();
+    if (K.OpId)
+      Host = R.SpanOf.find({TensorOwner::Op, *K.OpId});
+    if (Host == R.SpanOf.end() && K.ModuleCallId)
+      Host = R.SpanOf.find({TensorOwner::ModuleCall, *K.ModuleCallId});
+    if (Host == R.SpanOf.end()) {
+      ++Summary.KernelsWithoutSpan;
+      continue;
+    }
+    ByHost[Host->first].push_back(&K);
+  }
+  std::map<uint64_t, std::vector<Placed>> ByStream;
+  for (const auto &[Host, Kernels] : ByHost) {
+    const SpanRecord &S = R.Spans[R.SpanOf.at(Host)];
+    double Start = micros(S.StartNs, Origin), End = micros(S.EndNs, Origin);
+    double Share = (End - Start) / double(Kernels.size());
+    for (size_t I = 0; I < Kernels.size(); ++I)
+      ByStream[Kernels[I]->Stream].push_back(
+          {Kernels[I], &S, Start + Share * double(I), Start + Share * double(I + 1)});
+  }
+  if (ByStream.empty())
+    return;
+  writeMetadata(J, "process_name", GpuPid, std::nullopt,
+                Process.str() + " GPU kernels (placed within the ops that launched them)");
+  writeSortIndex(J, GpuPid);
+  for (auto &[Stream, Kernels] : ByStream) {
+    writeMetadata(J, "thread_name", GpuPid, int64_t(Stream), "stream " + std::to_string(Stream));
+    llvm::sort(Kernels, [](const Placed &A, const Placed &B) { return A.K->Seq < B.K->Seq; });
+    // One after another: a kernel starts no earlier than the last ended,
+    // and ends before the next one's place where that comes later (else
+    // the next is pushed after it).
+    double Cursor = 0;
+    for (size_t I = 0; I < Kernels.size(); ++I) {
+      Placed &P = Kernels[I];
+      P.Ts = std::max(P.Ts, Cursor);
+      if (I + 1 < Kernels.size() && Kernels[I + 1].Ts > P.Ts)
+        P.End = std::min(P.End, Kernels[I + 1].Ts);
+      P.End = std::max(P.End, P.Ts);
+      Cursor = P.End;
+      const KernelRecord &K = *P.K;
+      J.object([&] {
+        J.attribute("ph", "X");
+        J.attribute("cat", "kernel");
+        J.attribute("name", K.Name);
+        J.attribute("pid", GpuPid);
+        J.attribute("tid", int64_t(K.Stream));
+        J.attribute("ts", P.Ts);
+        J.attribute("dur", P.End - P.Ts);
+        J.attributeObject("args", [&] {
+          J.attribute("kernel_id", K.Id);
+          if (K.OpId)
+            J.attribute("op_id", *K.OpId);
+          if (K.ModuleCallId)
+            J.attribute("module_call_id", *K.ModuleCallId);
+          auto Dim3 = [&](StringRef Name, const uint32_t D[3]) {
+            J.attributeArray(Name, [&] {
+              for (int I = 0; I < 3; ++I)
+                J.value(int64_t(D[I]));
+            });
+          };
+          Dim3("grid", K.Grid);
+          Dim3("block", K.Block);
+          J.attribute("shared_mem", int64_t(K.SharedMem));
+          J.attribute("stream", int64_t(K.Stream));
+          J.attribute("correlation_id", int64_t(K.CorrelationId));
+          J.attribute("placement",
+                      P.Host->Owner == TensorOwner::Op
+                          ? "within the span of the op that launched it: kernel times are not "
+                            "recorded"
+                          : "within its module call's span (launched outside any op): kernel "
+                            "times are not recorded");
+          writeTensors(J, R, TensorOwner::Kernel, K.Id);
+        });
+      });
+      ++Summary.Kernels;
+    }
+  }
 }
 
 } // namespace
@@ -168,10 +294,15 @@ Expected<TimelineSummary> writeTimeline(raw_ostream &OS, ArrayRef<TraceReader *>
         const RankRecords &R = All[Rank];
         // Processes from 1: some viewers take pid 0 for the kernel's.
         int64_t Pid = int64_t(Rank) + 1, GpuPid = int64_t(All.size() + Rank) + 1;
-        std::string Process = All.size() > 1 ? "rank " + std::to_string(Rank) : "trace";
-        writeMetadata(J, "process_name", Pid, std::nullopt,
-                      Process + " " + Ranks[Rank]->directory().str());
-        writeMetadata(J, "process_sort_index", Pid, std::nullopt, std::to_string(Pid));
+        // A rank-N/ or process-PID/ directory names its process.
+        StringRef Dir = Ranks[Rank]->directory();
+        StringRef Base = sys::path::filename(Dir.rtrim('/'));
+        std::string Process = All.size() == 1                ? std::string("trace")
+                              : Base.starts_with("rank-")    ? "rank " + Base.drop_front(5).str()
+                              : Base.starts_with("process-") ? "process " + Base.drop_front(8).str()
+                                                             : Base.str();
+        writeMetadata(J, "process_name", Pid, std::nullopt, Process + " " + Dir.str());
+        writeSortIndex(J, Pid);
         std::set<int64_t> Threads;
         for (const SpanRecord &S : R.Spans)
           Threads.insert(S.Thread);
@@ -180,27 +311,38 @@ Expected<TimelineSummary> writeTimeline(raw_ostream &OS, ArrayRef<TraceReader *>
         Summary.Threads += Threads.size();
 
         // Module calls and ops, by start (a parent before what it holds).
-        for (const SpanRecord &S : R.Spans) {
+        std::vector<bool> Async = asyncSpans(R.Spans);
+        for (size_t SpanIndex = 0; SpanIndex < R.Spans.size(); ++SpanIndex) {
+          const SpanRecord &S = R.Spans[SpanIndex];
           double Ts = micros(S.StartNs, Origin), Dur = double(S.EndNs - S.StartNs) / 1000.0;
           std::string Mark;
           bool IsCall = S.Owner == TensorOwner::ModuleCall;
           const ModuleCallRecord *C = IsCall ? &R.Calls[R.CallAt.lookup(S.OwnerId)] : nullptr;
           const OpRecord *O = IsCall ? nullptr : &R.Ops[R.OpAt.lookup(S.OwnerId)];
-          if (Rank == 0) {
-            if (C)
-              if (auto It = Marks.Calls.find(C->Id); It != Marks.Calls.end())
-                Mark = It->second;
-            if (O && Marks.OpSeq && O->Seq == *Marks.OpSeq)
-              Mark = Marks.OpLabel;
-          }
+          if (C)
+            if (auto It = Marks.Calls.find({Rank, C->Id}); It != Marks.Calls.end())
+              Mark = It->second;
+          if (O)
+            if (auto It = Marks.Ops.find({Rank, O->Seq}); It != Marks.Ops.end())
+              Mark = It->second;
+          // A span that does not nest in the one around it on its thread (an
+          // async record_function, ended after its caller returned: gloo's
+          // send) is an async event pair, which viewers draw on a track of
+          // its own.
+          bool IsAsync = Async[SpanIndex];
+          std::string Name = C ? callName(*C) : O->Name;
+          std::string AsyncId = (IsCall ? "module_call " : "op ") + std::to_string(S.OwnerId);
           J.object([&] {
-            J.attribute("ph", "X");
+            J.attribute("ph", IsAsync ? "b" : "X");
             J.attribute("cat", IsCall ? "module" : "op");
-            J.attribute("name", C ? callName(*C) : O->Name);
+            J.attribute("name", Name);
             J.attribute("pid", Pid);
             J.attribute("tid", S.Thread);
             J.attribute("ts", Ts);
-            J.attribute("dur", Dur);
+            if (IsAsync)
+              J.attribute("id", AsyncId);
+            else
+              J.attribute("dur", Dur);
             if (!Mark.empty())
               J.attribute("cname", "terrible"); // Chrome's red
             J.attributeObject("args", [&] {
@@ -226,6 +368,18 @@ Expected<TimelineSummary> writeTimeline(raw_ostream &OS, ArrayRef<TraceReader *>
               writeTensors(J, R, S.Owner, S.OwnerId);
             });
           });
+          if (IsAsync) {
+            J.object([&] {
+              J.attribute("ph", "e");
+              J.attribute("cat", IsCall ? "module" : "op");
+              J.attribute("name", Name);
+              J.attribute("pid", Pid);
+              J.attribute("tid", S.Thread);
+              J.attribute("ts", micros(S.EndNs, Origin));
+              J.attribute("id", AsyncId);
+            });
+            ++Summary.Async;
+          }
           if (!Mark.empty()) {
             writeInstant(J, Mark, Pid, S.Thread, Ts);
             ++Summary.Marks;
@@ -233,64 +387,7 @@ Expected<TimelineSummary> writeTimeline(raw_ostream &OS, ArrayRef<TraceReader *>
           ++(IsCall ? Summary.ModuleCalls : Summary.Ops);
         }
 
-        // Kernels: their GPU times are not recorded, so each is placed
-        // inside the span of the op that launched it, an op's kernels one
-        // after another in launch order, sharing its time.
-        std::map<int64_t, std::vector<const KernelRecord *>> ByOp;
-        for (const KernelRecord &K : R.Kernels) {
-          auto Span = K.OpId ? R.SpanOf.find({TensorOwner::Op, *K.OpId}) : R.SpanOf.end();
-          if (Span == R.SpanOf.end()) {
-            ++Summary.KernelsWithoutSpan;
-            continue;
-          }
-          ByOp[*K.OpId].push_back(&K);
-        }
-        if (!ByOp.empty()) {
-          writeMetadata(J, "process_name", GpuPid, std::nullopt,
-                        Process + " GPU kernels (placed within the ops that launched them)");
-          std::set<uint64_t> Streams;
-          for (const auto &[Op, Kernels] : ByOp)
-            for (const KernelRecord *K : Kernels)
-              Streams.insert(K->Stream);
-          for (uint64_t S : Streams)
-            writeMetadata(J, "thread_name", GpuPid, int64_t(S), "stream " + std::to_string(S));
-        }
-        for (const auto &[Op, Kernels] : ByOp) {
-          const SpanRecord &S = R.Spans[R.SpanOf.at({TensorOwner::Op, Op})];
-          double Share = double(S.EndNs - S.StartNs) / 1000.0 / double(Kernels.size());
-          for (size_t I = 0; I < Kernels.size(); ++I) {
-            const KernelRecord &K = *Kernels[I];
-            J.object([&] {
-              J.attribute("ph", "X");
-              J.attribute("cat", "kernel");
-              J.attribute("name", K.Name);
-              J.attribute("pid", GpuPid);
-              J.attribute("tid", int64_t(K.Stream));
-              J.attribute("ts", micros(S.StartNs, Origin) + Share * double(I));
-              J.attribute("dur", Share);
-              J.attributeObject("args", [&] {
-                J.attribute("kernel_id", K.Id);
-                J.attribute("op_id", Op);
-                if (K.ModuleCallId)
-                  J.attribute("module_call_id", *K.ModuleCallId);
-                auto Dim3 = [&](StringRef Name, const uint32_t D[3]) {
-                  J.attributeArray(Name, [&] {
-                    for (int I = 0; I < 3; ++I)
-                      J.value(int64_t(D[I]));
-                  });
-                };
-                Dim3("grid", K.Grid);
-                Dim3("block", K.Block);
-                J.attribute("shared_mem", int64_t(K.SharedMem));
-                J.attribute("stream", int64_t(K.Stream));
-                J.attribute("correlation_id", int64_t(K.CorrelationId));
-                J.attribute("placement", "within its op's span: kernel times are not recorded");
-                writeTensors(J, R, TensorOwner::Kernel, K.Id);
-              });
-            });
-            ++Summary.Kernels;
-          }
-        }
+        writeKernels(J, R, Process, GpuPid, Origin, Summary);
       }
     });
     J.attributeObject("otherData", [&] {
@@ -301,10 +398,41 @@ Expected<TimelineSummary> writeTimeline(raw_ostream &OS, ArrayRef<TraceReader *>
       });
       J.attribute("clock", "CLOCK_MONOTONIC of the traced process; ts from its first span");
       J.attribute("time_origin_ns", Origin);
-      J.attribute("kernel_times", "not recorded: each kernel is drawn within its op's span");
+      J.attribute("kernel_times", "not recorded: each kernel is drawn within the span of the op "
+                                  "(or module call) that launched it");
+      J.attribute("kernels_left_out", int64_t(Summary.KernelsWithoutSpan));
     });
   });
   OS << "\n";
+  return Summary;
+}
+
+Expected<TimelineSummary> writeTimelineFile(StringRef Path, ArrayRef<TraceReader *> Ranks,
+                                            const TimelineMarks &Marks) {
+  if (Path == "-") {
+    auto Summary = writeTimeline(outs(), Ranks, Marks);
+    outs().flush();
+    return Summary;
+  }
+  std::string Temp = (Path + ".part").str();
+  std::error_code EC;
+  raw_fd_ostream OS(Temp, EC);
+  if (EC)
+    return makeError("cannot write '" + Path + "': " + EC.message());
+  auto Summary = writeTimeline(OS, Ranks, Marks);
+  OS.close();
+  if (!Summary || OS.has_error()) {
+    sys::fs::remove(Temp);
+    if (!Summary)
+      return Summary.takeError();
+    std::error_code Why = OS.error();
+    OS.clear_error();
+    return makeError("cannot write '" + Path + "': " + Why.message());
+  }
+  if (std::error_code RenameEC = sys::fs::rename(Temp, Path)) {
+    sys::fs::remove(Temp);
+    return makeError("cannot write '" + Path + "': " + RenameEC.message());
+  }
   return Summary;
 }
 

@@ -319,10 +319,14 @@ Expected<std::vector<SpanRecord>> TraceReader::spans() {
         R.Thread = Row.columnInt(2);
         R.StartNs = Row.columnInt(3);
         R.EndNs = Row.columnInt(4);
-        if (!Owner || *Owner == TensorOwner::Kernel || R.EndNs < R.StartNs) {
+        const char *Wrong = !Owner                        ? " has an unknown owner"
+                            : *Owner == TensorOwner::Kernel ? ": spans are module calls' and ops'"
+                            : R.EndNs < R.StartNs           ? " ends before it starts"
+                                                            : nullptr;
+        if (Wrong) {
           if (Problem.empty())
             Problem = "a span of " + Row.columnText(0).str() + " " + std::to_string(R.OwnerId) +
-                      (Owner ? " ends before it starts" : " has an unknown owner");
+                      Wrong;
           return;
         }
         R.Owner = *Owner;

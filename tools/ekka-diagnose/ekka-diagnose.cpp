@@ -216,34 +216,36 @@ void writeCalibration(const Diagnosis &D) {
 } // namespace
 
 /// --perfetto: the target's timeline with the suspects and the first
-/// divergent op marked.
+/// divergent op marked, each on the rank that ran it: a target of several
+/// pipeline stages is diagnosed through one call sequence whose ids carry
+/// their stage (PipelineStageShift), each stage's calls its first rank's.
 static void writeMarkedTimeline(const Diagnosis &D, ArrayRef<TraceReader *> Target) {
+  auto Stages = unwrapOrExit(Tool, rankStages(Target));
+  constexpr int StageShift = PipelineStageShift;
+  auto Place = [&](int64_t Id) -> std::pair<size_t, int64_t> {
+    if (Stages.size() < 2)
+      return {Stages.front().front(), Id};
+    size_t Stage = size_t(Id >> StageShift);
+    size_t Rank = Stage < Stages.size() ? Stages[Stage].front() : Target.size();
+    return {Rank, Id & ((int64_t(1) << StageShift) - 1)};
+  };
   TimelineMarks Marks;
   unsigned Rank = 0;
+  bool OpMarked = false;
   for (const Suspect &S : D.Suspects) {
     ++Rank;
-    Marks.Calls[S.Component.CallId] = "suspect " + std::to_string(Rank) + ": " +
-                                      componentName(S.Component) + ", R = " +
-                                      ratioText(S.Component.Ratio);
-    if (S.Op && S.Op->OpSeq >= 0 && !Marks.OpSeq) {
-      Marks.OpSeq = S.Op->OpSeq;
-      Marks.OpLabel = "first divergent op: " + S.Op->Name +
-                      (S.Op->Ratio ? ", R = " + ratioText(S.Op->Ratio) : std::string()) +
-                      " (in suspect " + std::to_string(Rank) + ")";
+    Marks.Calls[Place(S.Component.CallId)] = "suspect " + std::to_string(Rank) + ": " +
+                                             componentName(S.Component) + ", R = " +
+                                             ratioText(S.Component.Ratio);
+    if (S.Op && S.Op->OpSeq >= 0 && !OpMarked) {
+      OpMarked = true;
+      Marks.Ops[Place(S.Op->OpSeq)] =
+          "first divergent op: " + S.Op->Name +
+          (S.Op->Ratio ? ", R = " + ratioText(S.Op->Ratio) : std::string()) + " (in suspect " +
+          std::to_string(Rank) + ")";
     }
   }
-  std::error_code EC;
-  raw_fd_ostream OS(PerfettoFile, EC);
-  if (EC)
-    exitWithError(Tool, makeError("cannot write '" + PerfettoFile + "': " + EC.message()));
-  auto Written = writeTimeline(OS, Target, Marks);
-  OS.close();
-  if (!Written) {
-    sys::fs::remove(PerfettoFile);
-    exitWithError(Tool, Written.takeError());
-  }
-  if (OS.has_error())
-    exitWithError(Tool, makeError("cannot write '" + PerfettoFile + "'"));
+  unwrapOrExit(Tool, writeTimelineFile(PerfettoFile, Target, Marks));
 }
 
 int main(int argc, char **argv) {
@@ -283,6 +285,8 @@ int main(int argc, char **argv) {
                                   " (or run it again without --calibrate)"));
   if (!(Threshold > 0) || !std::isfinite(Threshold))
     exitWithError(Tool, makeError("--threshold must be a positive number"));
+  if (PerfettoFile == "-")
+    exitWithError(Tool, makeError("--perfetto needs a file: the report is on standard output"));
   // Refuse an unwritable report before printing a diagnosis, without
   // emptying one that is there (the run may yet fail on its input).
   for (const std::string &File : {HtmlFile.getValue(), PerfettoFile.getValue()}) {

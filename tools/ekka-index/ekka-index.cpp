@@ -10,6 +10,7 @@
 #include "ekka/Index/IndexBuilder.h"
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/Progress.h"
 #include "ekka/Support/Plural.h"
 
 #include "llvm/ADT/StringSwitch.h"
@@ -198,8 +199,12 @@ int runBuild() {
   }
   if (!Options.IndexPython && !Options.IndexCxx)
     exitWithError(Tool, makeError("--languages: nothing to index (expected python, cxx or both)"));
-  if (Verbose)
+  // The log's lines go to stdout as they come: a progress line on the
+  // terminal would be written into them.
+  if (Verbose) {
     Options.Log = &outs();
+    ProgressBar::disable();
+  }
   IndexBuildSummary S = unwrapOrExit(Tool, buildIndex(Options));
   outs() << "indexed " << countOf(S.Files, "file") << " (" << S.Parsed << " parsed, "
          << S.Unchanged << " unchanged, " << S.Removed << " removed), "

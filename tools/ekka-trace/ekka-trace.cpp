@@ -696,34 +696,19 @@ int runExport() {
   std::vector<TraceReader *> Ranks;
   for (auto &R : Traces)
     Ranks.push_back(R.get());
-  // Written beside, then renamed: a failed export leaves no half file.
-  std::string Temp = ExportPerfetto == "-" ? "" : ExportPerfetto + ".part";
-  std::error_code EC;
-  std::unique_ptr<raw_fd_ostream> File;
-  if (!Temp.empty()) {
-    File = std::make_unique<raw_fd_ostream>(Temp, EC);
-    if (EC)
-      exitWithError(Tool, makeError("cannot write '" + ExportPerfetto + "': " + EC.message()));
-  }
-  raw_ostream &OS = File ? *File : outs();
-  auto Summary = writeTimeline(OS, Ranks);
-  if (File)
-    File->close();
-  if (!Summary || (File && File->has_error())) {
-    if (!Temp.empty())
-      sys::fs::remove(Temp);
-    if (!Summary)
-      exitWithError(Tool, Summary.takeError());
-    exitWithError(Tool, makeError("cannot write '" + ExportPerfetto + "'"));
-  }
-  if (!Temp.empty())
-    if (std::error_code RenameEC = sys::fs::rename(Temp, ExportPerfetto))
-      exitWithError(Tool, makeError("cannot write '" + ExportPerfetto + "': " +
-                                    RenameEC.message()));
-  errs() << "ekka-trace: wrote " << (Temp.empty() ? "the timeline" : "'" + ExportPerfetto + "'")
-         << ": " << countOf(Summary->ModuleCalls, "module call") << ", "
-         << countOf(Summary->Ops, "op") << ", " << countOf(Summary->Kernels, "kernel") << " on "
-         << countOf(Summary->Threads, "thread") << "\n";
+  auto Summary = unwrapOrExit(Tool, writeTimelineFile(ExportPerfetto, Ranks));
+  errs() << "ekka-trace: wrote "
+         << (ExportPerfetto == "-" ? std::string("the timeline") : "'" + ExportPerfetto + "'")
+         << ": " << countOf(Summary.ModuleCalls, "module call") << ", "
+         << countOf(Summary.Ops, "op") << ", " << countOf(Summary.Kernels, "kernel") << " on "
+         << countOf(Summary.Threads, "thread") << "\n";
+  if (Summary.KernelsWithoutSpan)
+    errs() << "ekka-trace: note: " << countOf(Summary.KernelsWithoutSpan, "kernel")
+           << " launched outside any module call and op left out (nothing to place "
+           << (Summary.KernelsWithoutSpan == 1 ? "it" : "them") << " in)\n";
+  if (!Summary.ModuleCalls && !Summary.Ops)
+    errs() << "ekka-trace: warning: the trace records no module call or op with a span: "
+              "its timeline is empty\n";
   return ExitSuccess;
 }
 

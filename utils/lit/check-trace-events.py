@@ -12,8 +12,11 @@ importer and chrome://tracing read it), as a schema of our own:
   - "X" (complete): ts and dur numbers >= 0, tid an integer, cat a string,
     args an object;
   - "M" (metadata): name one of process_name, process_sort_index,
-    thread_name, thread_sort_index, with args.name; thread_* have a tid;
+    thread_name, thread_sort_index; a *_name has args.name (a string), a
+    *_sort_index args.sort_index (an integer); thread_* have a tid;
   - "i" (instant): ts >= 0, tid, s one of g, p, t;
+  - "b" and "e" (async begin and end): ts >= 0, tid, cat and id; each "b"
+    ends in one "e" of the same pid, cat, id and name, no earlier;
   - on each thread the complete events nest: one that starts inside another
     ends inside it too (no partial overlap, which viewers draw wrongly);
   - every pid and thread with events is named by a metadata event.
@@ -55,11 +58,11 @@ def check_schema(doc):
         fail("displayTimeUnit must be ms or ns")
     if not isinstance(doc.get("otherData", {}), dict):
         fail("otherData must be an object")
-    named_pids, named_threads = set(), set()
+    named_pids, named_threads, open_async = set(), set(), {}
     for n, e in enumerate(doc["traceEvents"]):
         where = f"event {n} ({e.get('name')!r})"
-        if not isinstance(e, dict) or e.get("ph") not in ("X", "M", "i"):
-            fail(f"{where}: ph must be X, M or i")
+        if not isinstance(e, dict) or e.get("ph") not in ("X", "M", "i", "b", "e"):
+            fail(f"{where}: ph must be X, M, i, b or e")
         if not is_int(e.get("pid")) or not isinstance(e.get("name"), str) or not e["name"]:
             fail(f"{where}: needs an integer pid and a name")
         ph = e["ph"]
@@ -74,8 +77,13 @@ def check_schema(doc):
             if e["name"] not in ("process_name", "process_sort_index", "thread_name",
                                  "thread_sort_index"):
                 fail(f"{where}: unknown metadata event")
-            if not isinstance(e.get("args"), dict) or "name" not in e["args"]:
-                fail(f"{where}: metadata needs args.name")
+            args = e.get("args")
+            if not isinstance(args, dict):
+                fail(f"{where}: metadata needs args")
+            if e["name"].endswith("_name") and not isinstance(args.get("name"), str):
+                fail(f"{where}: a name's metadata needs args.name, a string")
+            if e["name"].endswith("_sort_index") and not is_int(args.get("sort_index")):
+                fail(f"{where}: a sort index's metadata needs args.sort_index, an integer")
             if e["name"].startswith("thread_"):
                 if not is_int(e.get("tid")):
                     fail(f"{where}: thread metadata needs a tid")
@@ -83,11 +91,27 @@ def check_schema(doc):
                     named_threads.add((e["pid"], e["tid"]))
             elif e["name"] == "process_name":
                 named_pids.add(e["pid"])
-        else:
+        elif ph == "i":
             if not (is_num(e.get("ts")) and e["ts"] >= 0 and is_int(e.get("tid"))):
                 fail(f"{where}: an instant event needs ts >= 0 and a tid")
             if e.get("s", "t") not in ("g", "p", "t"):
                 fail(f"{where}: an instant event's scope is g, p or t")
+        else:
+            if not (is_num(e.get("ts")) and e["ts"] >= 0 and is_int(e.get("tid"))):
+                fail(f"{where}: an async event needs ts >= 0 and a tid")
+            if not isinstance(e.get("cat"), str) or not isinstance(e.get("id"), (str, int)):
+                fail(f"{where}: an async event needs a cat and an id")
+            key = (e["pid"], e["cat"], e["id"])
+            if ph == "b":
+                if key in open_async:
+                    fail(f"{where}: async id {e['id']!r} begun twice")
+                open_async[key] = e
+            else:
+                b = open_async.pop(key, None)
+                if b is None or b["name"] != e["name"] or e["ts"] < b["ts"] - EPS:
+                    fail(f"{where}: an async end without its begin, or before it")
+    if open_async:
+        fail(f"{len(open_async)} async events never end")
     events = [e for e in doc["traceEvents"] if e["ph"] != "M"]
     for e in events:
         if e["pid"] not in named_pids:
@@ -125,6 +149,8 @@ def check_against(doc, dirs):
         db = sqlite3.connect(f"file:{os.path.join(d, 'trace.db')}?mode=ro", uri=True)
         spans = db.execute("SELECT owner, owner_id FROM spans").fetchall()
         mine = [e for e in xs if e["pid"] == pid and e["cat"] in ("module", "op")]
+        mine += [e for e in doc["traceEvents"]
+                 if e["ph"] == "b" and e["pid"] == pid and e["cat"] in ("module", "op")]
         got = sorted((("module_call" if e["cat"] == "module" else "op"),
                       e["args"]["module_call_id" if e["cat"] == "module" else "op_id"])
                      for e in mine)
@@ -136,9 +162,13 @@ def check_against(doc, dirs):
               f"calls, {sum(o == 'op' for o, _ in spans)} of {ops} ops, "
               f"{len({e['tid'] for e in mine})} threads")
         # An op within its module call, where both ran on one thread.
-        call_event = {e["args"]["module_call_id"]: e for e in mine if e["cat"] == "module"}
+        # (async events, which need not nest, aside)
+        call_event = {e["args"]["module_call_id"]: e for e in mine
+                      if e["cat"] == "module" and e["ph"] == "X"}
         outside = 0
         for e in mine:
+            if e["ph"] != "X":
+                continue
             c = call_event.get(e["args"].get("module_call_id")) if e["cat"] == "op" else None
             if c and c["tid"] == e["tid"] and not (
                     c["ts"] - EPS <= e["ts"] and e["ts"] + e["dur"] <= c["ts"] + c["dur"] + EPS):
@@ -165,10 +195,10 @@ def main():
     for e in doc["traceEvents"]:
         counts[e["ph"]] += 1
     print(f"valid trace events: {counts['X']} complete, {counts['M']} metadata, "
-          f"{counts['i']} instant")
+          f"{counts['i']} instant" + (f", {counts['b']} async" if counts['b'] else ""))
     print(f"nested on each of {len(by_thread)} threads")
     for cat in ("module", "op", "kernel"):
-        print(f"{cat}: {sum(1 for e in doc['traceEvents'] if e.get('cat') == cat)}")
+        print(f"{cat}: {sum(1 for e in doc['traceEvents'] if e.get('cat') == cat and e['ph'] in 'Xb')}")
     for e in doc["traceEvents"]:
         if e["ph"] == "M" and e["name"] == "process_name":
             print(f"process {e['pid']}: {e['args']['name']}")

@@ -23,8 +23,9 @@ import struct
 import subprocess
 import sys
 import zlib
+from urllib.parse import unquote
 
-CURVE_RGB = (0x00, 0x66, 0xCC)  # Html.cpp's curve, #06c
+CURVE_RGB = (0x00, 0x66, 0xCC)  # Html.cpp's curve, #06c (its points are #039)
 
 
 def chromium():
@@ -210,7 +211,8 @@ def main():
     print("verdict:", seen["verdict"])
     print("first:", seen["first"])
     # The page's own file is its one request; anything else went out.
-    print("requests beyond the page:", len([u for u in requests if u != "file://" + report]))
+    page = "file://" + report
+    print("requests beyond the page:", len([u for u in requests if unquote(u) != page]))
     print("scripts:", seen["scripts"])
     if seen["svg"]:
         print("plot: %dx%d" % tuple(seen["svg"]))
@@ -237,7 +239,7 @@ def main():
         1 for row in rows for x in range(0, width * channels, channels)
         if all(abs(row[x + k] - CURVE_RGB[k]) <= 8 for k in range(3)))
     print("screenshot: %dx%d, curve colour drawn: %s" % (width, height,
-                                                          "yes" if curve_pixels > 50 else "no"))
+                                                          "yes" if curve_pixels > 200 else "no"))
 
 
 if __name__ == "__main__":

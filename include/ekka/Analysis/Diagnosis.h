@@ -226,6 +226,11 @@ llvm::Expected<Diagnosis> diagnose(TraceReader &Target, TraceReader &Reference,
 enum class RankLayout { Single, SameModules, Stages, TensorParallelStages };
 llvm::Expected<RankLayout> rankLayout(llvm::ArrayRef<TraceReader *> Ranks);
 
+/// A target of several pipeline stages is diagnosed as one call sequence:
+/// its module call ids, op ids and op places (`seq`) carry their stage
+/// above this bit, the rest being the id in that stage's first rank's trace.
+constexpr int PipelineStageShift = 40;
+
 /// The ranks (indices into \p Ranks) of each pipeline stage, first stage
 /// first, each stage's ranks in order. Ranks of which one ran the same
 /// modules as another, or only more (a sampler on rank 0 alone), are one

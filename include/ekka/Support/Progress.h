@@ -43,6 +43,9 @@ public:
 
   /// Whether progress is drawn in this process.
   static bool enabled();
+  /// Draws no progress from now on in this process: for a tool whose own
+  /// output goes to the terminal as it comes (a log on stdout).
+  static void disable();
 
 private:
   void draw(bool Force);
@@ -50,7 +53,7 @@ private:
   std::string Label, Unit;
   std::atomic<size_t> Done{0};
   size_t Total;
-  bool Active;
+  std::atomic<bool> Active; ///< Read by advance() on any thread.
   std::mutex DrawMutex;
   std::chrono::steady_clock::time_point LastDraw;
   std::chrono::steady_clock::time_point Start;

@@ -22,25 +22,29 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <utility>
 #include <string>
 
 namespace ekka {
 
 class TraceReader;
 
-/// What to mark on the first rank's timeline.
+/// What to mark on the timeline, by rank (the index into the ranks given).
 struct TimelineMarks {
-  /// Module call id -> label ("suspect 1: model.layers.1.mlp, R = 60.4").
-  std::map<int64_t, std::string> Calls;
-  /// The op at this place in the execution order (its `seq`), and its label.
-  std::optional<int64_t> OpSeq;
-  std::string OpLabel;
+  /// (rank, module call id) -> label ("suspect 1: model.layers.1.mlp, R = 60.4").
+  std::map<std::pair<size_t, int64_t>, std::string> Calls;
+  /// (rank, an op's place in its execution order, its `seq`) -> label.
+  std::map<std::pair<size_t, int64_t>, std::string> Ops;
 };
 
 /// Counts of what a timeline holds.
 struct TimelineSummary {
   uint64_t ModuleCalls = 0, Ops = 0, Kernels = 0, Threads = 0, Marks = 0;
-  /// Kernels whose op has no span (none was recorded): left out.
+  /// Spans that do not nest on their thread (an async record_function's),
+  /// written as async event pairs.
+  uint64_t Async = 0;
+  /// Kernels with neither an op nor a module call that has a span (one
+  /// launched outside any module call): left out.
   uint64_t KernelsWithoutSpan = 0;
 };
 
@@ -50,6 +54,13 @@ struct TimelineSummary {
 llvm::Expected<TimelineSummary> writeTimeline(llvm::raw_ostream &OS,
                                               llvm::ArrayRef<TraceReader *> Ranks,
                                               const TimelineMarks &Marks = {});
+
+/// writeTimeline into the file \p Path ("-": standard output), written
+/// beside it and renamed into place: a failed export leaves no file, and
+/// one that was there stays as it was.
+llvm::Expected<TimelineSummary> writeTimelineFile(llvm::StringRef Path,
+                                                  llvm::ArrayRef<TraceReader *> Ranks,
+                                                  const TimelineMarks &Marks = {});
 
 } // namespace ekka
 
