@@ -97,10 +97,15 @@ Expected<std::unique_ptr<SafeTensorsFile>> SafeTensorsFile::open(StringRef Path)
                                       /*RequiresNullTerminator=*/false);
   if (!Buffer)
     return makeError("cannot read '" + Path + "': " + Buffer.getError().message());
+  return parse(std::move(*Buffer), Path);
+}
+
+Expected<std::unique_ptr<SafeTensorsFile>>
+SafeTensorsFile::parse(std::unique_ptr<MemoryBuffer> Buffer, StringRef Path) {
   auto Bad = [&](const Twine &Why) {
     return makeError("'" + Path + "' is not a valid safetensors file: " + Why);
   };
-  StringRef All = (*Buffer)->getBuffer();
+  StringRef All = Buffer->getBuffer();
   if (All.size() < 8)
     return Bad("shorter than its 8-byte header length");
   uint64_t HeaderSize = support::endian::read64le(All.data());
@@ -171,7 +176,7 @@ Expected<std::unique_ptr<SafeTensorsFile>> SafeTensorsFile::open(StringRef Path)
     if (ByOffset[I]->Begin < ByOffset[I - 1]->End)
       return Bad("entries '" + ByOffset[I - 1]->Name + "' and '" + ByOffset[I]->Name +
                  "' overlap");
-  File->Buffer = std::move(*Buffer);
+  File->Buffer = std::move(Buffer);
   return File;
 }
 

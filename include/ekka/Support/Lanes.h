@@ -22,11 +22,14 @@
 
 // Vectors of four doubles pass only between inlined functions of one
 // translation unit, so GCC's warning that their calling convention depends
-// on AVX does not apply: silenced here for the functions that return one.
+// on AVX does not apply: silenced here (GCC's and Clang's) for the functions
+// that return one.
 // Those that take one take it by reference: for a parameter passed by
 // value GCC also notes that the ABI changed in GCC 4.6, a note this pragma
 // does not silence.
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wpsabi"
+#elif defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 

@@ -66,6 +66,11 @@ private:
 class SafeTensorsFile {
 public:
   static llvm::Expected<std::unique_ptr<SafeTensorsFile>> open(llvm::StringRef Path);
+  /// The file whose bytes \p Buffer holds, named \p Path in errors: its
+  /// header validated (lengths, JSON, dtypes, shapes against byte ranges,
+  /// ranges inside the data and apart). What open() does after reading.
+  static llvm::Expected<std::unique_ptr<SafeTensorsFile>>
+  parse(std::unique_ptr<llvm::MemoryBuffer> Buffer, llvm::StringRef Path);
 
   llvm::ArrayRef<SafeTensorInfo> tensors() const { return Infos; }
   const SafeTensorInfo *find(llvm::StringRef Name) const;
