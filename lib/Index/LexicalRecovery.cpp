@@ -406,10 +406,12 @@ void recoverDefinitionsMissedByParser(FileID FID, const SourceManager &SM,
     return;
   LexicalScanner(FID, SM, LangOpts, Defs).run();
   findTorchOpRegistrations(SM.getBufferData(FID), LangOpts, Defs);
-  // A record whose closing brace never came (unbalanced #if branches) ends
-  // where its head does.
+  // A record whose closing brace never came (unbalanced #if branches, the
+  // end of the file) ends where its head does; its end was never set, which
+  // at byte 0 leaves no byte before the start but line 0 (found by
+  // ekka-fuzz-cxx_indexer).
   for (Definition &D : Defs)
-    if (D.FoundByLexer && D.ByteEnd < D.ByteStart) {
+    if (D.FoundByLexer && (D.ByteEnd < D.ByteStart || D.LineEnd < D.LineStart)) {
       D.ByteEnd = D.ByteStart;
       D.LineEnd = D.LineStart;
     }

@@ -115,6 +115,20 @@ __global__ void __launch_bounds__(128) sm90_kernel(int* p) { *p = 1; }
   EXPECT_EQ(Kernels, 1u);
 }
 
+TEST_F(CxxIndexerTest, UnclosedRecordAtTheFileStartEndsAtItsHead) {
+  // Found by ekka-fuzz-cxx_indexer: a record the parser did not see (the
+  // stray '/'), at byte 0, whose brace never closes, came out as lines 1-0.
+  std::string Main = write("unclosed.cu", "/struct p{");
+  FileDefinitions F = index(Main);
+  const Definition *P = find(F, "p", DefinitionKind::Struct);
+  ASSERT_TRUE(P);
+  EXPECT_TRUE(P->FoundByLexer);
+  EXPECT_EQ(P->LineStart, 1u);
+  EXPECT_EQ(P->LineEnd, 1u);
+  EXPECT_LE(P->ByteStart, P->ByteEnd);
+  EXPECT_LE(P->ByteEnd, 10u);
+}
+
 TEST_F(CxxIndexerTest, OnlyWantedFilesAreRecordedAndIncludesListed) {
   std::string Header = write("h.cuh", "struct InHeader {};\n");
   std::string Main = write("s.cu", "#include \"h.cuh\"\nstruct InSource {};\n");
