@@ -554,14 +554,38 @@ private:
   std::string Output;
 };
 
+/// The real file system, where only what the walk would index is opened:
+/// regular files, and sources no larger than the build's limit. Clang reads
+/// a FIFO to its end, so `#include "x.h"` with x.h a FIFO would wait for a
+/// writer for good; a device may never end; a generated 50 MB source takes
+/// Clang minutes. To the units that include them, these are missing headers.
+class IndexableFilesOnly : public vfs::ProxyFileSystem {
+public:
+  IndexableFilesOnly(IntrusiveRefCntPtr<vfs::FileSystem> FS, uint64_t MaxSourceSize)
+      : ProxyFileSystem(std::move(FS)), MaxSourceSize(MaxSourceSize) {}
+
+  ErrorOr<std::unique_ptr<vfs::File>> openFileForRead(const Twine &Path) override {
+    ErrorOr<vfs::Status> St = status(Path);
+    if (St && !St->isRegularFile() && !St->isDirectory())
+      return std::make_error_code(std::errc::operation_not_supported);
+    if (St && St->getSize() > MaxSourceSize && languageForPath(Path.str()))
+      return std::make_error_code(std::errc::file_too_large);
+    return ProxyFileSystem::openFileForRead(Path);
+  }
+
+private:
+  uint64_t MaxSourceSize;
+};
+
 /// A file manager over the real file system with the prelude laid over it.
-IntrusiveRefCntPtr<FileManager> makeFileManager() {
+IntrusiveRefCntPtr<FileManager> makeFileManager(uint64_t MaxSourceSize) {
   auto Memory = makeIntrusiveRefCnt<vfs::InMemoryFileSystem>();
   Memory->addFile(PreludePath, 0,
                   MemoryBuffer::getMemBuffer(cudaPrelude(), PreludePath));
   Memory->addFile(PCHSourcePath, 0,
                   MemoryBuffer::getMemBuffer(PCHSource, PCHSourcePath));
-  auto Overlay = makeIntrusiveRefCnt<vfs::OverlayFileSystem>(vfs::getRealFileSystem());
+  auto Overlay = makeIntrusiveRefCnt<vfs::OverlayFileSystem>(
+      makeIntrusiveRefCnt<IndexableFilesOnly>(vfs::getRealFileSystem(), MaxSourceSize));
   Overlay->pushOverlay(Memory);
   return makeIntrusiveRefCnt<FileManager>(FileSystemOptions(), Overlay);
 }
@@ -577,7 +601,7 @@ FileManager &CxxIndexer::threadFileManager() {
   std::lock_guard<std::mutex> Lock(FileManagersMutex);
   auto &Files = FileManagers[std::this_thread::get_id()];
   if (!Files)
-    Files = makeFileManager();
+    Files = makeFileManager(Options.MaxSourceSize);
   return *Files;
 }
 

@@ -12,7 +12,6 @@
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
-#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/ThreadPool.h"
 #include "llvm/Support/Threading.h"
@@ -172,16 +171,12 @@ public:
     phase("write");
     Phase.reset();
 
-    if (Options.Log)
-      for (const auto &[Path, Why] : Walk.Skipped)
+    for (const auto &[Path, Why] : Walk.Skipped) {
+      ++Summary.Skipped;
+      ++Summary.SkipReasons[Why];
+      if (Options.Log)
         *Options.Log << "skipped " << Path << " (" << Why << ")\n";
-    Summary.Skipped += Walk.SymlinkLoops + Walk.OutsideRoot + Walk.Unreadable;
-    if (Walk.SymlinkLoops)
-      Summary.SkipReasons["symlink-loop"] += Walk.SymlinkLoops;
-    if (Walk.OutsideRoot)
-      Summary.SkipReasons["outside-root"] += Walk.OutsideRoot;
-    if (Walk.Unreadable)
-      Summary.SkipReasons["unreadable"] += Walk.Unreadable;
+    }
     auto Counts = (*Index)->counts();
     if (!Counts)
       return Counts.takeError();
@@ -248,11 +243,9 @@ private:
     };
     if (F.Size > Options.MaxFileSize)
       return Skip("too-large");
-    auto Buffer = MemoryBuffer::getFile(F.Path, /*IsText=*/false,
-                                        /*RequiresNullTerminator=*/false);
-    if (!Buffer)
-      return Skip("unreadable");
-    W.Text = (*Buffer)->getBuffer().str();
+    StringRef Unread = readSourceText(F.Path, Options.MaxFileSize, W.Text);
+    if (!Unread.empty())
+      return Skip(Unread);
     W.Hash = hashText(W.Text);
     auto It = Stored.find(F.Path);
     if (!W.ForceParse && It != Stored.end() && It->second.Hash == W.Hash &&
@@ -367,6 +360,7 @@ private:
     CxxIndexerOptions CxxOptions;
     CxxOptions.IncludeDirs = includeDirs();
     CxxOptions.ExtraArgs = Options.ExtraArgs;
+    CxxOptions.MaxSourceSize = Options.MaxFileSize;
     CxxIndexer Indexer(std::move(CxxOptions));
     SmallString<128> TempDir;
     if (!sys::fs::createUniqueDirectory("ekka-index", TempDir)) {

@@ -2,6 +2,7 @@
 #include "ekka/Support/SourceFiles.h"
 #include "ekka/Support/Error.h"
 
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/ConvertUTF.h"
@@ -9,7 +10,11 @@
 #include "llvm/Support/Path.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 using namespace llvm;
 
@@ -59,13 +64,32 @@ bool isSkippedDirectory(StringRef Name) {
          Name == "node_modules";
 }
 
+/// Why a path could not be stat'ed, resolved or opened, as a skip reason.
+StringRef whyUnreadable(std::error_code EC, bool IsLink) {
+  if (EC == std::errc::too_many_symbolic_link_levels)
+    return "symlink-loop";
+  if (EC == std::errc::filename_too_long)
+    return "path-too-long";
+  if (EC == std::errc::no_such_file_or_directory)
+    return IsLink ? "dangling-symlink" : "vanished";
+  return "unreadable";
+}
+
+unsigned &counterFor(WalkStats &Stats, StringRef Why) {
+  if (Why == "symlink-loop")
+    return Stats.SymlinkLoops;
+  if (Why == "outside-root")
+    return Stats.OutsideRoot;
+  return Stats.Unreadable;
+}
+
 class TreeWalker {
 public:
   TreeWalker(std::vector<SourceFile> &Out, WalkStats &Stats)
       : Out(Out), Stats(Stats) {}
 
-  void skip(StringRef Path, StringRef Why, unsigned &Counter) {
-    ++Counter;
+  void skip(StringRef Path, StringRef Why) {
+    ++counterFor(Stats, Why);
     Stats.Skipped.push_back({Path.str(), Why.str()});
   }
 
@@ -76,8 +100,8 @@ public:
       return;
     }
     SmallString<256> Real;
-    if (sys::fs::real_path(Path, Real)) {
-      skip(Path, "unreadable", Stats.Unreadable);
+    if (std::error_code EC = sys::fs::real_path(Path, Real)) {
+      skip(Path, whyUnreadable(EC, /*IsLink=*/false));
       return;
     }
     // Named by its real path: the same tree indexed through a symlinked path
@@ -99,14 +123,14 @@ public:
 
   void walkDirectory(StringRef Dir, bool ViaLink) {
     SmallString<256> Real;
-    if (sys::fs::real_path(Dir, Real)) {
-      skip(Dir, "unreadable", Stats.Unreadable);
+    if (std::error_code EC = sys::fs::real_path(Dir, Real)) {
+      skip(Dir, whyUnreadable(EC, /*IsLink=*/false));
       return;
     }
     // A link out of the root (`up -> ..`) would index whatever lies outside
     // it, a whole file system at worst.
     if (ViaLink && !isUnder(Real, Boundary)) {
-      skip(Dir, "outside-root", Stats.OutsideRoot);
+      skip(Dir, "outside-root");
       return;
     }
     // A directory reached a second time through a symlink is a loop (or an
@@ -114,7 +138,7 @@ public:
     // root, or as a root's subdirectory, it is simply not walked twice.
     if (!SeenDirs.insert(Real).second) {
       if (ViaLink)
-        skip(Dir, "symlink-loop", Stats.SymlinkLoops);
+        skip(Dir, "symlink-loop");
       return;
     }
     std::error_code EC;
@@ -122,33 +146,48 @@ public:
          It != End && !EC; It.increment(EC)) {
       StringRef Path = It->path();
       StringRef Name = sys::path::filename(Path);
+      bool IsSource = languageForPath(Path).has_value();
       sys::fs::file_status Link, St;
       bool IsLink = !sys::fs::status(Path, Link, /*follow=*/false) &&
                     sys::fs::is_symlink_file(Link);
-      if (sys::fs::status(Path, St)) {
-        // A dangling link or an entry we may not stat: worth a count only
-        // if it names source code.
-        if (languageForPath(Path))
-          skip(Path, "unreadable", Stats.Unreadable);
+      if (std::error_code StatEC = sys::fs::status(Path, St)) {
+        // A dangling link, a link loop, an entry gone since it was listed or
+        // past PATH_MAX: worth a count only if it names source code or a
+        // directory (whose files are lost with it).
+        if (IsSource || It->type() == sys::fs::file_type::directory_file)
+          skip(Path, whyUnreadable(StatEC, IsLink));
         continue;
       }
-      if (sys::fs::is_directory(St)) {
-        if (!isSkippedDirectory(Name))
-          walkDirectory(Path, IsLink);
+      bool IsDir = sys::fs::is_directory(St);
+      if (IsDir && isSkippedDirectory(Name))
+        continue;
+      if ((IsDir || IsSource) && !isUTF8(Name)) {
+        skip(Path, "not-utf8-name");
+        continue;
+      }
+      if (IsDir) {
+        walkDirectory(Path, IsLink);
       } else if (sys::fs::is_regular_file(St)) {
         SmallString<256> Real;
-        if (IsLink && languageForPath(Path) && !sys::fs::real_path(Path, Real) &&
+        if (IsLink && IsSource && !sys::fs::real_path(Path, Real) &&
             !isUnder(Real, Boundary))
-          skip(Path, "outside-root", Stats.OutsideRoot);
+          skip(Path, "outside-root");
         else
           addFile(Path, St);
+      } else if (IsSource) {
+        // A FIFO would block the reader for good, a device never end.
+        skip(Path, "special-file");
       }
     }
     if (EC)
-      skip(Dir, "unreadable", Stats.Unreadable);
+      skip(Dir, whyUnreadable(EC, /*IsLink=*/false));
   }
 
 private:
+  static bool isUTF8(StringRef Name) {
+    return classifyContent(Name) == ContentProblem::None;
+  }
+
   static bool isUnder(StringRef Path, StringRef Root) {
     return Path == Root ||
            (Path.starts_with(Root) &&
@@ -210,6 +249,43 @@ ContentProblem classifyContent(StringRef Content) {
     return ContentProblem::None;
   return isLegalUTF8String(&P, End) ? ContentProblem::None
                                     : ContentProblem::NotUTF8;
+}
+
+StringRef readSourceText(StringRef Path, uint64_t MaxSize, std::string &Text) {
+  // Opened without blocking: a FIFO put where the walk saw a file would wait
+  // for a writer for good. The size is checked again on what was opened,
+  // and no more than it is read, however the file grows meanwhile.
+  SmallString<256> NulTerminated(Path);
+  int FD;
+  do
+    FD = ::open(NulTerminated.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  while (FD < 0 && errno == EINTR);
+  if (FD < 0)
+    return whyUnreadable(std::error_code(errno, std::generic_category()),
+                         /*IsLink=*/false);
+  auto Close = make_scope_exit([&] { ::close(FD); });
+  sys::fs::file_status St;
+  if (std::error_code EC = sys::fs::status(FD, St))
+    return whyUnreadable(EC, /*IsLink=*/false);
+  if (!sys::fs::is_regular_file(St))
+    return "special-file";
+  if (St.getSize() > MaxSize)
+    return "too-large";
+  Text.resize(St.getSize());
+  size_t Done = 0;
+  while (Done < Text.size()) {
+    auto Read = sys::fs::readNativeFile(
+        FD, MutableArrayRef<char>(Text.data() + Done, Text.size() - Done));
+    if (!Read) {
+      consumeError(Read.takeError());
+      return "unreadable";
+    }
+    if (*Read == 0)
+      break; // shrunk since
+    Done += *Read;
+  }
+  Text.resize(Done);
+  return StringRef();
 }
 
 } // namespace ekka

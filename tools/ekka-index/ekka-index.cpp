@@ -77,7 +77,8 @@ cl::list<std::string> ExtraArgs("extra-arg", cl::sub(BuildCmd), cl::value_desc("
                                 cl::cat(BuildCategory));
 cl::opt<unsigned> MaxFileSizeKiB(
     "max-file-size", cl::sub(BuildCmd), cl::init(4096), cl::value_desc("KiB"),
-    cl::desc("Skip larger files, usually generated code (default 4096 KiB)"),
+    cl::desc("Skip larger files (usually generated code), #included ones too "
+             "(default 4096 KiB)"),
     cl::cat(BuildCategory));
 cl::opt<bool> Verbose("verbose", cl::sub(BuildCmd),
                       cl::desc("Print a line per parsed or skipped file"),

@@ -8,6 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
+#include <sys/stat.h>
+
 using namespace ekka;
 using namespace llvm;
 
@@ -91,6 +95,45 @@ TEST(SourceFiles, WalkStaysInsideTheRootAndNamesFilesByRealPath) {
     EXPECT_EQ(Stats.OutsideRoot, 2u);
     EXPECT_EQ(Stats.SymlinkLoops, 0u);
   }
+}
+
+// What a file listed by the walk may have become by the time it is read.
+TEST(SourceFiles, ReadSourceTextRefusesWhatIsNoLongerASource) {
+  TempDir T;
+  std::string Text;
+  std::string Small = T.file("a.py", "x = 1\n");
+  EXPECT_EQ(readSourceText(Small, 6, Text), "");
+  EXPECT_EQ(Text, "x = 1\n");
+  EXPECT_EQ(readSourceText(Small, 5, Text), "too-large");
+  EXPECT_EQ(readSourceText((T.Path + "/gone.py").str(), 100, Text), "vanished");
+  // A FIFO is opened without waiting for a writer, then refused.
+  std::string Fifo = (T.Path + "/fifo.py").str();
+  ASSERT_EQ(::mkfifo(Fifo.c_str(), 0644), 0);
+  EXPECT_EQ(readSourceText(Fifo, 100, Text), "special-file");
+}
+
+TEST(SourceFiles, WalkNamesWhyItSkips) {
+  TempDir T;
+  T.file("ok.py", "\n");
+  T.file("caf\xe9.py", "\n");
+  std::string Fifo = (T.Path + "/fifo.cu").str();
+  ASSERT_EQ(::mkfifo(Fifo.c_str(), 0644), 0);
+  ASSERT_FALSE(sys::fs::create_link("self.py", T.Path + "/self.py"));
+  ASSERT_FALSE(sys::fs::create_link("missing.py", T.Path + "/dangling.py"));
+
+  WalkStats Stats;
+  auto Files = collectSourceFiles({T.Path.str().str()}, Stats);
+  ASSERT_TRUE(bool(Files));
+  ASSERT_EQ(Files->size(), 1u);
+  std::map<std::string, std::string> Why;
+  for (const auto &[Path, Reason] : Stats.Skipped)
+    Why[sys::path::filename(Path).str()] = Reason;
+  EXPECT_EQ(Why["caf\xe9.py"], "not-utf8-name");
+  EXPECT_EQ(Why["fifo.cu"], "special-file");
+  EXPECT_EQ(Why["self.py"], "symlink-loop");
+  EXPECT_EQ(Why["dangling.py"], "dangling-symlink");
+  EXPECT_EQ(Stats.SymlinkLoops, 1u);
+  EXPECT_EQ(Stats.Unreadable, 3u);
 }
 
 TEST(SourceFiles, MissingRootIsAnError) {

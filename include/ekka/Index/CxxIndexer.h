@@ -30,6 +30,9 @@ struct CxxIndexerOptions {
   std::vector<std::string> ExtraArgs;
   /// Clang's builtin headers; the default is the one found at build time.
   std::string ResourceDir;
+  /// Larger C, C++ and CUDA files are not opened, #included or not (the
+  /// builder's --max-file-size).
+  uint64_t MaxSourceSize = UINT64_MAX;
 };
 
 /// The definitions one translation unit contributed to one file.

@@ -42,11 +42,14 @@ struct SourceFile {
 };
 
 struct WalkStats {
-  unsigned SymlinkLoops = 0;   ///< Directories reached again through a link.
+  unsigned SymlinkLoops = 0;   ///< Directories reached again through a link, links to themselves.
   unsigned OutsideRoot = 0;    ///< Links to directories or sources outside the root.
   unsigned Unreadable = 0;     ///< Source files or directories that could not be read.
   unsigned OtherFiles = 0;     ///< Files that are not source code.
-  /// Each skipped path and why ("symlink-loop", "outside-root", "unreadable").
+  /// Each skipped path and why: "symlink-loop", "outside-root", and for the
+  /// unreadable "special-file" (a FIFO, device or socket under a source
+  /// name), "dangling-symlink", "vanished" (gone since it was listed),
+  /// "path-too-long" (past PATH_MAX), "not-utf8-name" or "unreadable".
   std::vector<std::pair<std::string, std::string>> Skipped;
 };
 
@@ -56,7 +59,9 @@ struct WalkStats {
 /// directories (.git, .venv, ...) and __pycache__ are not entered; a symlink
 /// back into a directory already walked is counted as a loop, and one that
 /// leads out of the root's real path is not followed (counted as
-/// outside-root). A root that does not exist is an error.
+/// outside-root). Names that are not UTF-8 are skipped: the index is UTF-8
+/// text (SQLite, JSON, Python's sqlite3), and such a path could not be shown
+/// or looked up as it is. A root that does not exist is an error.
 llvm::Expected<std::vector<SourceFile>>
 collectSourceFiles(llvm::ArrayRef<std::string> Roots, WalkStats &Stats);
 
@@ -65,6 +70,13 @@ enum class ContentProblem { None, Binary, NotUTF8 };
 
 /// NUL bytes mean binary; otherwise the text must be valid UTF-8.
 ContentProblem classifyContent(llvm::StringRef Content);
+
+/// Reads a file the walk listed into \p Text, refusing what it may have
+/// become since: something other than a regular file (a FIFO is opened
+/// without waiting for a writer, and not read) or more than \p MaxSize
+/// bytes. Returns why it was not read, as the walk names skips
+/// ("special-file", "too-large", "vanished", "unreadable"), or "" once read.
+llvm::StringRef readSourceText(llvm::StringRef Path, uint64_t MaxSize, std::string &Text);
 
 } // namespace ekka
 
