@@ -16,12 +16,41 @@ config.environment["PATH"] = os.pathsep.join(
     [config.ekka_tools_dir, config.llvm_tools_dir, config.environment.get("PATH", "")])
 # Progress bars only on a terminal; never inside lit.
 config.environment["EKKA_PROGRESS"] = "0"
+
+# A sanitized build (EKKA_SANITIZE, utils/run-tests --sanitize): Ekka's code
+# has ASan and UBSan, Python and the other programs a test runs have not.
+# ASan's runtime must be the first library a process loads, so it is
+# preloaded into every one (with the C++ library, see CMakeLists.txt): a
+# Python that loads Ekka's runtime then finds it there. Options, added to
+# those of the environment (lit passes ASAN_OPTIONS, LSAN_OPTIONS and
+# UBSAN_OPTIONS through; utils/run-tests --sanitize sets them):
+# - detect_leaks=0: CPython and torch leave thousands of blocks unreachable
+#   at exit, which LeakSanitizer cannot tell from Ekka's through their
+#   frameless stacks, and Ekka's tools pass their environment on to the
+#   Pythons they start (the unittests keep leak detection);
+# - verify_asan_link_order=0: ekka-trace preloads its runtime ahead of an
+#   inherited LD_PRELOAD (a C++ program's tracing, native.test), so ASan's
+#   runtime comes second; it is still loaded before anything that
+#   allocates, and the runtime defines no function ASan intercepts.
+# `UNSUPPORTED: asan` marks a test that cannot run so, with its reason.
+if config.ekka_sanitize_preload:
+    config.available_features.add("asan")
+    config.environment["LD_PRELOAD"] = os.pathsep.join(
+        p for p in [config.ekka_sanitize_preload, config.environment.get("LD_PRELOAD")] if p)
+    config.environment["ASAN_OPTIONS"] = ":".join(
+        o for o in [config.environment.get("ASAN_OPTIONS"), "detect_leaks=0",
+                    "verify_asan_link_order=0"] if o)
+
 config.substitutions.append(("%python", config.python_executable))
 # Where the build found Python's headers, the shim's module calls take the
 # runtime's Python binding (binding.test compares it with torch.ops).
 if getattr(config, "ekka_python_binding", False):
     config.available_features.add("python-binding")
 config.substitutions.append(("%ekka-python", os.path.join(config.ekka_src_root, "python")))
+# chmod 000 stops everyone but root: what an unreadable file does is checked
+# where it is unreadable (`%if non-root`).
+if os.geteuid() != 0:
+    config.available_features.add("non-root")
 config.substitutions.append(
     ("%ekka-runtime", os.path.join(config.ekka_obj_root, "lib", "libekka_runtime.so")))
 # One side of a zoo case (utils/zoo/run_side.py), with the engine's kernels
@@ -68,6 +97,8 @@ config.substitutions.append(("%vllm-dir", os.path.join(config.ekka_src_root, "ut
 # with its name, instead of stalling the whole suite until ctest's timeout.
 try:
     import psutil  # noqa: F401  lit needs it to kill a test's process tree
-    config.maxIndividualTestTime = 300
+    # Three times as long with the sanitizers, which slow Ekka's code and
+    # Python's allocations.
+    config.maxIndividualTestTime = 900 if "asan" in config.available_features else 300
 except ImportError:
     lit_config.warning("psutil is missing: no per-test timeout")

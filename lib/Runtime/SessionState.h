@@ -79,6 +79,9 @@ std::chrono::milliseconds deviceStatsPatience();
 struct Session {
   /// Distinct for every session of the process (a pointer may be reused).
   uint64_t Serial = 0;
+  /// The session stopped before this one, once this one is stopped
+  /// (StoppedSessions, TraceSession.cpp).
+  Session *StoppedBefore = nullptr;
   std::unique_ptr<TraceWriter> Writer;
   CaptureOptions Options;
   std::string OptionsText;

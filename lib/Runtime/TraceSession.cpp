@@ -123,6 +123,10 @@ std::chrono::milliseconds deviceStatsPatience() {
 
 std::mutex SessionMutex;
 Session *Current = nullptr;
+/// The stopped sessions, the last first (through StoppedBefore), under
+/// SessionMutex. Never deleted (see stopTrace), but kept where they can be
+/// found: LeakSanitizer, like a reader, sees them held rather than lost.
+Session *StoppedSessions = nullptr;
 
 /// Made as the runtime is loaded; replaced in a forked child, which has one
 /// thread (the parent's lock may be held by threads the child does not have).
@@ -680,6 +684,8 @@ std::string stopTrace() {
   std::string Missed = S->TracingKernels ? stopKernelTracing() : std::string();
   std::string Lost = writeClosingMeta(*S, Missed);
   Current = nullptr;
+  S->StoppedBefore = StoppedSessions;
+  StoppedSessions = S;
   llvm::Error E = S->Writer->close();
   TraceCounts C = S->Writer->counts();
   std::string Result;
