@@ -97,6 +97,10 @@ inline constexpr std::chrono::milliseconds WriterPeriod(20);
 /// With nothing queued, the writer's thread looks at the threads' open
 /// chunks this often.
 inline constexpr std::chrono::milliseconds IdlePeriod(100);
+/// A captured tensor's bytes wait in the open shard, its row with them,
+/// until the shard is written: at ShardBytes, or once it is this old (so a
+/// program killed later loses at most this much of its captures).
+inline constexpr std::chrono::seconds ShardAge(2);
 /// A program that records faster than SQLite takes rows (a loop of tiny
 /// ops) waits once this many records are queued, as it does for bytes.
 inline constexpr size_t MaxQueuedRecords = 1 << 18;

@@ -89,6 +89,11 @@ public:
     return Error::success();
   }
 
+  /// Whether the open shard has held captured bytes for \p Age.
+  bool shardOlderThan(std::chrono::steady_clock::duration Age) const {
+    return !Shard.empty() && std::chrono::steady_clock::now() - ShardBegan >= Age;
+  }
+
   /// Writes the open shard, then the rows of the tensors it holds. Where
   /// the shard cannot be written (a full disk, a file size limit), capture
   /// stops: its tensors' rows, and every later captured tensor's, are
@@ -373,6 +378,8 @@ private:
     // Captured: the row waits for its shard to be on disk; the shard keeps
     // the buffer itself until then.
     T.Record.Key.assign(1, 't').append(std::to_string(T.Record.Id));
+    if (Shard.empty())
+      ShardBegan = std::chrono::steady_clock::now();
     Shard.add(T.Record.Key, T.Record.Type, T.Record.Shape, std::move(*T.Data));
     Pending.push_back(std::move(T.Record));
     return Error::success();
@@ -443,6 +450,7 @@ private:
   SQLiteStatement Meta;
   TableRows Calls{9}, Ops{5}, Kernels{10}, Tensors{19}, Spans{5};
   SafeTensorsWriter Shard;
+  std::chrono::steady_clock::time_point ShardBegan; ///< Its first tensor's arrival.
   std::vector<TensorRecord> Pending;
   std::string CaptureError; ///< Why capture stopped (a shard not written).
   std::optional<std::string> LostRecords; ///< Meta lost_records as last set.
@@ -537,14 +545,27 @@ TraceWriter::~TraceWriter() {
 void TraceWriter::run() {
   std::vector<Item> Batch;
   bool Failed = false;
+  // The first error is the one to report; the trace keeps what was
+  // committed before it. Called under CountsMutex.
+  auto Fail = [&](Error E) {
+    Failed = true;
+    FailureMessage = toString(std::move(E));
+    Storage->abandon(Counts);
+  };
   while (true) {
     bool Last;
     uint64_t Flush;
     // Records that threads hold in their open chunks go too. Under
     // CountsMutex, as the writing: at a fork the thread is in neither.
-    if (Options.CollectThreadChunks) {
+    {
       std::lock_guard<std::mutex> CountsLock(CountsMutex);
-      collectThreadChunks(/*Close=*/false, /*Wait=*/false);
+      if (Options.CollectThreadChunks)
+        collectThreadChunks(/*Close=*/false, /*Wait=*/false);
+      // After each batch and each idle period: a shard ShardAge old is
+      // written, busy program or idle.
+      if (!Failed && Storage->shardOlderThan(ShardAge))
+        if (Error E = Storage->flushShard(Counts))
+          Fail(std::move(E));
     }
     {
       std::unique_lock<std::mutex> Lock(Mutex);
@@ -571,13 +592,8 @@ void TraceWriter::run() {
       Error E = Storage->write(Batch, Counts);
       if (!E && Last)
         E = Storage->flushShard(Counts);
-      if (E) {
-        Failed = true;
-        // The first error is the one to report; the trace keeps what was
-        // committed before it.
-        FailureMessage = toString(std::move(E));
-        Storage->abandon(Counts);
-      }
+      if (E)
+        Fail(std::move(E));
     } else {
       // After a failure nothing more is written; captures are counted lost.
       for (Item &I : Batch)
@@ -591,9 +607,7 @@ void TraceWriter::run() {
       // too, so that the captured bytes are in a file.
       if (!Failed && !Last) {
         if (Error E = Storage->flushShard(Counts)) {
-          Failed = true;
-          FailureMessage = toString(std::move(E));
-          Storage->abandon(Counts);
+          Fail(std::move(E));
         } else {
           // Indexed, as at the end (the trace may end here, at an exec),
           // and into trace.db: whole without its -wal file, if the process
@@ -676,8 +690,13 @@ Error TraceWriter::close() {
   }
   std::lock_guard<std::mutex> Lock(CountsMutex);
   TraceCounts C = Counts;
-  if (FailureMessage.empty() && Storage && !Storage->captureError().empty())
-    return makeError(Storage->captureError() + "; capture stopped there: " +
+  std::string CaptureError = Storage ? Storage->captureError() : std::string();
+  // All written: the database's connection, its cache and the tables'
+  // buffers go now rather than with the writer, which can outlive its close
+  // by the rest of the process (the runtime keeps its stopped sessions).
+  Storage.reset();
+  if (FailureMessage.empty() && !CaptureError.empty())
+    return makeError(CaptureError + "; capture stopped there: " +
                      Twine(C.DroppedCaptures) +
                      " captured tensors were recorded without their bytes (their statistics "
                      "kept, meta lost_records says so); the trace keeps the rest");

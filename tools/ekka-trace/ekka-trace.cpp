@@ -34,7 +34,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <fcntl.h>
 #include <regex>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -235,6 +237,21 @@ bool holdsTrace(StringRef Dir, bool Processes = true) {
       return true;
   }
   return false;
+}
+
+/// Holds \p Dir for this run, until ekka-trace ends however it ends (an
+/// flock on the directory): a second ekka-trace writing into it at the same
+/// time is refused, whose processes would find this run's trace.db taken
+/// and write theirs beside it as if they were this run's. Where the file
+/// system has no flock (some network ones), the run goes on unheld.
+void holdDirectory(StringRef Dir, StringRef Shown) {
+  int Fd = ::open(Dir.str().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (Fd < 0)
+    exitWithError(Tool, makeError("cannot open '" + Shown + "': " + std::strerror(errno)));
+  if (::flock(Fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+    exitWithError(Tool, makeError("'" + Shown + "' is being written by another ekka-trace now "
+                                  "(wait for it to end, or give another -o DIR)"));
+  // Fd stays open: the hold ends with the process.
 }
 
 /// The LibTorch (its libtorch_cpu.so) that the dynamic loader would give
@@ -593,9 +610,17 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   sys::fs::make_absolute(Dir);
   if (sys::fs::exists(Dir) && !sys::fs::is_directory(Dir))
     exitWithError(Tool, makeError("'" + OutputDir + "' is not a directory"));
+  auto RefuseToReplace = [&] {
+    exitWithError(Tool, makeError("'" + OutputDir + "' already holds a trace (use --force to "
+                                  "replace it)"));
+  };
+  // Held first: a trace being written is told from one written.
+  bool Held = sys::fs::is_directory(Dir);
+  if (Held)
+    holdDirectory(Dir, OutputDir);
   bool Replace = holdsTrace(Dir);
   if (Replace && !Force)
-    exitWithError(Tool, makeError("'" + OutputDir + "' already holds a trace (use --force to replace it)"));
+    RefuseToReplace();
   // Everything that can refuse the run first: a trace that --force would
   // replace is removed only for a program that will run.
   Resources R = findResources(Argv0);
@@ -634,6 +659,13 @@ int runTrace(const std::vector<std::string> &Command, const char *Argv0) {
   if (::access(Dir.c_str(), W_OK | X_OK) != 0)
     exitWithError(Tool, makeError("cannot write into '" + OutputDir + "': " +
                                   std::strerror(errno)));
+  if (!Held) {
+    holdDirectory(Dir, OutputDir);
+    // Asked again, held: a run that ended meanwhile left its trace.
+    Replace = holdsTrace(Dir);
+    if (Replace && !Force)
+      RefuseToReplace();
+  }
   if (Replace)
     removeTrace(Dir);
 
