@@ -103,32 +103,34 @@ Error Side::append(TraceReader &R, int64_t Stage) {
   auto C = R.moduleCalls();
   if (!C)
     return C.takeError();
+  auto T = R.tensors();
+  if (!T)
+    return T.takeError();
+  auto O = R.ops();
+  if (!O)
+    return O.takeError();
+  auto K = R.kernels();
+  if (!K)
+    return K.takeError();
+  if (Error E = R.checkReferences(*C, *O, *K, *T))
+    return E;
   for (ModuleCallRecord &M : *C) {
     M.Id += Off;
     Shift(M.ParentId);
     Calls.push_back(std::move(M));
   }
-  auto T = R.tensors();
-  if (!T)
-    return T.takeError();
   for (TensorRecord &X : *T) {
     X.Id += Off;
     X.OwnerId += Off;
     Shift(X.SourceId);
     Tensors.push_back(std::move(X));
   }
-  auto O = R.ops();
-  if (!O)
-    return O.takeError();
   for (OpRecord &X : *O) {
     X.Id += Off;
     X.Seq += Off;
     Shift(X.ModuleCallId);
     Ops.push_back(std::move(X));
   }
-  auto K = R.kernels();
-  if (!K)
-    return K.takeError();
   for (KernelRecord &X : *K) {
     X.Id += Off;
     X.Seq += Off;

@@ -187,6 +187,10 @@ Expected<SQLiteStatement> SQLiteDatabase::prepare(StringRef SQL) {
 }
 
 Error SQLiteDatabase::lastError(StringRef What) const {
+  // A damaged file is said to be one, whatever query met the damage.
+  int Code = sqlite3_errcode(Handle);
+  if (Code == SQLITE_CORRUPT || Code == SQLITE_NOTADB)
+    return makeError("'" + Path + "' is corrupt: " + sqlite3_errmsg(Handle));
   return makeError("'" + Path + "': " + What + ": " + sqlite3_errmsg(Handle));
 }
 

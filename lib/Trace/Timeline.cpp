@@ -67,6 +67,8 @@ Expected<RankRecords> readRank(TraceReader &R) {
     return E;
   if (Error E = Take(R.spans(), Out.Spans))
     return E;
+  if (Error E = R.checkReferences(Out.Calls, Out.Ops, Out.Kernels, Out.Tensors))
+    return E;
   for (size_t I = 0; I < Out.Calls.size(); ++I)
     Out.CallAt[Out.Calls[I].Id] = I;
   for (size_t I = 0; I < Out.Ops.size(); ++I)

@@ -69,6 +69,20 @@ Error shardOutsideTrace(StringRef Dir, int64_t TensorId, StringRef Shard) {
                    Shard + "', not a file of the trace");
 }
 
+/// A file of a trace read where it lies: a symlink (the file, or a
+/// directory on its way) that leads out of \p Dir is refused, never read; one
+/// to another file of the trace is followed. One that leads nowhere is left
+/// to its reader to say missing.
+Error checkInsideTrace(StringRef Dir, StringRef Path) {
+  SmallString<256> RealDir, RealPath;
+  if (sys::fs::real_path(Dir, RealDir) || sys::fs::real_path(Path, RealPath))
+    return Error::success();
+  if (sys::path::parent_path(RealPath) == RealDir)
+    return Error::success();
+  return makeError("'" + Path + "' leads out of the trace, to '" + RealPath +
+                   "' (a symlink): refused, not read");
+}
+
 } // namespace
 
 Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
@@ -80,6 +94,8 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
     return makeError("'" + Dir + "' is not a trace directory (no trace.db)");
   if (!sys::fs::is_regular_file(DbPath)) // a FIFO would be read without end
     return makeError("'" + DbPath + "' is not a regular file");
+  if (Error E = checkInsideTrace(Dir, DbPath))
+    return E;
   // A trace not closed keeps its rows in trace.db-wal (WAL mode: byte 18
   // of the header is 2): copied without it, trace.db holds what was
   // checkpointed, possibly no table. Asked before the database is opened,
@@ -133,6 +149,9 @@ Error TraceReader::readMeta() {
     return makeError("'" + Dir + "' is a trace of format " + Version +
                      "; this Ekka reads format " + Twine(TraceFormatMajor) +
                      ".x and older (upgrade Ekka)");
+  if (Major < 1) // 1.0 was the first
+    return makeError("'" + Dir + "' is a trace of format " + Version +
+                     ", older than any Ekka wrote (the first was 1.0)");
   FormatMajor = Major;
   if (MinorText.getAsInteger(10, FormatMinor))
     FormatMinor = ~0u; // digits past any number: newer than any minor
@@ -172,6 +191,8 @@ TraceReader::openRanks(StringRef Dir) {
       return makeError("'" + Dir + "' holds two traces of rank " + Twine(RankDirs[I].first) +
                        ": '" + RankDirs[I - 1].second + "' and '" + RankDirs[I].second + "'");
   for (const auto &[Rank, RankDir] : RankDirs) {
+    if (Error E = checkInsideTrace(Dir, RankDir))
+      return E;
     auto R = open(RankDir);
     if (!R)
       return R.takeError();
@@ -511,6 +532,10 @@ Expected<StringRef> TraceReader::tensorBytes(const TensorRecord &T) {
   if (!File) {
     SmallString<256> Path(Dir);
     sys::path::append(Path, T.Shard);
+    if (Error E = checkInsideTrace(Dir, Path)) {
+      Shards.erase(T.Shard);
+      return E;
+    }
     auto Opened = SafeTensorsFile::open(Path);
     if (!Opened) {
       Shards.erase(T.Shard);
@@ -529,6 +554,65 @@ Expected<StringRef> TraceReader::tensorBytes(const TensorRecord &T) {
                      dtypeName(Info->Type) + " " + dimsText(Info->Shape) + " in '" + T.Shard +
                      "'");
   return File->bytes(*Info);
+}
+
+bool TraceReader::whole() const {
+  auto Lost = Meta.find(LostRecordsKey.str());
+  return Lost != Meta.end() && Lost->second == "0";
+}
+
+Error TraceReader::checkReferences(ArrayRef<ModuleCallRecord> Calls, ArrayRef<OpRecord> Ops,
+                                   ArrayRef<KernelRecord> Kernels,
+                                   ArrayRef<TensorRecord> Tensors) const {
+  // A killed program leaves rows of calls it had not ended, a tensor whose
+  // source was still queued: not a corrupt trace, and said as its own.
+  if (!whole())
+    return Error::success();
+  auto SortedIds = [](auto Records) {
+    std::vector<int64_t> Ids;
+    Ids.reserve(Records.size());
+    for (const auto &R : Records)
+      Ids.push_back(R.Id);
+    llvm::sort(Ids);
+    return Ids;
+  };
+  std::vector<int64_t> CallIds = SortedIds(Calls), OpIds = SortedIds(Ops),
+                       KernelIds = SortedIds(Kernels);
+  auto Holds = [](const std::vector<int64_t> &Ids, int64_t Id) {
+    return std::binary_search(Ids.begin(), Ids.end(), Id);
+  };
+  auto Corrupt = [&](const Twine &What, int64_t Id, StringRef Names, int64_t Other) {
+    return makeError("'" + Dir + "' is corrupt: " + What + " " + Twine(Id) + " names " + Names +
+                     " " + Twine(Other) + ", which the trace does not hold");
+  };
+  for (const OpRecord &O : Ops)
+    if (O.ModuleCallId && !Holds(CallIds, *O.ModuleCallId))
+      return Corrupt("op", O.Id, "module call", *O.ModuleCallId);
+  for (const KernelRecord &K : Kernels) {
+    if (K.OpId && !Holds(OpIds, *K.OpId))
+      return Corrupt("kernel", K.Id, "op", *K.OpId);
+    if (K.ModuleCallId && !Holds(CallIds, *K.ModuleCallId))
+      return Corrupt("kernel", K.Id, "module call", *K.ModuleCallId);
+  }
+  // Tensors come by id (tensors()); a source is an earlier tensor, an
+  // output recorded before the input that repeats it.
+  auto TensorAt = [&](int64_t Id) {
+    auto It = llvm::partition_point(Tensors, [&](const TensorRecord &T) { return T.Id < Id; });
+    return It != Tensors.end() && It->Id == Id;
+  };
+  for (const TensorRecord &T : Tensors) {
+    const std::vector<int64_t> &Owners = T.Owner == TensorOwner::ModuleCall ? CallIds
+                                         : T.Owner == TensorOwner::Op       ? OpIds
+                                                                            : KernelIds;
+    if (!Holds(Owners, T.OwnerId))
+      return Corrupt("tensor", T.Id,
+                     T.Owner == TensorOwner::ModuleCall ? "module call" : ownerName(T.Owner),
+                     T.OwnerId);
+    if (T.SourceId && (*T.SourceId >= T.Id || !TensorAt(*T.SourceId)))
+      return makeError("'" + Dir + "' is corrupt: tensor " + Twine(T.Id) + "'s source is tensor " +
+                       Twine(*T.SourceId) + ", not an earlier tensor of the trace");
+  }
+  return Error::success();
 }
 
 } // namespace ekka

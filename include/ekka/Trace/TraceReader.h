@@ -75,6 +75,20 @@ public:
   /// (../x, an absolute path), which is not looked for.
   llvm::Expected<std::map<std::string, uint64_t>> missingShards();
 
+  /// Whether the trace was closed with nothing lost (meta lost_records is
+  /// 0): every row it names is in it. A trace not closed (its program
+  /// killed) or one that lost records may name rows it never wrote.
+  bool whole() const;
+
+  /// Refuses a whole() trace whose tables disagree: an op, kernel or tensor
+  /// that names a module call, op or kernel the trace does not hold, or a
+  /// tensor whose source is not an earlier tensor. The rows are this
+  /// trace's, \p Tensors by id as tensors() returns them.
+  llvm::Error checkReferences(llvm::ArrayRef<ModuleCallRecord> Calls,
+                              llvm::ArrayRef<OpRecord> Ops,
+                              llvm::ArrayRef<KernelRecord> Kernels,
+                              llvm::ArrayRef<TensorRecord> Tensors) const;
+
   /// The captured bytes of \p T; an error if it was not captured or its
   /// shard is missing or corrupt.
   llvm::Expected<llvm::StringRef> tensorBytes(const TensorRecord &T);

@@ -54,11 +54,60 @@ elif kind in ("bytes", "bytes-input"):  # one F32 value of a captured tensor cha
         value, = struct.unpack("<f", f.read(4))
         f.seek(begin)
         f.write(struct.pack("<f", value + 1000.0))
-elif kind == "device":        # a shard that is a device, read without end
+elif kind == "device":        # a shard that is a FIFO, read without end
     os.remove(shard)
-    os.symlink("/dev/zero", shard)
+    os.mkfifo(shard)
 elif kind == "outside":       # a shard named outside the trace
     db.execute("UPDATE tensors SET shard = '../' || shard WHERE shard IS NOT NULL")
+elif kind == "absolute":      # a shard named by an absolute path
+    db.execute("UPDATE tensors SET shard = ? || '/' || shard WHERE shard IS NOT NULL",
+               (os.path.abspath(trace),))
+elif kind == "symlink-out":   # the shard a symlink to a file outside the trace
+    os.rename(shard, trace + ".outside")
+    os.symlink(os.path.abspath(trace + ".outside"), shard)
+elif kind == "symlink-in":    # the shard a symlink to another file of the trace
+    os.rename(shard, os.path.join(trace, "moved.safetensors"))
+    os.symlink("moved.safetensors", shard)
+elif kind == "db-symlink-out":  # trace.db a symlink to a database outside
+    db.close()
+    db_path = os.path.join(trace, "trace.db")
+    os.rename(db_path, trace + ".db")
+    os.symlink(os.path.abspath(trace + ".db"), db_path)
+    sys.exit(0)
+elif kind == "offsets-past-end":  # an entry's bytes said to run past the file
+    size, entries = header()
+    key = next(k for k in entries if k != "__metadata__")
+    entries[key]["data_offsets"][1] += 1 << 40
+    write_header(entries, size)
+elif kind == "shape":         # a row that says another shape than its shard
+    db.execute("UPDATE tensors SET shape = '[1, 1]' WHERE id = (SELECT min(id) FROM tensors "
+               "WHERE dtype = 'F32' AND shard IS NOT NULL)")
+elif kind == "malformed":     # a page of the tensors table overwritten
+    root, page_size = db.execute("SELECT rootpage, (SELECT page_size FROM pragma_page_size()) "
+                                 "FROM sqlite_master WHERE name = 'tensors'").fetchone()
+    db.close()
+    with open(os.path.join(trace, "trace.db"), "r+b") as f:
+        f.seek((root - 1) * page_size)
+        f.write(b"\xee" * 64)
+    sys.exit(0)
+elif kind == "orphan-tensor":  # a tensor of a module call that does not exist
+    db.execute("UPDATE tensors SET owner_id = 999999 WHERE id = (SELECT min(id) FROM tensors "
+               "WHERE owner = 'module_call')")
+elif kind == "orphan-op":     # an op of a module call that does not exist
+    db.execute("UPDATE ops SET module_call_id = 999999 WHERE id = (SELECT max(id) FROM ops)")
+elif kind == "orphan-kernel":  # a kernel of an op that does not exist
+    db.execute("INSERT INTO kernels(op_id, module_call_id, seq, name, grid, block, shared_mem, "
+               "stream, correlation_id) VALUES (999999, NULL, 0, 'k', '[1,1,1]', '[1,1,1]', 0, "
+               "0, 1)")
+elif kind == "later-source":  # a module input said to repeat a later tensor
+    db.execute("UPDATE tensors SET source_id = (SELECT max(id) FROM tensors) WHERE id = "
+               "(SELECT min(id) FROM tensors)")
+elif kind.startswith("format-"):  # another format's version in meta
+    version = kind[len("format-"):]
+    if version == "1.0":      # and what 1.0 lacked: later columns and tables
+        db.executescript("ALTER TABLE tensors DROP COLUMN source_id; "
+                         "ALTER TABLE tensors DROP COLUMN layout; DROP TABLE spans;")
+    db.execute("UPDATE meta SET value = ? WHERE key = 'format'", ("ekka-trace " + version,))
 else:
     sys.exit("unknown kind " + kind)
 db.commit()
