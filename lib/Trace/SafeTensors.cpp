@@ -111,22 +111,20 @@ SafeTensorsFile::parse(std::unique_ptr<MemoryBuffer> Buffer, StringRef Path) {
   uint64_t HeaderSize = support::endian::read64le(All.data());
   if (HeaderSize > All.size() - 8)
     return Bad("header length " + Twine(HeaderSize) + " runs past the end of the file (truncated?)");
-  Expected<json::Value> Header = parseJSON(All.substr(8, HeaderSize));
-  if (!Header)
-    return Bad("header is not JSON (" + toString(Header.takeError()) + ")");
-  const json::Object *Obj = Header->getAsObject();
-  if (!Obj)
-    return Bad("header is not a JSON object");
-
   auto File = std::unique_ptr<SafeTensorsFile>(new SafeTensorsFile());
   File->DataSection = All.substr(8 + HeaderSize);
-  for (const auto &[Key, Value] : *Obj) {
+  // Entry by entry: a shard of many small tensors has a header of as many
+  // entries, which parsed whole would take ~4 KB each.
+  bool EntryIsBad = false;
+  auto Entry = [&](StringRef Key, const json::Value &Value) -> Error {
+    EntryIsBad = true;
     if (Key == "__metadata__") {
       if (const json::Object *M = Value.getAsObject())
         for (const auto &[MK, MV] : *M)
           if (auto S = MV.getAsString())
             File->Metadata[MK.str()] = S->str();
-      continue;
+      EntryIsBad = false;
+      return Error::success();
     }
     const json::Object *T = Value.getAsObject();
     if (!T)
@@ -162,6 +160,13 @@ SafeTensorsFile::parse(std::unique_ptr<MemoryBuffer> Buffer, StringRef Path) {
                  " bytes for " + Twine(Elements) + " elements of " + *DTypeName);
     File->ByName[Info.Name] = File->Infos.size();
     File->Infos.push_back(std::move(Info));
+    EntryIsBad = false;
+    return Error::success();
+  };
+  if (Error E = forEachJSONMember(All.substr(8, HeaderSize), Entry)) {
+    if (EntryIsBad)
+      return std::move(E);
+    return Bad("header is not a JSON object (" + toString(std::move(E)) + ")");
   }
   // Each tensor's bytes are its own: entries that share bytes are not what
   // a writer makes.
