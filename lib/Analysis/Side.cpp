@@ -117,27 +117,38 @@ Error Side::append(TraceReader &R, int64_t Stage) {
   for (ModuleCallRecord &M : *C) {
     M.Id += Off;
     Shift(M.ParentId);
-    Calls.push_back(std::move(M));
   }
   for (TensorRecord &X : *T) {
     X.Id += Off;
     X.OwnerId += Off;
     Shift(X.SourceId);
-    Tensors.push_back(std::move(X));
   }
   for (OpRecord &X : *O) {
     X.Id += Off;
     X.Seq += Off;
     Shift(X.ModuleCallId);
-    Ops.push_back(std::move(X));
   }
   for (KernelRecord &X : *K) {
     X.Id += Off;
     X.Seq += Off;
     Shift(X.OpId);
     Shift(X.ModuleCallId);
-    Kernels.push_back(std::move(X));
   }
+  // The rows are moved, not copied: a first stage's vectors become the
+  // side's, a later one's join them in room reserved once.
+  auto Join = [](auto &Into, auto &&Rows) {
+    if (Into.empty()) {
+      Into = std::move(Rows);
+      return;
+    }
+    Into.reserve(Into.size() + Rows.size());
+    std::move(Rows.begin(), Rows.end(), std::back_inserter(Into));
+    Rows = {};
+  };
+  Join(Calls, std::move(*C));
+  Join(Tensors, std::move(*T));
+  Join(Ops, std::move(*O));
+  Join(Kernels, std::move(*K));
   return Error::success();
 }
 

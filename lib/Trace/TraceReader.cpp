@@ -233,8 +233,19 @@ std::vector<unsigned> TraceReader::startedRanks(StringRef Dir) {
   return Out;
 }
 
+template <typename Record>
+void TraceReader::reserveRows(std::vector<Record> &Out, StringRef Table) {
+  // Grown row by row, a vector of a long run's rows would hold up to twice
+  // their room, and both copies while it moves them.
+  if (Expected<uint64_t> N = rowCount(Table))
+    Out.reserve(size_t(*N));
+  else
+    consumeError(N.takeError());
+}
+
 Expected<std::vector<ModuleCallRecord>> TraceReader::moduleCalls() {
   std::vector<ModuleCallRecord> Out;
+  reserveRows(Out, "module_calls");
   auto S = Db->prepare("SELECT id, parent_id, seq, step, path, class_name, class_qualname, "
                        "source_file, source_line FROM module_calls ORDER BY seq");
   if (!S)
@@ -276,6 +287,7 @@ Expected<std::vector<ModuleCallRecord>> TraceReader::moduleCalls() {
 
 Expected<std::vector<OpRecord>> TraceReader::ops() {
   std::vector<OpRecord> Out;
+  reserveRows(Out, "ops");
   auto S = Db->prepare("SELECT id, module_call_id, seq, name, schema FROM ops ORDER BY seq");
   if (!S)
     return S.takeError();
@@ -294,6 +306,7 @@ Expected<std::vector<OpRecord>> TraceReader::ops() {
 
 Expected<std::vector<KernelRecord>> TraceReader::kernels() {
   std::vector<KernelRecord> Out;
+  reserveRows(Out, "kernels");
   auto S = Db->prepare("SELECT id, op_id, module_call_id, seq, name, grid, block, shared_mem, "
                        "stream, correlation_id FROM kernels ORDER BY seq");
   if (!S)
@@ -361,6 +374,7 @@ Expected<std::vector<SpanRecord>> TraceReader::spans() {
 
 Expected<std::vector<TensorRecord>> TraceReader::tensors() {
   std::vector<TensorRecord> Out;
+  reserveRows(Out, "tensors");
   // source_id arrived with format 1.1, layout with 1.4: older traces lack them.
   auto Has = [&](const char *Column) {
     auto Probe = Db->prepare(std::string("SELECT ") + Column + " FROM tensors LIMIT 0");

@@ -97,6 +97,10 @@ private:
   TraceReader(std::string Dir, std::unique_ptr<SQLiteDatabase> Db)
       : Dir(std::move(Dir)), Db(std::move(Db)) {}
   llvm::Error readMeta();
+  /// Reserves room for the rows of \p Table (a hint: none if it cannot
+  /// count them).
+  template <typename Record>
+  void reserveRows(std::vector<Record> &Out, llvm::StringRef Table);
 
   std::string Dir;
   std::unique_ptr<SQLiteDatabase> Db;
