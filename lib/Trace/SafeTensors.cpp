@@ -6,9 +6,13 @@
 #include "llvm/Support/Endian.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/Process.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#endif
 
 using namespace llvm;
 
@@ -192,6 +196,21 @@ const SafeTensorInfo *SafeTensorsFile::find(StringRef Name) const {
 
 StringRef SafeTensorsFile::bytes(const SafeTensorInfo &Info) const {
   return DataSection.slice(Info.Begin, Info.End);
+}
+
+void SafeTensorsFile::dropResidentPages() const {
+#if defined(__unix__) || defined(__APPLE__)
+  // Only a mapping: the same advice on memory read into the heap would
+  // zero it.
+  if (Buffer->getBufferKind() != MemoryBuffer::MemoryBuffer_MMap)
+    return;
+  // A read-only file mapping, never written: its pages come back from the
+  // file as they were.
+  uintptr_t Page = uintptr_t(sys::Process::getPageSizeEstimate());
+  uintptr_t Begin = uintptr_t(Buffer->getBufferStart()) & ~(Page - 1);
+  uintptr_t End = uintptr_t(Buffer->getBufferEnd());
+  ::madvise(reinterpret_cast<void *>(Begin), End - Begin, MADV_DONTNEED);
+#endif
 }
 
 } // namespace ekka

@@ -567,7 +567,16 @@ Expected<StringRef> TraceReader::tensorBytes(const TensorRecord &T) {
                      dtypeName(T.Type) + " " + dimsText(T.Shape) + " in trace.db but " +
                      dtypeName(Info->Type) + " " + dimsText(Info->Shape) + " in '" + T.Shard +
                      "'");
-  return File->bytes(*Info);
+  StringRef Bytes = File->bytes(*Info);
+  HandedOutBytes += Bytes.size();
+  if (HandedOutBytes > ResidentShardBytes) {
+    // Those of this shard too: the tensor handed out is faulted in as it
+    // is read.
+    for (const auto &Open : Shards)
+      Open.second->dropResidentPages();
+    HandedOutBytes = Bytes.size();
+  }
+  return Bytes;
 }
 
 bool TraceReader::whole() const {

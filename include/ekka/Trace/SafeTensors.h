@@ -76,6 +76,11 @@ public:
   const SafeTensorInfo *find(llvm::StringRef Name) const;
   /// The bytes of a tensor of this file.
   llvm::StringRef bytes(const SafeTensorInfo &Info) const;
+  /// Lets the kernel take back the pages of a mapped file that reading its
+  /// tensors made resident (madvise MADV_DONTNEED): bytes() stays valid, a
+  /// later read faults them in again from the page cache or the file.
+  /// Nothing for a file read into memory (too small to map).
+  void dropResidentPages() const;
   const std::map<std::string, std::string> &metadata() const { return Metadata; }
 
 private:

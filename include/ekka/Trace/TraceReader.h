@@ -90,8 +90,16 @@ public:
                               llvm::ArrayRef<TensorRecord> Tensors) const;
 
   /// The captured bytes of \p T; an error if it was not captured or its
-  /// shard is missing or corrupt.
+  /// shard is missing or corrupt. The shards are mapped, not read: once
+  /// ResidentShardBytes have been handed out, the pages they made resident
+  /// are given back to the kernel (the bytes stay valid, read again from
+  /// the page cache when touched), so that reading a trace of any size
+  /// holds at most about that much of it in memory.
   llvm::Expected<llvm::StringRef> tensorBytes(const TensorRecord &T);
+
+  /// How many bytes of shards tensorBytes() hands out before it gives their
+  /// resident pages back.
+  static constexpr uint64_t ResidentShardBytes = uint64_t(128) << 20;
 
 private:
   TraceReader(std::string Dir, std::unique_ptr<SQLiteDatabase> Db)
@@ -108,6 +116,7 @@ private:
   unsigned FormatMajor = 0, FormatMinor = 0; // validated by readMeta
   std::mutex ShardsMutex;
   llvm::StringMap<std::unique_ptr<SafeTensorsFile>> Shards;
+  uint64_t HandedOutBytes = 0; ///< Since the shards' pages were last dropped.
 };
 
 } // namespace ekka
