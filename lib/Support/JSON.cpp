@@ -49,10 +49,9 @@ size_t valueEnd(StringRef Text, size_t Begin) {
   return StringRef::npos;
 }
 
-} // namespace
-
-Expected<json::Value> parseJSON(StringRef Text) {
-  unsigned Depth = 0;
+/// parseJSON's check, for text nested \p Outer levels deep already.
+Expected<json::Value> parseJSONWithin(StringRef Text, unsigned Outer) {
+  unsigned Depth = Outer;
   bool InString = false;
   for (size_t I = 0; I < Text.size(); ++I) {
     char C = Text[I];
@@ -72,6 +71,10 @@ Expected<json::Value> parseJSON(StringRef Text) {
   }
   return json::parse(Text);
 }
+
+} // namespace
+
+Expected<json::Value> parseJSON(StringRef Text) { return parseJSONWithin(Text, 0); }
 
 Error forEachJSONMember(StringRef Text,
                         function_ref<Error(StringRef Key, const json::Value &Value)> Each) {
@@ -115,7 +118,11 @@ Error forEachJSONMember(StringRef Text,
       size_t End = valueEnd(Text, I);
       if (End == StringRef::npos)
         return Bad("member '" + *Name + "' is not closed");
-      Expected<json::Value> Value = parseJSON(Text.slice(I, End));
+      if (Text[End] == ']') { // closes nothing open
+        I = End;
+        return Bad("expected ',' or '}' after member '" + *Name + "'");
+      }
+      Expected<json::Value> Value = parseJSONWithin(Text.slice(I, End), 1);
       if (!Value)
         return Value.takeError();
       if (Error E = Each(*Name, *Value))

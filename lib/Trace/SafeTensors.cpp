@@ -170,7 +170,7 @@ SafeTensorsFile::parse(std::unique_ptr<MemoryBuffer> Buffer, StringRef Path) {
   if (Error E = forEachJSONMember(All.substr(8, HeaderSize), Entry)) {
     if (EntryIsBad)
       return std::move(E);
-    return Bad("header is not a JSON object (" + toString(std::move(E)) + ")");
+    return Bad("header is not a valid JSON object (" + toString(std::move(E)) + ")");
   }
   // Each tensor's bytes are its own: entries that share bytes are not what
   // a writer makes.

@@ -38,7 +38,7 @@ TEST(JSONMembers, RefuseWhatIsNotOneObject) {
   for (StringRef Text :
        {"", "[]", "1", R"("a")", "{", "}", R"({"a"})", R"({"a":})", R"({"a":1,})", R"({,})",
         R"({"a":1 "b":2})", R"({"a":1}{})", R"({"a":1} x)", R"({a:1})", R"({"a":[1,2})",
-        R"({"a":{"b":1]})", R"({"a":"open})", R"({"a":1]})", R"({"a" 1})",
+        R"({"a":{"b":1]})", R"({"a":"open})", R"({"a":1]})", R"({"a":1]"b":2})", R"({"a":{"x":1}] "b":2})", R"({"a" 1})",
         R"({"a":tru})", "{\"a\":\"\xff\"}", R"({"a":1}})"}) {
     Expected<json::Value> Whole = json::parse(Text);
     EXPECT_FALSE(Whole && Whole->getAsObject()) << Text.str();
@@ -50,6 +50,27 @@ TEST(JSONMembers, RefuseWhatIsNotOneObject) {
   }
   EXPECT_EQ(members(R"({"a":1,"a":2})"),
             std::vector<std::string>{"error: member 'a' written twice at byte 7"});
+  EXPECT_EQ(members(R"({"a":1]"b":2})"),
+            std::vector<std::string>{"error: expected ',' or '}' after member 'a' at byte 6"});
+}
+
+// The object counts as a level: what parseJSON refuses as too deep, this
+// refuses too, and one level less it takes.
+TEST(JSONMembers, CountTheObjectInTheDepth) {
+  auto Nested = [](unsigned Levels) {
+    return "{\"a\":" + std::string(Levels - 1, '[') + std::string(Levels - 1, ']') + "}";
+  };
+  for (unsigned Levels : {MaxJSONDepth, MaxJSONDepth + 1}) {
+    std::string Text = Nested(Levels);
+    Expected<json::Value> Whole = parseJSON(Text);
+    EXPECT_EQ(bool(Whole), Levels <= MaxJSONDepth);
+    if (!Whole)
+      consumeError(Whole.takeError());
+    std::vector<std::string> Got = members(Text);
+    ASSERT_EQ(Got.size(), 1u);
+    EXPECT_EQ(StringRef(Got[0]).starts_with("error: nested deeper"), Levels > MaxJSONDepth)
+        << Levels << " levels gave " << Got[0];
+  }
 }
 
 TEST(JSONMembers, AgreeWithJSONParseOnValidObjects) {

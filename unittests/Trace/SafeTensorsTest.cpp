@@ -72,15 +72,18 @@ TEST_F(SafeTensorsTest, KeptBuffersAreWrittenAndGivenBack) {
 }
 
 // Linux's count of this process's resident file pages, in KiB.
+/// The pages of files mapped into this process: RssFile, and RssShmem for
+/// a file on tmpfs (where /tmp is one).
 long residentFileKiB() {
   FILE *Status = std::fopen("/proc/self/status", "r");
   if (!Status)
     return -1;
   char Line[256];
-  long KiB = -1;
+  long KiB = -1, Part = 0;
   while (std::fgets(Line, sizeof(Line), Status))
-    if (std::sscanf(Line, "RssFile: %ld kB", &KiB) == 1)
-      break;
+    if (std::sscanf(Line, "RssFile: %ld kB", &Part) == 1 ||
+        std::sscanf(Line, "RssShmem: %ld kB", &Part) == 1)
+      KiB = (KiB < 0 ? 0 : KiB) + Part;
   std::fclose(Status);
   return KiB;
 }

@@ -69,6 +69,8 @@ public:
   /// The file whose bytes \p Buffer holds, named \p Path in errors: its
   /// header validated (lengths, JSON, dtypes, shapes against byte ranges,
   /// ranges inside the data and apart). What open() does after reading.
+  /// \p Buffer is read, never written: a mapping among them is a file's
+  /// as it is on disk, which dropResidentPages() may give back.
   static llvm::Expected<std::unique_ptr<SafeTensorsFile>>
   parse(std::unique_ptr<llvm::MemoryBuffer> Buffer, llvm::StringRef Path);
 
