@@ -4,6 +4,8 @@
 
 #include "llvm/ADT/StringSet.h"
 
+#include <algorithm>
+
 using namespace llvm;
 
 namespace ekka {
@@ -24,11 +26,13 @@ size_t stringEnd(StringRef Text, size_t Begin) {
   return StringRef::npos;
 }
 
-/// The end of the value token that begins at \p Begin: the first ',' or
-/// '}' outside strings and brackets. The token's own syntax is parseJSON's
-/// to check.
-size_t valueEnd(StringRef Text, size_t Begin) {
+/// The end of the value token that begins at \p Begin: the first ',', '}'
+/// or ']' outside strings and brackets (the caller refuses a ']'); npos if
+/// none. \p MaxDepth is set to how deep the value nests. The token's own
+/// syntax is json::parse's to check.
+size_t valueEnd(StringRef Text, size_t Begin, unsigned &MaxDepth) {
   unsigned Depth = 0;
+  MaxDepth = 0;
   for (size_t I = Begin; I < Text.size(); ++I) {
     char C = Text[I];
     if (C == '"') {
@@ -37,7 +41,7 @@ size_t valueEnd(StringRef Text, size_t Begin) {
         return I;
       --I;
     } else if (C == '[' || C == '{') {
-      ++Depth;
+      MaxDepth = std::max(MaxDepth, ++Depth);
     } else if (C == ']' || C == '}') {
       if (!Depth)
         return I;
@@ -49,9 +53,10 @@ size_t valueEnd(StringRef Text, size_t Begin) {
   return StringRef::npos;
 }
 
-/// parseJSON's check, for text nested \p Outer levels deep already.
-Expected<json::Value> parseJSONWithin(StringRef Text, unsigned Outer) {
-  unsigned Depth = Outer;
+} // namespace
+
+Expected<json::Value> parseJSON(StringRef Text) {
+  unsigned Depth = 0;
   bool InString = false;
   for (size_t I = 0; I < Text.size(); ++I) {
     char C = Text[I];
@@ -71,10 +76,6 @@ Expected<json::Value> parseJSONWithin(StringRef Text, unsigned Outer) {
   }
   return json::parse(Text);
 }
-
-} // namespace
-
-Expected<json::Value> parseJSON(StringRef Text) { return parseJSONWithin(Text, 0); }
 
 Error forEachJSONMember(StringRef Text,
                         function_ref<Error(StringRef Key, const json::Value &Value)> Each) {
@@ -115,14 +116,17 @@ Error forEachJSONMember(StringRef Text,
         return Bad("expected ':' after member '" + *Name + "'");
       ++I;
       SkipSpace();
-      size_t End = valueEnd(Text, I);
+      unsigned Depth;
+      size_t End = valueEnd(Text, I, Depth);
       if (End == StringRef::npos)
         return Bad("member '" + *Name + "' is not closed");
       if (Text[End] == ']') { // closes nothing open
         I = End;
         return Bad("expected ',' or '}' after member '" + *Name + "'");
       }
-      Expected<json::Value> Value = parseJSONWithin(Text.slice(I, End), 1);
+      if (1 + Depth > MaxJSONDepth) // the object is a level too
+        return makeError("nested deeper than " + Twine(MaxJSONDepth) + " levels");
+      Expected<json::Value> Value = json::parse(Text.slice(I, End));
       if (!Value)
         return Value.takeError();
       if (Error E = Each(*Name, *Value))

@@ -119,15 +119,12 @@ SafeTensorsFile::parse(std::unique_ptr<MemoryBuffer> Buffer, StringRef Path) {
   File->DataSection = All.substr(8 + HeaderSize);
   // Entry by entry: a shard of many small tensors has a header of as many
   // entries, which parsed whole would take ~4 KB each.
-  bool EntryIsBad = false;
   auto Entry = [&](StringRef Key, const json::Value &Value) -> Error {
-    EntryIsBad = true;
     if (Key == "__metadata__") {
       if (const json::Object *M = Value.getAsObject())
         for (const auto &[MK, MV] : *M)
           if (auto S = MV.getAsString())
             File->Metadata[MK.str()] = S->str();
-      EntryIsBad = false;
       return Error::success();
     }
     const json::Object *T = Value.getAsObject();
@@ -164,12 +161,18 @@ SafeTensorsFile::parse(std::unique_ptr<MemoryBuffer> Buffer, StringRef Path) {
                  " bytes for " + Twine(Elements) + " elements of " + *DTypeName);
     File->ByName[Info.Name] = File->Infos.size();
     File->Infos.push_back(std::move(Info));
-    EntryIsBad = false;
     return Error::success();
   };
-  if (Error E = forEachJSONMember(All.substr(8, HeaderSize), Entry)) {
+  // An entry's own error names the file already; the header's syntax not.
+  bool EntryIsBad = false;
+  auto Checked = [&](StringRef Key, const json::Value &Value) -> Error {
+    Error E = Entry(Key, Value);
+    EntryIsBad = bool(E);
+    return E;
+  };
+  if (Error E = forEachJSONMember(All.substr(8, HeaderSize), Checked)) {
     if (EntryIsBad)
-      return std::move(E);
+      return E;
     return Bad("header is not a valid JSON object (" + toString(std::move(E)) + ")");
   }
   // Each tensor's bytes are its own: entries that share bytes are not what
