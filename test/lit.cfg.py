@@ -41,6 +41,15 @@ if config.ekka_sanitize_preload:
         o for o in [config.environment.get("ASAN_OPTIONS"), "detect_leaks=0",
                     "verify_asan_link_order=0"] if o)
 
+# `%no-asan-segv-handler COMMAND`: COMMAND's processes take SIGSEGV as a
+# plain build's do (the kernel's default action, exit 139), not through
+# ASan's handler (a report and an abort, exit 134): for a test of a crash
+# in the traced program's own code, not in Ekka's. Empty unless sanitized.
+config.substitutions.append(
+    ("%no-asan-segv-handler",
+     "env ASAN_OPTIONS=" + config.environment["ASAN_OPTIONS"] + ":handle_segv=0"
+     if config.ekka_sanitize_preload else ""))
+
 config.substitutions.append(("%python", config.python_executable))
 # Where the build found Python's headers, the shim's module calls take the
 # runtime's Python binding (binding.test compares it with torch.ops).
