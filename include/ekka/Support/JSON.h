@@ -25,8 +25,8 @@ llvm::Expected<llvm::json::Value> parseJSON(llvm::StringRef Text);
 /// Calls \p Each on every member of the JSON object \p Text in the order
 /// written, each member checked and parsed as parseJSON would, alone, and
 /// let go before the next: llvm::json gives every object room for 64
-/// members (~4 KB), so a safetensors header of 100,000 small entries would take 400 MB parsed
-/// whole. Accepts exactly what parseJSON accepts as an object, except a
+/// members (~4 KB), so a safetensors header of 100,000 small entries
+/// would take 400 MB parsed whole. Accepts exactly what parseJSON accepts as an object, except a
 /// key written twice (refused here, kept once there); stops at the first
 /// error, its own or \p Each's.
 llvm::Error forEachJSONMember(
