@@ -93,7 +93,8 @@ void Diagnoser::localize(Diagnosis &D) {
     // small divergence on (the pass-through rule): no verdict from it.
     for (size_t I = 0; I < D.Curve.size(); ++I)
       if (D.Curve[I].Mapped && departs(D.Curve[I]) &&
-          (elevated(D.Curve[I].InputRatio) || !D.Curve[I].InputsCompared)) {
+          (elevated(D.Curve[I].InputRatio) || !D.Curve[I].InputsCompared) &&
+          !noiseAllowedUpstream(D, D.Curve[I])) {
         D.Result = Diagnosis::Verdict::Divergence;
         Suspect S;
         S.Component = D.Curve[I];
@@ -514,6 +515,23 @@ std::string Diagnoser::nonFinite(const ComponentRatio &C) const {
   return formatv(": its outputs hold {0} NaN and {1} Inf values, the reference's {2} and {3}", NaN,
                  Inf, RefNaN, RefInf)
       .str();
+}
+
+bool Diagnoser::noiseAllowedUpstream(const Diagnosis &D, const ComponentRatio &C) const {
+  if (!C.InputRatio || !C.InputsCompared)
+    return false;
+  for (const auto &[Index, X] : roleTensors(T, C.CallId, "input")) {
+    const TensorRecord *Source = X->SourceId ? T.TensorById.lookup(*X->SourceId) : nullptr;
+    if (!Source || Source->Owner != TensorOwner::ModuleCall)
+      continue;
+    auto It = CurveIndex.find(Source->OwnerId);
+    if (It == CurveIndex.end())
+      continue;
+    const ComponentRatio &P = D.Curve[It->second];
+    if (P.Mapped && P.RuleNoise && P.Ratio && !departs(P) && *C.InputRatio <= thresholdOf(P, D))
+      return true;
+  }
+  return false;
 }
 
 bool Diagnoser::divergedUpstream(const Diagnosis &D, size_t Index) const {

@@ -200,6 +200,10 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
     if (Named.size() == 1 && Named[0] == TC.Path) {
       if (Rule.Transpose)
         RuleLayouts[TC.Id] = *Rule.Transpose;
+      if (Rule.Noise) {
+        C.RuleNoise = Rule.Noise;
+        C.NoiseFrom = Rule.Source;
+      }
       return false;
     }
     bool Recipe = Rule.Source != "mapping file";
@@ -245,6 +249,10 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
       C.MappedBy += ": class " + TC.ClassName;
     else if (Recipe && StringRef(Rule.Target).starts_with("**."))
       C.MappedBy += ": name " + StringRef(TC.Path).rsplit('.').second.str();
+    if (Rule.Noise) {
+      C.RuleNoise = Rule.Noise;
+      C.NoiseFrom = C.MappedBy;
+    }
     C.ConcatDim = Rule.ConcatDim;
     if (Rule.Transpose)
       RuleLayouts[TC.Id] = *Rule.Transpose;
@@ -333,6 +341,10 @@ bool Diagnoser::applyPartRule(const ModuleCallRecord &TC, const MappingRule &Rul
   }
   const ModuleCallRecord &RC = *RIt->second;
   C.MappedBy = Rule.Source;
+  if (Rule.Noise) {
+    C.RuleNoise = Rule.Noise;
+    C.NoiseFrom = C.MappedBy;
+  }
   bool Input = Role == "input";
   if (!Input) {
     RefOf[TC.Id] = &RC;

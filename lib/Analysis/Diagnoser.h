@@ -442,6 +442,12 @@ private:
   /// the model whose output departed). Such a call passes a divergence on.
   bool divergedUpstream(const Diagnosis &D, size_t Index) const;
 
+  /// Whether \p C's elevated inputs are the output of a mapped call within
+  /// the wider noise its rule allows it (ComponentRatio::RuleNoise: an
+  /// attention backend's): noise passed on, not a divergence entering from
+  /// a call without a counterpart.
+  bool noiseAllowedUpstream(const Diagnosis &D, const ComponentRatio &C) const;
+
   /// The nearest mapped call around curve entry \p Index, or null.
   const ComponentRatio *mappedAncestor(const Diagnosis &D, size_t Index) const;
 

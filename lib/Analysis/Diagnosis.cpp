@@ -93,7 +93,7 @@ std::vector<CalibratedRule> calibratedRules(const Diagnosis &D) {
     if (New)
       Groups.push_back({CalibratedRule{Rule, 0, 0}, false});
     Group &G = Groups[It->second];
-    if (!C.Ratio || *C.Ratio >= D.Threshold) {
+    if (!C.Ratio || *C.Ratio >= (C.RuleNoise ? thresholdOf(C, D) : D.Threshold)) {
       G.Failed = true; // not compared, or not within noise: nothing validated
       continue;
     }
@@ -163,14 +163,24 @@ Diagnosis Diagnoser::run() {
       if (C.Ratio && !RescaledCalls.count(C.CallId))
         D.MaxRatio = std::max(D.MaxRatio, *C.Ratio);
   }
-  for (const ComponentRatio &C : D.Curve)
-    if (C.Ratio && *C.Ratio > O.Threshold && C.Threshold && !C.CalibratedNoise &&
-        *C.Ratio <= *C.Threshold)
+  for (const ComponentRatio &C : D.Curve) {
+    if (!C.Ratio || *C.Ratio <= O.Threshold || !C.Threshold || C.CalibratedNoise ||
+        *C.Ratio > *C.Threshold)
+      continue;
+    if (C.RuleNoise && *C.Threshold <= O.Threshold * *C.RuleNoise)
+      D.NoisierByDesign.push_back(
+          formatv("{0}: R = {1}, within the {2} allowed a computation noisier than the "
+                  "reference's by design ({3}, noise {4})",
+                  C.Path.empty() ? "(root)" : C.Path, format("%.3g", *C.Ratio),
+                  format("%.3g", *C.Threshold), C.NoiseFrom, format("%g", *C.RuleNoise))
+              .str());
+    else
       D.FewValues.push_back(formatv("{0}: R = {1} of {2} values, within the {3} that so few "
                                     "allow",
                                     C.Path.empty() ? "(root)" : C.Path, format("%.3g", *C.Ratio),
                                     C.ComparedValues, format("%.3g", *C.Threshold))
                                 .str());
+  }
   checkSampling(D);
   // Greedy decoding that did not take its logits' argmax: the sampler's
   // divergence, which no module call shows.
@@ -578,6 +588,8 @@ void Diagnoser::computeRatios(Diagnosis &D) {
     if (auto Noise = O.CalibratedNoise.find(C.Path); Noise != O.CalibratedNoise.end()) {
       C.CalibratedNoise = Noise->second;
       C.Threshold = std::max(O.CalibratedFloor, O.CalibratedMargin * Noise->second);
+    } else if (C.RuleNoise) {
+      C.Threshold = O.Threshold * *C.RuleNoise;
     }
     // An R of few values is a noisy one (ComparedValues).
     if (const ModuleCallRecord *RC =
@@ -609,6 +621,31 @@ void Diagnoser::computeRatios(Diagnosis &D) {
     else
       ++D.Uncompared;
     D.Curve.push_back(std::move(C));
+  }
+  // A call that holds one noisier by design (an attention block around its
+  // backend) is noisier by as much: its R is the inner call's, carried.
+  DenseMap<int64_t, size_t> Index;
+  for (size_t I = 0; I < D.Curve.size(); ++I)
+    Index[D.Curve[I].CallId] = I;
+  for (size_t I = 0; I < D.Curve.size(); ++I) {
+    const ComponentRatio &Inner = D.Curve[I];
+    if (!Inner.RuleNoise || Inner.NoiseFrom.empty() || !Inner.Mapped)
+      continue;
+    double Noise = *Inner.RuleNoise;
+    std::string From = (Inner.Path.empty() ? std::string("(root)") : Inner.Path) + ", " +
+                       Inner.NoiseFrom;
+    const ModuleCallRecord *M = T.CallById.lookup(Inner.CallId);
+    for (M = M ? parentOf(T, *M) : nullptr; M; M = parentOf(T, *M)) {
+      auto It = Index.find(M->Id);
+      if (It == Index.end())
+        continue;
+      ComponentRatio &Outer = D.Curve[It->second];
+      if (Outer.CalibratedNoise || (Outer.RuleNoise && *Outer.RuleNoise >= Noise))
+        continue;
+      Outer.RuleNoise = Noise;
+      Outer.NoiseFrom = "inside it: " + From;
+      Outer.Threshold = std::max(Outer.Threshold.value_or(0), O.Threshold * Noise);
+    }
   }
 }
 

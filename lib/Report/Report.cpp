@@ -118,6 +118,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
       OS << "  rescaled: " << Note << "\n";
     for (const std::string &Note : D.FewValues)
       OS << "  few values: " << Note << "\n";
+    for (const std::string &Note : D.NoisierByDesign)
+      OS << "  noisier by design: " << Note << "\n";
     printSampling(OS, D, /*Verdict=*/false);
     return;
   case Diagnosis::Verdict::Divergence:
@@ -143,6 +145,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
     OS << "  rescaled: " << Note << "\n";
   for (const std::string &Note : D.FewValues)
     OS << "  few values: " << Note << "\n";
+  for (const std::string &Note : D.NoisierByDesign)
+    OS << "  noisier by design: " << Note << "\n";
   // Suspects of several steps (the same module may be one in each) say
   // which step each is.
   bool Steps = llvm::any_of(D.Suspects, [&](const Suspect &S) {
@@ -370,6 +374,7 @@ json::Value toJSON(const Diagnosis &D, const SourceLocator &Sources) {
                  {"noise_model", D.NoiseModel},
                  {"rescaled", json::Array(D.Rescaled)},
                  {"few_values", json::Array(D.FewValues)},
+                 {"noisier_by_design", json::Array(D.NoisierByDesign)},
                  {"max_ratio", ratioJSON(D.MaxRatio)},
                  {"uncompared", int64_t(D.Uncompared)},
                  {"merged_steps", D.MergedSteps},

@@ -285,6 +285,31 @@ TEST(Mapping, SeveralTargetsAgainstOneReferenceAreOneRulePerPart) {
             std::string::npos);
 }
 
+TEST(Mapping, ARuleMaySayItsComputationIsNoisierByDesign) {
+  auto Rules = parseMappingRules(R"({"components": [
+      {"class": "vllm.*.Attention", "reference": "{next}:input", "noise": 2},
+      {"target": "l.*.o", "reference": "l.*.o_proj"}]})",
+                                 "test");
+  ASSERT_TRUE(bool(Rules)) << llvm::toString(Rules.takeError());
+  ASSERT_EQ(Rules->size(), 2u);
+  EXPECT_EQ((*Rules)[0].Noise, 2.0);
+  EXPECT_FALSE((*Rules)[1].Noise);
+  for (const char *Bad : {R"({"components": [{"target": "a", "reference": "b", "noise": 0.5}]})",
+                          R"({"components": [{"target": "a", "reference": "b", "noise": "2"}]})"}) {
+    auto R = parseMappingRules(Bad, "test");
+    ASSERT_FALSE(bool(R)) << Bad;
+    EXPECT_NE(llvm::toString(R.takeError()).find("\"noise\" must be a number of at least 1"),
+              std::string::npos);
+  }
+  // The built-in recipe for an engine's attention backend says so.
+  const MappingRule *Attention = nullptr;
+  for (const MappingRule &R : builtinRecipes())
+    if (llvm::is_contained(R.Classes, "vllm.*.Attention"))
+      Attention = &R;
+  ASSERT_TRUE(Attention);
+  EXPECT_EQ(Attention->Noise, 2.0);
+}
+
 TEST(Mapping, ARuleMaySettleALayout) {
   auto Rules = parseMappingRules(R"({"calibrated": {}, "components": [
       {"target": "l.*.attn", "reference": "l.*.attn", "transpose": [0, 1]},

@@ -390,6 +390,51 @@ TEST_F(DiagnosisTest, AnOutputOfFewValuesIsHeldToAWiderThreshold) {
   EXPECT_EQ(B.Suspects[0].Component.ComparedValues, 2);
 }
 
+// A rule's "noise" (an attention backend's, noisier than the reference's
+// one kernel by design) holds the call to that many times the threshold,
+// and the block around it too; the call after it, given its output, is
+// not blamed for passing that noise on. A bug inside still departs.
+TEST_F(DiagnosisTest, ARulesNoiseHoldsTheCallAndTheBlockAroundItToAWiderThreshold) {
+  auto Block = [&](StringRef Name, float Attn, float Out) {
+    TraceBuilder T(dir(Name));
+    T.call("", "", {0}, {}, {1, 2, 3});
+    T.call("blk", "", wide({Out, 10}), {});
+    T.call("blk.attn", "blk", wide({Attn, 10}), {});
+    T.call("blk.o", "blk", wide({Out, 10}), {"blk.attn"});
+    T.close();
+  };
+  Block("fp32", 10, 10);
+  Block("ref", 11, 11);
+  Block("noisy", 12.8f, 12.7f); // R = 2.8, and 2.7 after it
+  Block("broken", 20, 19);      // R = 10
+  DiagnoseOptions O;
+  MappingRule Rule;
+  Rule.Target = "blk.attn";
+  Rule.Reference = {"blk.attn"};
+  Rule.Noise = 2;
+  O.Mapping = {Rule};
+  // Without the rule's noise, the backend is blamed.
+  Diagnosis Plain = run("noisy", "ref", "fp32");
+  ASSERT_EQ(Plain.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(Plain.Suspects[0].Component.Path, "blk.attn");
+  Diagnosis D = run("noisy", "ref", "fp32", O);
+  EXPECT_EQ(D.Result, Diagnosis::Verdict::NoDivergence);
+  EXPECT_TRUE(D.Suspects.empty());
+  ASSERT_EQ(D.NoisierByDesign.size(), 2u);
+  EXPECT_EQ(D.NoisierByDesign[0],
+            "blk: R = 2.7, within the 3 allowed a computation noisier than the reference's "
+            "by design (inside it: blk.attn, mapping file, noise 2)");
+  EXPECT_EQ(D.NoisierByDesign[1],
+            "blk.attn: R = 2.8, within the 3 allowed a computation noisier than the "
+            "reference's by design (mapping file, noise 2)");
+  EXPECT_EQ(thresholdOf(D.Curve[2], D), 3.0);
+  EXPECT_EQ(thresholdOf(D.Curve[3], D), 1.5); // held to the input it was given
+  Diagnosis B = run("broken", "ref", "fp32", O);
+  ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(B.Suspects[0].Component.Path, "blk.attn");
+  EXPECT_NEAR(*B.Suspects[0].Component.Ratio, 10.0, 1e-5);
+}
+
 TEST_F(DiagnosisTest, TheFP32ReferenceSetsTheScale) {
   // X_R misses Y_R by 1 (the reference's own rounding); a target that misses
   // by 1.2 is within noise, one that misses by 3 is not: R = 3.
@@ -604,7 +649,7 @@ TEST_F(DiagnosisTest, RecipesMapFusedProjections) {
   for (const ComponentRatio &C : Ok.Curve)
     if (C.Path == "model.layers.0.mlp.gate_up_proj") {
       EXPECT_TRUE(C.Mapped);
-      EXPECT_EQ(C.MappedBy, "recipe vllm-hf 2: name gate_up_proj");
+      EXPECT_EQ(C.MappedBy, "recipe vllm-hf 3: name gate_up_proj");
       EXPECT_EQ(C.ReferencePaths.size(), 2u);
     }
   Diagnosis Bad = run("bad", "ref");
@@ -677,7 +722,7 @@ TEST_F(DiagnosisTest, RecipesFollowVllmClassesWhereverTheyStand) {
       continue;
     ++Seen;
     EXPECT_TRUE(C.Mapped) << C.Path << ": " << C.UnmappedReason;
-    EXPECT_EQ(C.MappedBy, "recipe vllm-hf 2: class " + It->second.first) << C.Path;
+    EXPECT_EQ(C.MappedBy, "recipe vllm-hf 3: class " + It->second.first) << C.Path;
     EXPECT_EQ(C.ReferencePaths, It->second.second) << C.Path;
     EXPECT_TRUE(C.Ratio) << C.Path;
   }
@@ -1641,7 +1686,7 @@ TEST_F(DiagnosisTest, APaddedReferenceBatchIsComparedOnItsRealTokens) {
 namespace {
 
 ComponentRatio mappedCall(std::string Path, std::vector<std::string> Refs,
-                          std::optional<double> Ratio, std::string By = "recipe vllm-hf 2") {
+                          std::optional<double> Ratio, std::string By = "recipe vllm-hf 3") {
   ComponentRatio C;
   C.Path = std::move(Path);
   C.ReferencePaths = std::move(Refs);
@@ -1669,7 +1714,7 @@ TEST(Calibration, ValidatedRuleMappingsAreGeneralizedOverLayers) {
   EXPECT_EQ(Rules[0].Rule.Reference, (std::vector<std::string>{"m.layers.*.q", "m.layers.*.k"}));
   EXPECT_EQ(Rules[0].Validated, 2u);
   EXPECT_DOUBLE_EQ(Rules[0].LargestRatio, 1.1);
-  EXPECT_EQ(Rules[0].Rule.Source, "recipe vllm-hf 2");
+  EXPECT_EQ(Rules[0].Rule.Source, "recipe vllm-hf 3");
   EXPECT_EQ(Rules[1].Rule.Target, "blocks.3.mlp");
   EXPECT_EQ(Rules[1].Rule.Reference, (std::vector<std::string>{"m.layers.2.mlp"}));
 }

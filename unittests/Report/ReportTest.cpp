@@ -155,7 +155,7 @@ TEST(Report, TheHTMLPageIsSelfContainedWithThePlotAndTheSuspect) {
 TEST(Report, TheMappingListsEveryCallWithHowOrWhyNot) {
   Diagnosis D = divergence();
   D.Curve[0].ReferencePaths = {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"};
-  D.Curve[0].MappedBy = "recipe vllm-hf 2";
+  D.Curve[0].MappedBy = "recipe vllm-hf 3";
   D.Curve[1].ReferencePaths = {"model.layers.0.mlp"};
   D.Curve[1].ResidualPair = true;
   D.Curve[1].Transposed = std::make_pair(0, 1);
@@ -169,7 +169,7 @@ TEST(Report, TheMappingListsEveryCallWithHowOrWhyNot) {
   printMapping(OS, D);
   EXPECT_EQ(Out, "mapped    step 0  model.layers.0.self_attn  <->  "
                  "model.layers.0.self_attn.q_proj, model.layers.0.self_attn.k_proj  "
-                 "[by recipe vllm-hf 2]\n"
+                 "[by recipe vllm-hf 3]\n"
                  "mapped    step 0  model.layers.0.mlp  <->  model.layers.0.mlp  "
                  "[(output, residual) pair summed, dims 0,1 swapped, by the mapping]\n"
                  "unmapped  step 0  model.layers.0.mlp.act_fn  (no reference call of that path)\n"

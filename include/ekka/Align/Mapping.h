@@ -54,6 +54,11 @@ struct MappingRule {
   /// of the target's tensor, leading ones squeezed, to swap. `"transpose":
   /// [0, 1]`; --calibrate writes what the bounded search validated.
   std::optional<std::pair<int, int>> Transpose;
+  /// A computation noisier than the reference's by design (an attention
+  /// backend's blockwise softmax against HF's one kernel): it, and a call
+  /// that holds it, departs above this many times the threshold.
+  /// `"noise": 2`; at least 1.
+  std::optional<double> Noise;
   /// Where the rule comes from: the user's file, or a built-in recipe
   /// ("recipe vllm-hf 1"). A recipe whose reference components did not run
   /// does not apply (the call is mapped by path); a user's rule then leaves

@@ -110,6 +110,11 @@ struct ComponentRatio {
   /// ratio above which it departs here (instead of the diagnosis's). The
   /// threshold is also raised for an output of few values (ComparedValues).
   std::optional<double> CalibratedNoise, Threshold;
+  /// From the rule that mapped it, or one that mapped a call inside it
+  /// (MappingRule::Noise): it departs above this many times the
+  /// diagnosis's threshold. NoiseFrom names the call and its rule.
+  std::optional<double> RuleNoise;
+  std::string NoiseFrom;
   /// How many values its R was computed from (the reference output's).
   /// Two noise draws' ratio spreads as about exp(1/sqrt(n)): an output of
   /// few values (a router's one logit per token) departs above
@@ -180,6 +185,10 @@ struct Diagnosis {
   /// Components above the threshold but within the wider one their few
   /// values allow (ComponentRatio::ComparedValues): not suspects, said.
   std::vector<std::string> FewValues;
+  /// Components above the threshold but within the wider one their mapping
+  /// rule allows a computation noisier by design (ComponentRatio::
+  /// RuleNoise): not suspects, said.
+  std::vector<std::string> NoisierByDesign;
   std::string InputsDifference;       ///< For InputsDiffer: where, in words.
   double Threshold = 1.5;
   double MaxRatio = 0;
