@@ -518,18 +518,27 @@ std::string Diagnoser::nonFinite(const ComponentRatio &C) const {
 }
 
 bool Diagnoser::noiseAllowedUpstream(const Diagnosis &D, const ComponentRatio &C) const {
-  if (!C.InputRatio || !C.InputsCompared)
-    return false;
-  for (const auto &[Index, X] : roleTensors(T, C.CallId, "input")) {
-    const TensorRecord *Source = X->SourceId ? T.TensorById.lookup(*X->SourceId) : nullptr;
-    if (!Source || Source->Owner != TensorOwner::ModuleCall)
-      continue;
-    auto It = CurveIndex.find(Source->OwnerId);
-    if (It == CurveIndex.end())
-      continue;
-    const ComponentRatio &P = D.Curve[It->second];
-    if (P.Mapped && P.RuleNoise && P.Ratio && !departs(P) && *C.InputRatio <= thresholdOf(P, D))
-      return true;
+  // Up the dataflow, through mapped calls that only passed an elevated
+  // input on (a norm after the output projection), a few calls far.
+  const ComponentRatio *At = &C;
+  for (int Hops = 0; At && Hops < 8; ++Hops) {
+    if (!At->InputRatio || !At->InputsCompared)
+      return false;
+    const ComponentRatio *Next = nullptr;
+    for (const auto &[Index, X] : roleTensors(T, At->CallId, "input")) {
+      const TensorRecord *Source = X->SourceId ? T.TensorById.lookup(*X->SourceId) : nullptr;
+      if (!Source || Source->Owner != TensorOwner::ModuleCall)
+        continue;
+      auto It = CurveIndex.find(Source->OwnerId);
+      if (It == CurveIndex.end() || !D.Curve[It->second].Mapped || !D.Curve[It->second].Ratio)
+        continue;
+      const ComponentRatio &P = D.Curve[It->second];
+      if (P.RuleNoise && !departs(P) && *At->InputRatio <= thresholdOf(P, D))
+        return true;
+      if (!Next && elevated(P.Ratio) && P.CallId != At->CallId)
+        Next = &P;
+    }
+    At = Next;
   }
   return false;
 }

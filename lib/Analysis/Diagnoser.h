@@ -444,8 +444,9 @@ private:
 
   /// Whether \p C's elevated inputs are the output of a mapped call within
   /// the wider noise its rule allows it (ComponentRatio::RuleNoise: an
-  /// attention backend's): noise passed on, not a divergence entering from
-  /// a call without a counterpart.
+  /// attention backend's), directly or through mapped calls that passed
+  /// it on: noise, not a divergence entering from a call without a
+  /// counterpart.
   bool noiseAllowedUpstream(const Diagnosis &D, const ComponentRatio &C) const;
 
   /// The nearest mapped call around curve entry \p Index, or null.

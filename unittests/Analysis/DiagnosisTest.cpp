@@ -392,8 +392,9 @@ TEST_F(DiagnosisTest, AnOutputOfFewValuesIsHeldToAWiderThreshold) {
 
 // A rule's "noise" (an attention backend's, noisier than the reference's
 // one kernel by design) holds the call to that many times the threshold,
-// and the block around it too; the call after it, given its output, is
-// not blamed for passing that noise on. A bug inside still departs.
+// and the block around it too; the calls after it, given its output or
+// what was made of it, are not blamed for passing that noise on. A bug
+// inside still departs.
 TEST_F(DiagnosisTest, ARulesNoiseHoldsTheCallAndTheBlockAroundItToAWiderThreshold) {
   auto Block = [&](StringRef Name, float Attn, float Out) {
     TraceBuilder T(dir(Name));
@@ -401,6 +402,7 @@ TEST_F(DiagnosisTest, ARulesNoiseHoldsTheCallAndTheBlockAroundItToAWiderThreshol
     T.call("blk", "", wide({Out, 10}), {});
     T.call("blk.attn", "blk", wide({Attn, 10}), {});
     T.call("blk.o", "blk", wide({Out, 10}), {"blk.attn"});
+    T.call("blk.norm", "blk", wide({Out - 0.05f, 10}), {"blk.o"});
     T.close();
   };
   Block("fp32", 10, 10);
@@ -429,6 +431,7 @@ TEST_F(DiagnosisTest, ARulesNoiseHoldsTheCallAndTheBlockAroundItToAWiderThreshol
             "reference's by design (mapping file, noise 2)");
   EXPECT_EQ(thresholdOf(D.Curve[2], D), 3.0);
   EXPECT_EQ(thresholdOf(D.Curve[3], D), 1.5); // held to the input it was given
+  EXPECT_EQ(thresholdOf(D.Curve[4], D), 1.5);
   Diagnosis B = run("broken", "ref", "fp32", O);
   ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(B.Suspects[0].Component.Path, "blk.attn");
