@@ -199,8 +199,8 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
       Rule.Transpose = std::make_pair(int(*I), int(*J));
     }
     // "noise": how many times the threshold the component is held to, for
-    // a computation noisier than the reference's by design.
-    if (const json::Value *Noise = R->get("noise")) {
+    // a computation noisier than the reference's by design (null: none).
+    if (const json::Value *Noise = R->get("noise"); Noise && !Noise->getAsNull()) {
       std::optional<double> N = Noise->getAsNumber();
       if (!N || !std::isfinite(*N) || *N < 1)
         return Bad(Where + ": \"noise\" must be a number of at least 1 (times the threshold)");

@@ -77,8 +77,10 @@ void Diagnoser::localize(Diagnosis &D) {
     const ComponentRatio &C = D.Curve[I];
     // Its output must depart beyond noise by more than its inputs already
     // did: a call whose inputs sit just under the threshold and whose
-    // output just over it only passed a divergence on.
-    if (C.Mapped && departs(C) && !elevated(C.InputRatio) &&
+    // output just over it only passed a divergence on. An input above the
+    // threshold by a noise upstream that a rule allows (an attention
+    // backend's) is such an input too.
+    if (C.Mapped && departs(C) && (!elevated(C.InputRatio) || inputNoiseByDesign(D, C)) &&
         *C.Ratio > C.Threshold.value_or(O.Threshold) * std::max(1.0, C.InputRatio.value_or(0)) &&
         (C.InputsCompared || !divergedUpstream(D, I)) &&
         (C.MappedBy != "structure" || containerDeparts(D, I)) && !rescaledAfter(D, I))
@@ -94,7 +96,7 @@ void Diagnoser::localize(Diagnosis &D) {
     for (size_t I = 0; I < D.Curve.size(); ++I)
       if (D.Curve[I].Mapped && departs(D.Curve[I]) &&
           (elevated(D.Curve[I].InputRatio) || !D.Curve[I].InputsCompared) &&
-          !noiseAllowedUpstream(D, D.Curve[I])) {
+          !inputNoiseByDesign(D, D.Curve[I])) {
         D.Result = Diagnosis::Verdict::Divergence;
         Suspect S;
         S.Component = D.Curve[I];
@@ -517,9 +519,9 @@ std::string Diagnoser::nonFinite(const ComponentRatio &C) const {
       .str();
 }
 
-bool Diagnoser::noiseAllowedUpstream(const Diagnosis &D, const ComponentRatio &C) const {
+bool Diagnoser::inputNoiseByDesign(const Diagnosis &D, const ComponentRatio &C) const {
   // Up the dataflow, through mapped calls that only passed an elevated
-  // input on (a norm after the output projection), a few calls far.
+  // input on (no more than their threshold times it), a few calls far.
   const ComponentRatio *At = &C;
   for (int Hops = 0; At && Hops < 8; ++Hops) {
     if (!At->InputRatio || !At->InputsCompared)
@@ -533,9 +535,12 @@ bool Diagnoser::noiseAllowedUpstream(const Diagnosis &D, const ComponentRatio &C
       if (It == CurveIndex.end() || !D.Curve[It->second].Mapped || !D.Curve[It->second].Ratio)
         continue;
       const ComponentRatio &P = D.Curve[It->second];
+      if (P.CallId == At->CallId)
+        continue;
       if (P.RuleNoise && !departs(P) && *At->InputRatio <= thresholdOf(P, D))
         return true;
-      if (!Next && elevated(P.Ratio) && P.CallId != At->CallId)
+      if (!Next && elevated(P.Ratio) &&
+          *P.Ratio <= thresholdOf(P, D) * std::max(1.0, P.InputRatio.value_or(0)))
         Next = &P;
     }
     At = Next;

@@ -202,6 +202,7 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
         RuleLayouts[TC.Id] = *Rule.Transpose;
       if (Rule.Noise) {
         C.RuleNoise = Rule.Noise;
+      C.NoiseOwn = true;
         C.NoiseFrom = Rule.Source;
       }
       return false;
@@ -251,6 +252,7 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
       C.MappedBy += ": name " + StringRef(TC.Path).rsplit('.').second.str();
     if (Rule.Noise) {
       C.RuleNoise = Rule.Noise;
+      C.NoiseOwn = true;
       C.NoiseFrom = C.MappedBy;
     }
     C.ConcatDim = Rule.ConcatDim;
@@ -343,6 +345,7 @@ bool Diagnoser::applyPartRule(const ModuleCallRecord &TC, const MappingRule &Rul
   C.MappedBy = Rule.Source;
   if (Rule.Noise) {
     C.RuleNoise = Rule.Noise;
+    C.NoiseOwn = true;
     C.NoiseFrom = C.MappedBy;
   }
   bool Input = Role == "input";

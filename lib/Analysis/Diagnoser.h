@@ -414,8 +414,9 @@ private:
   int64_t Cursor = -1;
 
   bool elevated(const std::optional<double> &X) const { return X && *X > O.Threshold; }
-  /// Whether \p C's output departs: above its calibrated threshold where a
-  /// calibration gave it one. Inputs are held to the diagnosis's.
+  /// Whether \p C's output departs: above its own threshold where it has
+  /// one (a calibration's, a rule's noise, few values). Inputs are held to
+  /// the diagnosis's.
   /// For an infinite ratio: the NaN and Inf its outputs hold, against the
   /// reference's (empty when they hold none: a finite value off by more
   /// than the scale can say).
@@ -444,10 +445,11 @@ private:
 
   /// Whether \p C's elevated inputs are the output of a mapped call within
   /// the wider noise its rule allows it (ComponentRatio::RuleNoise: an
-  /// attention backend's), directly or through mapped calls that passed
-  /// it on: noise, not a divergence entering from a call without a
-  /// counterpart.
-  bool noiseAllowedUpstream(const Diagnosis &D, const ComponentRatio &C) const;
+  /// attention backend's), directly or through mapped calls that only
+  /// passed it on: noise, held to the threshold times the input's R like
+  /// an input within noise, not a divergence entering from a call without
+  /// a counterpart.
+  bool inputNoiseByDesign(const Diagnosis &D, const ComponentRatio &C) const;
 
   /// The nearest mapped call around curve entry \p Index, or null.
   const ComponentRatio *mappedAncestor(const Diagnosis &D, size_t Index) const;

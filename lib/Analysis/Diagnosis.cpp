@@ -82,6 +82,8 @@ std::vector<CalibratedRule> calibratedRules(const Diagnosis &D) {
     Rule.Parts = Same ? Parts : C.Parts;
     Rule.ConcatDim = C.ConcatDim;
     Rule.Transpose = C.Transposed;
+    if (C.NoiseOwn)
+      Rule.Noise = C.RuleNoise;
     // What proposed it: a mapping file, a recipe, the path and the layout
     // search.
     Rule.Source = C.MappedBy.empty() ? "path" : C.MappedBy;
@@ -93,7 +95,7 @@ std::vector<CalibratedRule> calibratedRules(const Diagnosis &D) {
     if (New)
       Groups.push_back({CalibratedRule{Rule, 0, 0}, false});
     Group &G = Groups[It->second];
-    if (!C.Ratio || *C.Ratio >= (C.RuleNoise ? thresholdOf(C, D) : D.Threshold)) {
+    if (!C.Ratio || *C.Ratio >= (C.NoiseOwn ? thresholdOf(C, D) : D.Threshold)) {
       G.Failed = true; // not compared, or not within noise: nothing validated
       continue;
     }
@@ -622,14 +624,16 @@ void Diagnoser::computeRatios(Diagnosis &D) {
       ++D.Uncompared;
     D.Curve.push_back(std::move(C));
   }
-  // A call that holds one noisier by design (an attention block around its
-  // backend) is noisier by as much: its R is the inner call's, carried.
+  // The nearest mapped call around one noisier by design (the attention
+  // block around its backend) is noisier by as much: its output is the
+  // inner call's, projected. Calls further out (the decoder layer, the
+  // root) add a residual to it and keep the threshold.
   DenseMap<int64_t, size_t> Index;
   for (size_t I = 0; I < D.Curve.size(); ++I)
     Index[D.Curve[I].CallId] = I;
   for (size_t I = 0; I < D.Curve.size(); ++I) {
     const ComponentRatio &Inner = D.Curve[I];
-    if (!Inner.RuleNoise || Inner.NoiseFrom.empty() || !Inner.Mapped)
+    if (!Inner.RuleNoise || !Inner.NoiseOwn || !Inner.Mapped)
       continue;
     double Noise = *Inner.RuleNoise;
     std::string From = (Inner.Path.empty() ? std::string("(root)") : Inner.Path) + ", " +
@@ -637,14 +641,15 @@ void Diagnoser::computeRatios(Diagnosis &D) {
     const ModuleCallRecord *M = T.CallById.lookup(Inner.CallId);
     for (M = M ? parentOf(T, *M) : nullptr; M; M = parentOf(T, *M)) {
       auto It = Index.find(M->Id);
-      if (It == Index.end())
+      if (It == Index.end() || !D.Curve[It->second].Mapped)
         continue;
       ComponentRatio &Outer = D.Curve[It->second];
-      if (Outer.CalibratedNoise || (Outer.RuleNoise && *Outer.RuleNoise >= Noise))
-        continue;
-      Outer.RuleNoise = Noise;
-      Outer.NoiseFrom = "inside it: " + From;
-      Outer.Threshold = std::max(Outer.Threshold.value_or(0), O.Threshold * Noise);
+      if (!Outer.CalibratedNoise && !(Outer.RuleNoise && *Outer.RuleNoise >= Noise)) {
+        Outer.RuleNoise = Noise;
+        Outer.NoiseFrom = "inside it: " + From;
+        Outer.Threshold = std::max(Outer.Threshold.value_or(0), O.Threshold * Noise);
+      }
+      break;
     }
   }
 }

@@ -444,6 +444,8 @@ json::Value calibrationJSON(const Diagnosis &D, const CalibrationOrigin &Origin,
                                                               C.Rule.Transpose->first,
                                                               C.Rule.Transpose->second})
                                                         : json::Value(nullptr)},
+                                      {"noise", C.Rule.Noise ? json::Value(*C.Rule.Noise)
+                                                             : json::Value(nullptr)},
                                       {"validated_calls", C.Validated},
                                       {"largest_ratio", C.LargestRatio},
                                       {"from", C.Rule.Source}});

@@ -288,12 +288,14 @@ TEST(Mapping, SeveralTargetsAgainstOneReferenceAreOneRulePerPart) {
 TEST(Mapping, ARuleMaySayItsComputationIsNoisierByDesign) {
   auto Rules = parseMappingRules(R"({"components": [
       {"class": "vllm.*.Attention", "reference": "{next}:input", "noise": 2},
-      {"target": "l.*.o", "reference": "l.*.o_proj"}]})",
+      {"target": "l.*.o", "reference": "l.*.o_proj", "noise": null},
+      {"target": "l.*.n", "reference": "l.*.norm", "noise": 1}]})",
                                  "test");
   ASSERT_TRUE(bool(Rules)) << llvm::toString(Rules.takeError());
-  ASSERT_EQ(Rules->size(), 2u);
+  ASSERT_EQ(Rules->size(), 3u);
   EXPECT_EQ((*Rules)[0].Noise, 2.0);
-  EXPECT_FALSE((*Rules)[1].Noise);
+  EXPECT_FALSE((*Rules)[1].Noise); // null, as --calibrate writes none
+  EXPECT_EQ((*Rules)[2].Noise, 1.0);
   for (const char *Bad : {R"({"components": [{"target": "a", "reference": "b", "noise": 0.5}]})",
                           R"({"components": [{"target": "a", "reference": "b", "noise": "2"}]})"}) {
     auto R = parseMappingRules(Bad, "test");

@@ -409,6 +409,16 @@ TEST_F(DiagnosisTest, ARulesNoiseHoldsTheCallAndTheBlockAroundItToAWiderThreshol
   Block("ref", 11, 11);
   Block("noisy", 12.8f, 12.7f); // R = 2.8, and 2.7 after it
   Block("broken", 20, 19);      // R = 10
+  {
+    // A bug after the noisy backend: its R is 4.5 where it was given 2.8.
+    TraceBuilder T(dir("after"));
+    T.call("", "", {0}, {}, {1, 2, 3});
+    T.call("blk", "", wide({14.5f, 10}), {});
+    T.call("blk.attn", "blk", wide({12.8f, 10}), {});
+    T.call("blk.o", "blk", wide({14.5f, 10}), {"blk.attn"});
+    T.call("blk.norm", "blk", wide({14.45f, 10}), {"blk.o"});
+    T.close();
+  }
   DiagnoseOptions O;
   MappingRule Rule;
   Rule.Target = "blk.attn";
@@ -432,6 +442,11 @@ TEST_F(DiagnosisTest, ARulesNoiseHoldsTheCallAndTheBlockAroundItToAWiderThreshol
   EXPECT_EQ(thresholdOf(D.Curve[2], D), 3.0);
   EXPECT_EQ(thresholdOf(D.Curve[3], D), 1.5); // held to the input it was given
   EXPECT_EQ(thresholdOf(D.Curve[4], D), 1.5);
+  EXPECT_FALSE(D.Curve[0].RuleNoise); // only the nearest call around it
+  Diagnosis After = run("after", "ref", "fp32", O);
+  ASSERT_EQ(After.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(After.Suspects[0].Component.Path, "blk.o");
+  EXPECT_NEAR(*After.Suspects[0].Component.Ratio, 4.5, 1e-5);
   Diagnosis B = run("broken", "ref", "fp32", O);
   ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(B.Suspects[0].Component.Path, "blk.attn");

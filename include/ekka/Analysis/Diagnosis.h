@@ -110,10 +110,12 @@ struct ComponentRatio {
   /// ratio above which it departs here (instead of the diagnosis's). The
   /// threshold is also raised for an output of few values (ComparedValues).
   std::optional<double> CalibratedNoise, Threshold;
-  /// From the rule that mapped it, or one that mapped a call inside it
-  /// (MappingRule::Noise): it departs above this many times the
+  /// From the rule that mapped it (NoiseOwn), or the one that mapped a
+  /// call directly inside it, of which it is the nearest mapped call
+  /// around (MappingRule::Noise): it departs above this many times the
   /// diagnosis's threshold. NoiseFrom names the call and its rule.
   std::optional<double> RuleNoise;
+  bool NoiseOwn = false;
   std::string NoiseFrom;
   /// How many values its R was computed from (the reference output's).
   /// Two noise draws' ratio spreads as about exp(1/sqrt(n)): an output of
