@@ -520,32 +520,47 @@ std::string Diagnoser::nonFinite(const ComponentRatio &C) const {
 }
 
 bool Diagnoser::inputNoiseByDesign(const Diagnosis &D, const ComponentRatio &C) const {
-  // Up the dataflow, through mapped calls that only passed an elevated
-  // input on (no more than their threshold times it), a few calls far.
-  const ComponentRatio *At = &C;
-  for (int Hops = 0; At && Hops < 8; ++Hops) {
-    if (!At->InputRatio || !At->InputsCompared)
+  if (!C.InputRatio || !C.InputsCompared)
+    return false;
+  std::optional<double> Allowed;
+  return explainedByNoise(D, C, 0, Allowed) && Allowed && *C.InputRatio <= *Allowed;
+}
+
+bool Diagnoser::explainedByNoise(const Diagnosis &D, const ComponentRatio &At, int Depth,
+                                 std::optional<double> &Allowed) const {
+  if (Depth == 8)
+    return false;
+  bool Explained = false;
+  for (const auto &[Index, X] : roleTensors(T, At.CallId, "input")) {
+    if (unitRoundoff(X->Type) == 0)
+      continue; // token ids, positions
+    // A value nobody compared (no source, or an unmapped one's) may be
+    // what departs: nothing is explained.
+    const TensorRecord *Source = X->SourceId ? T.TensorById.lookup(*X->SourceId) : nullptr;
+    auto It = Source && Source->Owner == TensorOwner::ModuleCall ? CurveIndex.find(Source->OwnerId)
+                                                                 : CurveIndex.end();
+    if (It == CurveIndex.end())
       return false;
-    const ComponentRatio *Next = nullptr;
-    for (const auto &[Index, X] : roleTensors(T, At->CallId, "input")) {
-      const TensorRecord *Source = X->SourceId ? T.TensorById.lookup(*X->SourceId) : nullptr;
-      if (!Source || Source->Owner != TensorOwner::ModuleCall)
-        continue;
-      auto It = CurveIndex.find(Source->OwnerId);
-      if (It == CurveIndex.end() || !D.Curve[It->second].Mapped || !D.Curve[It->second].Ratio)
-        continue;
-      const ComponentRatio &P = D.Curve[It->second];
-      if (P.CallId == At->CallId)
-        continue;
-      if (P.RuleNoise && !departs(P) && *At->InputRatio <= thresholdOf(P, D))
-        return true;
-      if (!Next && elevated(P.Ratio) &&
-          *P.Ratio <= thresholdOf(P, D) * std::max(1.0, P.InputRatio.value_or(0)))
-        Next = &P;
+    const ComponentRatio &P = D.Curve[It->second];
+    if (!P.Mapped || !P.Ratio || P.CallId == At.CallId)
+      return false;
+    if (!elevated(P.Ratio))
+      continue;
+    if (P.RuleNoise && !departs(P)) {
+      Allowed = std::min(Allowed.value_or(INFINITY), thresholdOf(P, D));
+      Explained = true;
+      continue;
     }
-    At = Next;
+    // A call that only passed an elevated input on, itself explained.
+    if (P.InputRatio && P.InputsCompared &&
+        *P.Ratio <= thresholdOf(P, D) * std::max(1.0, *P.InputRatio) &&
+        explainedByNoise(D, P, Depth + 1, Allowed)) {
+      Explained = true;
+      continue;
+    }
+    return false;
   }
-  return false;
+  return Explained;
 }
 
 bool Diagnoser::divergedUpstream(const Diagnosis &D, size_t Index) const {

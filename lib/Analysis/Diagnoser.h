@@ -443,13 +443,19 @@ private:
   /// the model whose output departed). Such a call passes a divergence on.
   bool divergedUpstream(const Diagnosis &D, size_t Index) const;
 
-  /// Whether \p C's elevated inputs are the output of a mapped call within
-  /// the wider noise its rule allows it (ComponentRatio::RuleNoise: an
+  /// Whether \p C's elevated inputs are the outputs of mapped calls within
+  /// the wider noise their rule allows them (ComponentRatio::RuleNoise: an
   /// attention backend's), directly or through mapped calls that only
-  /// passed it on: noise, held to the threshold times the input's R like
-  /// an input within noise, not a divergence entering from a call without
-  /// a counterpart.
+  /// passed it on, and its input's R is within that noise too: noise,
+  /// held to the threshold times the input's R like an input within
+  /// noise, not a divergence entering from a call without a counterpart.
   bool inputNoiseByDesign(const Diagnosis &D, const ComponentRatio &C) const;
+  /// Whether every elevated input of \p At comes from a call within the
+  /// noise its rule allows, or from one that only passed such an input on
+  /// (up to 8 calls back), and one does; \p Allowed: the least such
+  /// call's threshold.
+  bool explainedByNoise(const Diagnosis &D, const ComponentRatio &At, int Depth,
+                        std::optional<double> &Allowed) const;
 
   /// The nearest mapped call around curve entry \p Index, or null.
   const ComponentRatio *mappedAncestor(const Diagnosis &D, size_t Index) const;

@@ -174,7 +174,7 @@ Diagnosis Diagnoser::run() {
           formatv("{0}: R = {1}, within the {2} allowed a computation noisier than the "
                   "reference's by design ({3}, noise {4})",
                   C.Path.empty() ? "(root)" : C.Path, format("%.3g", *C.Ratio),
-                  format("%.3g", *C.Threshold), C.NoiseFrom, format("%g", *C.RuleNoise))
+                  format("%.3g", *C.Threshold), C.NoiseFrom, format("%.3g", *C.RuleNoise))
               .str());
     else
       D.FewValues.push_back(formatv("{0}: R = {1} of {2} values, within the {3} that so few "
@@ -624,33 +624,33 @@ void Diagnoser::computeRatios(Diagnosis &D) {
       ++D.Uncompared;
     D.Curve.push_back(std::move(C));
   }
-  // The nearest mapped call around one noisier by design (the attention
-  // block around its backend) is noisier by as much: its output is the
-  // inner call's, projected. Calls further out (the decoder layer, the
-  // root) add a residual to it and keep the threshold.
+  // The call around one noisier by design (the attention block around its
+  // backend), where it is mapped, is noisier by as much as the inner call
+  // was here (its output is the inner call's, projected), up to the rule's
+  // noise: held to the threshold times the inner call's R. Calls further
+  // out (the decoder layer, the root) add a residual to it and keep the
+  // threshold.
   DenseMap<int64_t, size_t> Index;
   for (size_t I = 0; I < D.Curve.size(); ++I)
     Index[D.Curve[I].CallId] = I;
   for (size_t I = 0; I < D.Curve.size(); ++I) {
     const ComponentRatio &Inner = D.Curve[I];
-    if (!Inner.RuleNoise || !Inner.NoiseOwn || !Inner.Mapped)
+    if (!Inner.RuleNoise || !Inner.NoiseOwn || !Inner.Mapped || !Inner.Ratio)
       continue;
-    double Noise = *Inner.RuleNoise;
-    std::string From = (Inner.Path.empty() ? std::string("(root)") : Inner.Path) + ", " +
-                       Inner.NoiseFrom;
     const ModuleCallRecord *M = T.CallById.lookup(Inner.CallId);
-    for (M = M ? parentOf(T, *M) : nullptr; M; M = parentOf(T, *M)) {
-      auto It = Index.find(M->Id);
-      if (It == Index.end() || !D.Curve[It->second].Mapped)
-        continue;
-      ComponentRatio &Outer = D.Curve[It->second];
-      if (!Outer.CalibratedNoise && !(Outer.RuleNoise && *Outer.RuleNoise >= Noise)) {
-        Outer.RuleNoise = Noise;
-        Outer.NoiseFrom = "inside it: " + From;
-        Outer.Threshold = std::max(Outer.Threshold.value_or(0), O.Threshold * Noise);
-      }
-      break;
-    }
+    const ModuleCallRecord *Parent = M ? parentOf(T, *M) : nullptr;
+    auto It = Parent ? Index.find(Parent->Id) : Index.end();
+    if (It == Index.end() || !D.Curve[It->second].Mapped)
+      continue;
+    ComponentRatio &Outer = D.Curve[It->second];
+    double Noise = std::min(*Inner.RuleNoise, std::max(1.0, *Inner.Ratio));
+    if (Outer.CalibratedNoise || Outer.NoiseOwn || (Outer.RuleNoise && *Outer.RuleNoise >= Noise))
+      continue;
+    Outer.RuleNoise = Noise;
+    Outer.NoiseFrom = "inside it: " + (Inner.Path.empty() ? std::string("(root)") : Inner.Path) +
+                      " at R = " + formatv("{0}", format("%.3g", *Inner.Ratio)).str() + ", " +
+                      Inner.NoiseFrom;
+    Outer.Threshold = std::max(Outer.Threshold.value_or(0), O.Threshold * Noise);
   }
 }
 

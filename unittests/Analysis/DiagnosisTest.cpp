@@ -419,6 +419,16 @@ TEST_F(DiagnosisTest, ARulesNoiseHoldsTheCallAndTheBlockAroundItToAWiderThreshol
     T.call("blk.norm", "blk", wide({14.45f, 10}), {"blk.o"});
     T.close();
   }
+  {
+    // The block departs (R = 2.9) where nothing inside it does.
+    TraceBuilder T(dir("blockbug"));
+    T.call("", "", {0}, {}, {1, 2, 3});
+    T.call("blk", "", wide({12.9f, 10}), {});
+    T.call("blk.attn", "blk", wide({11, 10}), {});
+    T.call("blk.o", "blk", wide({11, 10}), {"blk.attn"});
+    T.call("blk.norm", "blk", wide({10.95f, 10}), {"blk.o"});
+    T.close();
+  }
   DiagnoseOptions O;
   MappingRule Rule;
   Rule.Target = "blk.attn";
@@ -435,14 +445,18 @@ TEST_F(DiagnosisTest, ARulesNoiseHoldsTheCallAndTheBlockAroundItToAWiderThreshol
   ASSERT_EQ(D.NoisierByDesign.size(), 2u);
   EXPECT_EQ(D.NoisierByDesign[0],
             "blk: R = 2.7, within the 3 allowed a computation noisier than the reference's "
-            "by design (inside it: blk.attn, mapping file, noise 2)");
+            "by design (inside it: blk.attn at R = 2.8, mapping file, noise 2)");
   EXPECT_EQ(D.NoisierByDesign[1],
             "blk.attn: R = 2.8, within the 3 allowed a computation noisier than the "
             "reference's by design (mapping file, noise 2)");
   EXPECT_EQ(thresholdOf(D.Curve[2], D), 3.0);
   EXPECT_EQ(thresholdOf(D.Curve[3], D), 1.5); // held to the input it was given
   EXPECT_EQ(thresholdOf(D.Curve[4], D), 1.5);
-  EXPECT_FALSE(D.Curve[0].RuleNoise); // only the nearest call around it
+  EXPECT_FALSE(D.Curve[0].RuleNoise); // only the call directly around it
+  // The block is allowed only what its backend's R explains.
+  Diagnosis BlockBug = run("blockbug", "ref", "fp32", O);
+  ASSERT_EQ(BlockBug.Result, Diagnosis::Verdict::Divergence);
+  EXPECT_EQ(BlockBug.Suspects[0].Component.Path, "blk");
   Diagnosis After = run("after", "ref", "fp32", O);
   ASSERT_EQ(After.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(After.Suspects[0].Component.Path, "blk.o");

@@ -110,10 +110,10 @@ struct ComponentRatio {
   /// ratio above which it departs here (instead of the diagnosis's). The
   /// threshold is also raised for an output of few values (ComparedValues).
   std::optional<double> CalibratedNoise, Threshold;
-  /// From the rule that mapped it (NoiseOwn), or the one that mapped a
-  /// call directly inside it, of which it is the nearest mapped call
-  /// around (MappingRule::Noise): it departs above this many times the
-  /// diagnosis's threshold. NoiseFrom names the call and its rule.
+  /// From the rule that mapped it (NoiseOwn; MappingRule::Noise), or, up
+  /// to that, the R of a call directly inside it that such a rule mapped:
+  /// it departs above this many times the diagnosis's threshold. NoiseFrom
+  /// names the call and its rule.
   std::optional<double> RuleNoise;
   bool NoiseOwn = false;
   std::string NoiseFrom;
