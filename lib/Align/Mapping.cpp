@@ -273,7 +273,7 @@ Expected<std::vector<MappingRule>> parseMappingRules(StringRef Text, StringRef N
 //   as HF's in bf16 on the real-vLLM suite's clean pairs (1.9 in one
 //   decode step), in every head and growing with the tokens attended;
 //   the planted bugs there depart 9.6 times or more (docs/RealVLLM.md).
-static const char *RecipesV2 = R"json({"components": [
+static const char *RecipesV3 = R"json({"components": [
   {"class": "QKVParallelLinear",
    "reference": ["{parent}.q_proj", "{parent}.k_proj", "{parent}.v_proj"], "concat_dim": -1},
   {"class": "MergedColumnParallelLinear",
@@ -293,7 +293,7 @@ static const char *RecipesV2 = R"json({"components": [
 
 const std::vector<MappingRule> &builtinRecipes() {
   static const std::vector<MappingRule> Rules = [] {
-    auto R = parseMappingRules(RecipesV2, "built-in recipes");
+    auto R = parseMappingRules(RecipesV3, "built-in recipes");
     if (!R) {
       consumeError(R.takeError()); // a test guards the text
       return std::vector<MappingRule>();
