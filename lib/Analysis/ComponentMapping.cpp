@@ -173,6 +173,16 @@ bool Diagnoser::rootHolds(const ModuleCallRecord &TC,
   return true;
 }
 
+/// A rule's noise (MappingRule::Noise), for the call it mapped; \p From
+/// names the rule.
+static void takeNoise(const MappingRule &Rule, const std::string &From, ComponentRatio &C) {
+  if (!Rule.Noise)
+    return;
+  C.RuleNoise = Rule.Noise;
+  C.NoiseOwn = true;
+  C.NoiseFrom = From;
+}
+
 bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
   std::vector<const MappingRule *> Rules;
   for (const MappingRule &Rule : O.Mapping)
@@ -200,11 +210,7 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
     if (Named.size() == 1 && Named[0] == TC.Path) {
       if (Rule.Transpose)
         RuleLayouts[TC.Id] = *Rule.Transpose;
-      if (Rule.Noise) {
-        C.RuleNoise = Rule.Noise;
-      C.NoiseOwn = true;
-        C.NoiseFrom = Rule.Source;
-      }
+      takeNoise(Rule, Rule.Source, C);
       return false;
     }
     bool Recipe = Rule.Source != "mapping file";
@@ -250,11 +256,7 @@ bool Diagnoser::applyRule(const ModuleCallRecord &TC, ComponentRatio &C) {
       C.MappedBy += ": class " + TC.ClassName;
     else if (Recipe && StringRef(Rule.Target).starts_with("**."))
       C.MappedBy += ": name " + StringRef(TC.Path).rsplit('.').second.str();
-    if (Rule.Noise) {
-      C.RuleNoise = Rule.Noise;
-      C.NoiseOwn = true;
-      C.NoiseFrom = C.MappedBy;
-    }
+    takeNoise(Rule, C.MappedBy, C);
     C.ConcatDim = Rule.ConcatDim;
     if (Rule.Transpose)
       RuleLayouts[TC.Id] = *Rule.Transpose;
@@ -343,11 +345,7 @@ bool Diagnoser::applyPartRule(const ModuleCallRecord &TC, const MappingRule &Rul
   }
   const ModuleCallRecord &RC = *RIt->second;
   C.MappedBy = Rule.Source;
-  if (Rule.Noise) {
-    C.RuleNoise = Rule.Noise;
-    C.NoiseOwn = true;
-    C.NoiseFrom = C.MappedBy;
-  }
+  takeNoise(Rule, C.MappedBy, C);
   bool Input = Role == "input";
   if (!Input) {
     RefOf[TC.Id] = &RC;

@@ -54,10 +54,10 @@ struct MappingRule {
   /// of the target's tensor, leading ones squeezed, to swap. `"transpose":
   /// [0, 1]`; --calibrate writes what the bounded search validated.
   std::optional<std::pair<int, int>> Transpose;
-  /// A computation noisier than the reference's by design (an attention
-  /// backend's blockwise softmax against HF's one kernel): it, and a call
-  /// that holds it, departs above this many times the threshold.
-  /// `"noise": 2`; at least 1.
+  /// A computation noisier than the reference's by design (an engine's
+  /// attention kernel against HF's): it departs above this many times the
+  /// threshold, and the call directly around it above the threshold times
+  /// its R, up to as many. `"noise": 2`; at least 1.
   std::optional<double> Noise;
   /// Where the rule comes from: the user's file, or a built-in recipe
   /// ("recipe vllm-hf 1"). A recipe whose reference components did not run
