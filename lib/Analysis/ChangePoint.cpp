@@ -65,6 +65,8 @@ bool Diagnoser::rescaledAfter(Diagnosis &D, size_t I) {
 void Diagnoser::localize(Diagnosis &D) {
   for (size_t I = 0; I < D.Curve.size(); ++I)
     CurveIndex[D.Curve[I].CallId] = I;
+  for (ComponentRatio &C : D.Curve)
+    C.InputNoiseByDesign = elevated(C.InputRatio) && inputNoiseByDesign(D, C);
   // Local divergence: the output departs while the inputs do not. Such a
   // call computed the difference itself; a call downstream of it sees a
   // diverged input and is not a root cause, and one that does not consume
@@ -80,7 +82,7 @@ void Diagnoser::localize(Diagnosis &D) {
     // output just over it only passed a divergence on. An input above the
     // threshold by a noise upstream that a rule allows (an attention
     // backend's) is such an input too.
-    if (C.Mapped && departs(C) && (!elevated(C.InputRatio) || inputNoiseByDesign(D, C)) &&
+    if (C.Mapped && departs(C) && (!elevated(C.InputRatio) || C.InputNoiseByDesign) &&
         *C.Ratio > C.Threshold.value_or(O.Threshold) * std::max(1.0, C.InputRatio.value_or(0)) &&
         (C.InputsCompared || !divergedUpstream(D, I)) &&
         (C.MappedBy != "structure" || containerDeparts(D, I)) && !rescaledAfter(D, I))
@@ -96,7 +98,7 @@ void Diagnoser::localize(Diagnosis &D) {
     for (size_t I = 0; I < D.Curve.size(); ++I)
       if (D.Curve[I].Mapped && departs(D.Curve[I]) &&
           (elevated(D.Curve[I].InputRatio) || !D.Curve[I].InputsCompared) &&
-          !inputNoiseByDesign(D, D.Curve[I])) {
+          !D.Curve[I].InputNoiseByDesign) {
         D.Result = Diagnosis::Verdict::Divergence;
         Suspect S;
         S.Component = D.Curve[I];

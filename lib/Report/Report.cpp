@@ -68,7 +68,9 @@ static bool insidePath(const ComponentRatio &Outer, const ComponentRatio &C) {
 
 /// The first mapped call inside \p S's component whose inputs depart, when
 /// the component's own do not and no call inside it departed before (whose
-/// output would be what it was given).
+/// output would be what it was given). Inputs that depart only by a noise
+/// a rule allows upstream (an attention backend's, passed to o_proj) do
+/// not count.
 static const ComponentRatio *firstDepartingInputInside(const Diagnosis &D, const Suspect &S) {
   if (!S.Component.InputRatio || *S.Component.InputRatio > D.Threshold)
     return nullptr;
@@ -76,7 +78,7 @@ static const ComponentRatio *firstDepartingInputInside(const Diagnosis &D, const
     if (C.Seq <= S.Component.Seq || C.Step != S.Component.Step || !C.Mapped ||
         !insidePath(S.Component, C))
       continue;
-    if (C.InputRatio && *C.InputRatio > D.Threshold)
+    if (C.InputRatio && *C.InputRatio > D.Threshold && !C.InputNoiseByDesign)
       return &C;
     if (C.Ratio && *C.Ratio > thresholdOf(C, D))
       return nullptr;

@@ -436,6 +436,11 @@ TEST_F(DiagnosisTest, ARulesNoiseHoldsTheCallAndTheBlockAroundItToAWiderThreshol
   EXPECT_EQ(thresholdOf(D.Curve[3], D), 1.5); // held to the input it was given
   EXPECT_EQ(thresholdOf(D.Curve[4], D), 1.5);
   EXPECT_FALSE(D.Curve[0].RuleNoise); // only the call directly around it
+  // What the backend's noise reaches, directly or passed on, is an input
+  // within noise (a report names no call as given what departs).
+  EXPECT_TRUE(D.Curve[3].InputNoiseByDesign);
+  EXPECT_TRUE(D.Curve[4].InputNoiseByDesign);
+  EXPECT_FALSE(Plain.Curve[3].InputNoiseByDesign);
   // The block is allowed only what its backend's R explains.
   Diagnosis BlockBug = run("blockbug", "ref", "fp32", O);
   ASSERT_EQ(BlockBug.Result, Diagnosis::Verdict::Divergence);
@@ -444,6 +449,8 @@ TEST_F(DiagnosisTest, ARulesNoiseHoldsTheCallAndTheBlockAroundItToAWiderThreshol
   ASSERT_EQ(After.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(After.Suspects[0].Component.Path, "blk.o");
   EXPECT_NEAR(*After.Suspects[0].Component.Ratio, 4.5, 1e-5);
+  EXPECT_TRUE(After.Curve[3].InputNoiseByDesign);
+  EXPECT_FALSE(After.Curve[4].InputNoiseByDesign); // given blk.o's departure
   Diagnosis B = run("broken", "ref", "fp32", O);
   ASSERT_EQ(B.Result, Diagnosis::Verdict::Divergence);
   EXPECT_EQ(B.Suspects[0].Component.Path, "blk.attn");

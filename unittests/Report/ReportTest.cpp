@@ -84,6 +84,43 @@ TEST(Report, TheFirstLineOfTheTextIsTheAnswer) {
   EXPECT_TRUE(StringRef(Out).starts_with("no-divergence: "));
 }
 
+// A layer that departs where its input does not: the first call inside it
+// given what departs is named, unless that input departs only by the noise
+// a rule allows upstream (o_proj given an attention backend's).
+TEST(Report, ACallGivenOnlyAllowedNoiseIsNotNamedAsGivenWhatDeparts) {
+  auto Text = [](bool NoiseByDesign) {
+    Diagnosis D;
+    D.Result = Diagnosis::Verdict::Divergence;
+    D.Curve = {component("model.layers.0", "DecoderLayer", 18.3),
+               component("model.layers.0.attn", "Attention", 1.55),
+               component("model.layers.0.o_proj", "Linear", 1.47),
+               component("model.layers.0.act_fn", "SiluAndMul", 20.2)};
+    for (size_t I = 0; I < D.Curve.size(); ++I) {
+      D.Curve[I].Seq = int64_t(I);
+      D.Curve[I].Mapped = true;
+    }
+    D.Curve[0].InputRatio = 0;
+    D.Curve[1].RuleNoise = 2;
+    D.Curve[1].NoiseOwn = true;
+    D.Curve[1].Threshold = 3; // as the diagnosis sets it
+    D.Curve[2].InputRatio = 1.55;
+    D.Curve[2].InputNoiseByDesign = NoiseByDesign;
+    Suspect S;
+    S.Component = D.Curve[0];
+    S.Reason = "output diverges";
+    D.Suspects.push_back(S);
+    std::string Out;
+    raw_string_ostream OS(Out);
+    printText(OS, D, SourceLocator());
+    return Out;
+  };
+  EXPECT_NE(Text(false).find("  inside it, model.layers.0.o_proj was given what departs "
+                             "from what its counterpart was given (R = 1.55)\n"),
+            std::string::npos)
+      << Text(false);
+  EXPECT_EQ(Text(true).find("inside it,"), std::string::npos) << Text(true);
+}
+
 TEST(Report, JSONHasTheContractedKeysAndNoInfinity) {
   json::Value V = toJSON(divergence(), SourceLocator());
   // Round trip through text: an infinite ratio must still be valid JSON.

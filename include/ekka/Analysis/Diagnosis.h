@@ -117,6 +117,10 @@ struct ComponentRatio {
   std::optional<double> RuleNoise;
   bool NoiseOwn = false;
   std::string NoiseFrom;
+  /// Its inputs depart (InputRatio above the threshold) only by such a
+  /// call's allowed noise upstream, passed on to it: an input within
+  /// noise, not a divergence it was given.
+  bool InputNoiseByDesign = false;
   /// How many values its R was computed from (the reference output's).
   /// Two noise draws' ratio spreads as about exp(1/sqrt(n)): an output of
   /// few values (a router's one logit per token) departs above
