@@ -201,6 +201,13 @@ void writeHtml(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
   writeCurve(OS, D);
   OS << "<p class=\"noise\">" << htmlEscape(D.NoiseModel) << "; threshold "
      << format("%g", D.Threshold) << "</p>\n";
+  auto Notes = diagnosisNotes(D);
+  if (!Notes.empty()) {
+    OS << "<ul class=\"notes\">\n";
+    for (const auto &[Label, Note] : Notes)
+      OS << "<li>" << htmlEscape(Label) << ": " << htmlEscape(Note) << "</li>\n";
+    OS << "</ul>\n";
+  }
   unsigned Rank = 0;
   for (const Suspect &S : D.Suspects)
     writeSuspect(OS, S, ++Rank, Sources);

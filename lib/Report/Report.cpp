@@ -98,6 +98,17 @@ static std::string departingSteps(const Suspect &S, double Threshold) {
   return (Steps.size() == 1 ? ", departing in step " : ", departing in steps ") + rangesOf(Steps);
 }
 
+std::vector<std::pair<StringRef, StringRef>> diagnosisNotes(const Diagnosis &D) {
+  std::vector<std::pair<StringRef, StringRef>> Notes;
+  for (const auto &[Label, List] : {std::pair<StringRef, const std::vector<std::string> *>{
+                                        "rescaled", &D.Rescaled},
+                                    {"few values", &D.FewValues},
+                                    {"noisier by design", &D.NoisierByDesign}})
+    for (const std::string &Note : *List)
+      Notes.emplace_back(Label, Note);
+  return Notes;
+}
+
 void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources) {
   if (D.Result == Diagnosis::Verdict::Divergence && D.Suspects.empty() && !D.Sampling.empty()) {
     OS << "divergence: the sampler: " << departureText(D.Sampling.front()) << "\n";
@@ -116,12 +127,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
     OS << "no-divergence: no component departs beyond numerical noise (largest R = "
        << format("%.3g", D.MaxRatio) << ", threshold " << format("%g", D.Threshold) << ")\n";
     OS << "  noise model: " << D.NoiseModel << "\n";
-    for (const std::string &Note : D.Rescaled)
-      OS << "  rescaled: " << Note << "\n";
-    for (const std::string &Note : D.FewValues)
-      OS << "  few values: " << Note << "\n";
-    for (const std::string &Note : D.NoisierByDesign)
-      OS << "  noisier by design: " << Note << "\n";
+    for (const auto &[Label, Note] : diagnosisNotes(D))
+      OS << "  " << Label << ": " << Note << "\n";
     printSampling(OS, D, /*Verdict=*/false);
     return;
   case Diagnosis::Verdict::Divergence:
@@ -143,12 +150,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
              : std::string())
      << departingSteps(First, thresholdOf(First.Component, D)) << "\n";
   OS << "  noise model: " << D.NoiseModel << "\n";
-  for (const std::string &Note : D.Rescaled)
-    OS << "  rescaled: " << Note << "\n";
-  for (const std::string &Note : D.FewValues)
-    OS << "  few values: " << Note << "\n";
-  for (const std::string &Note : D.NoisierByDesign)
-    OS << "  noisier by design: " << Note << "\n";
+  for (const auto &[Label, Note] : diagnosisNotes(D))
+    OS << "  " << Label << ": " << Note << "\n";
   // Suspects of several steps (the same module may be one in each) say
   // which step each is.
   bool Steps = llvm::any_of(D.Suspects, [&](const Suspect &S) {
@@ -282,6 +285,8 @@ std::string mappingHow(const ComponentRatio &C) {
   if (C.Part >= 0)
     Add("part " + std::to_string(C.Part + 1) + " of " + std::to_string(C.Parts.size()) +
         " along dim " + std::to_string(C.ConcatDim));
+  if (C.RuleNoise && C.NoiseOwn)
+    Add(formatv("noise {0}", format("%g", *C.RuleNoise)).str());
   return How;
 }
 
@@ -302,6 +307,8 @@ json::Value curveJSON(const ComponentRatio &C, const Diagnosis &D) {
   O["uncompared_reason"] = orNull(C.UncomparedReason);
   O["input_ratio"] = ratioJSON(C.InputRatio);
   O["calibrated_noise"] = ratioJSON(C.CalibratedNoise);
+  O["rule_noise"] = ratioJSON(C.RuleNoise);
+  O["input_noise_by_design"] = C.InputNoiseByDesign;
   O["threshold"] = thresholdOf(C, D);
   O["compared_values"] = C.ComparedValues ? json::Value(C.ComparedValues) : json::Value(nullptr);
   return V;

@@ -121,6 +121,23 @@ TEST(Report, ACallGivenOnlyAllowedNoiseIsNotNamedAsGivenWhatDeparts) {
   EXPECT_EQ(Text(true).find("inside it,"), std::string::npos) << Text(true);
 }
 
+// The curve's JSON says which rule's noise a call is held to, and whether
+// its inputs depart only by such noise upstream.
+TEST(Report, TheCurvesJSONGivesARulesNoise) {
+  Diagnosis D = divergence();
+  D.Curve[0].RuleNoise = 2;
+  D.Curve[0].NoiseOwn = true;
+  D.Curve[1].InputRatio = 1.55;
+  D.Curve[1].InputNoiseByDesign = true;
+  json::Value V = toJSON(D, SourceLocator());
+  const json::Array *Curve = V.getAsObject()->getArray("components");
+  ASSERT_TRUE(Curve && Curve->size() == 4);
+  EXPECT_EQ((*Curve)[0].getAsObject()->getNumber("rule_noise"), 2);
+  EXPECT_EQ((*Curve)[0].getAsObject()->getBoolean("input_noise_by_design"), false);
+  EXPECT_TRUE((*Curve)[1].getAsObject()->get("rule_noise")->getAsNull().has_value());
+  EXPECT_EQ((*Curve)[1].getAsObject()->getBoolean("input_noise_by_design"), true);
+}
+
 TEST(Report, JSONHasTheContractedKeysAndNoInfinity) {
   json::Value V = toJSON(divergence(), SourceLocator());
   // Round trip through text: an infinite ratio must still be valid JSON.
@@ -187,12 +204,42 @@ TEST(Report, TheHTMLPageIsSelfContainedWithThePlotAndTheSuspect) {
   EXPECT_TRUE(Page.contains("<b>model.layers.0.mlp</b>"));
   EXPECT_TRUE(Page.contains("op <b>zoo::quant_gemm</b>"));
   EXPECT_TRUE(Page.contains("(anonymous namespace)::gemm_kernel"));
+  EXPECT_FALSE(Page.contains("class=\"notes\""));
+}
+
+// The notes on calls above the threshold that are not suspects are in
+// every report: the text's lines, the page's list, the JSON's arrays.
+TEST(Report, EveryReportGivesTheNotesOnCallsThatAreNotSuspects) {
+  Diagnosis D = divergence();
+  D.Rescaled = {"model.embed's output is the reference's times 48"};
+  D.FewValues = {"router: R = 2, within the 3.1 its 64 values allow"};
+  D.NoisierByDesign = {"attn: R = 1.55, within the 3 allowed <by design>"};
+  std::string Text, Page;
+  raw_string_ostream TS(Text), PS(Page);
+  printText(TS, D, SourceLocator());
+  writeHtml(PS, D, SourceLocator());
+  EXPECT_NE(Text.find("  rescaled: model.embed's output is the reference's times 48\n  few values: "
+                      "router: R = 2, within the 3.1 its 64 values allow\n  noisier by design: "
+                      "attn: R = 1.55, within the 3 allowed <by design>\n"),
+            std::string::npos)
+      << Text;
+  EXPECT_NE(Page.find("<ul class=\"notes\">\n<li>rescaled: model.embed's output"),
+            std::string::npos)
+      << Page;
+  EXPECT_TRUE(StringRef(Page).contains("<li>few values: router: R = 2"));
+  EXPECT_TRUE(StringRef(Page).contains("<li>noisier by design: attn: R = 1.55, within the 3 "
+                                       "allowed &lt;by design&gt;</li>"));
+  json::Value J = toJSON(D, SourceLocator());
+  EXPECT_EQ(J.getAsObject()->getArray("noisier_by_design")->size(), 1u);
 }
 
 TEST(Report, TheMappingListsEveryCallWithHowOrWhyNot) {
   Diagnosis D = divergence();
   D.Curve[0].ReferencePaths = {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"};
   D.Curve[0].MappedBy = "recipe vllm-hf 3";
+  D.Curve[0].RuleNoise = 2; // its rule's
+  D.Curve[0].NoiseOwn = true;
+  D.Curve[1].RuleNoise = 1.4; // from a call inside it: not its mapping's
   D.Curve[1].ReferencePaths = {"model.layers.0.mlp"};
   D.Curve[1].ResidualPair = true;
   D.Curve[1].Transposed = std::make_pair(0, 1);
@@ -206,7 +253,7 @@ TEST(Report, TheMappingListsEveryCallWithHowOrWhyNot) {
   printMapping(OS, D);
   EXPECT_EQ(Out, "mapped    step 0  model.layers.0.self_attn  <->  "
                  "model.layers.0.self_attn.q_proj, model.layers.0.self_attn.k_proj  "
-                 "[by recipe vllm-hf 3]\n"
+                 "[by recipe vllm-hf 3, noise 2]\n"
                  "mapped    step 0  model.layers.0.mlp  <->  model.layers.0.mlp  "
                  "[(output, residual) pair summed, dims 0,1 swapped, by the mapping]\n"
                  "unmapped  step 0  model.layers.0.mlp.act_fn  (no reference call of that path)\n"

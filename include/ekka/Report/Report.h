@@ -63,6 +63,11 @@ std::string componentName(const ComponentRatio &C);
 /// A ratio in three significant digits, "-" when not compared.
 std::string ratioText(const std::optional<double> &R);
 
+/// The diagnosis's notes on components above the threshold that are not
+/// suspects, each with its label ("rescaled", "few values", "noisier by
+/// design"), in the order every report gives them.
+std::vector<std::pair<llvm::StringRef, llvm::StringRef>> diagnosisNotes(const Diagnosis &D);
+
 /// The terminal report; its first line is the verdict and the answer.
 void printText(llvm::raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources);
 
