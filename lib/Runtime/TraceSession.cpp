@@ -4,11 +4,13 @@
 #include "SessionInternal.h"
 #include "StorageWrites.h"
 #include "TensorRecording.h"
+#include "ekka/Support/Host.h"
 #include "ekka/Support/Plural.h"
 #include "ekka/Trace/TraceWriter.h"
 #include "llvm/ADT/ScopeExit.h"
 
 #include <ATen/SequenceNumber.h>
+#include <ATen/Version.h>
 #include <ATen/record_function.h>
 #include <ATen/core/function_schema.h>
 #include <ATen/ops/empty_like.h>
@@ -555,6 +557,9 @@ std::string startTrace(const std::string &Dir, const std::string &OptionsText,
   W.setMeta("framework", S->Options.Framework);
   W.setMeta("capture", OptionsText.empty() ? "default" : OptionsText);
   W.setMeta("pid", std::to_string(::getpid()));
+  // The CPU and its vector extensions, and the kernels torch picks by
+  // them: the same program on another machine computes with others.
+  W.setMeta("host", describeHostCpu() + "; torch CPU capability " + at::get_cpu_capability());
   const char *Rank = std::getenv("RANK");
   const char *World = std::getenv("WORLD_SIZE");
   W.setMeta("rank", Rank ? Rank : "0");

@@ -334,6 +334,17 @@ int main(int argc, char **argv) {
   for (auto &R : ReferenceRanks)
     Reference.push_back(R.get());
   noteRanks("reference", Reference, true);
+  // Traces of two machines (meta host, from format 1.8's runtime): what
+  // the CPU chose (its vector extensions, torch's capability, its thread
+  // count splitting reductions) may round otherwise on each.
+  auto HostOf = [](TraceReader *R) {
+    auto It = R->meta().find("host");
+    return It == R->meta().end() ? std::string() : It->second;
+  };
+  if (std::string TH = HostOf(Target[0]), RH = HostOf(Reference[0]);
+      !TH.empty() && !RH.empty() && TH != RH)
+    errs() << Tool << ": note: the target was recorded on '" << TH << "', the reference on '"
+           << RH << "': kernels chosen by the CPU may round otherwise on each\n";
   std::vector<std::unique_ptr<TraceReader>> FP32Ranks;
   if (!ReferenceFP32Dir.empty()) {
     FP32Ranks = openRanks("reference-fp32", ReferenceFP32Dir);
