@@ -63,8 +63,7 @@ bool Diagnoser::rescaledAfter(Diagnosis &D, size_t I) {
 }
 
 void Diagnoser::localize(Diagnosis &D) {
-  for (size_t I = 0; I < D.Curve.size(); ++I)
-    CurveIndex[D.Curve[I].CallId] = I;
+  // CurveIndex: computeRatios's, of this curve.
   for (ComponentRatio &C : D.Curve)
     C.InputNoiseByDesign = elevated(C.InputRatio) && inputNoiseByDesign(D, C);
   // Local divergence: the output departs while the inputs do not. Such a

@@ -519,7 +519,7 @@ private:
   /// included), below \p Stop; its index in the curve.
   std::optional<size_t> mappedCallAround(const Diagnosis &D, int64_t Call, int64_t Stop) const;
 
-  /// Target call id -> its entry in the curve (built before localization).
+  /// Target call id -> its entry in the curve (computeRatios builds it).
   DenseMap<int64_t, size_t> CurveIndex;
 
   /// The ops of a call (its own, not its children's) with captured outputs,

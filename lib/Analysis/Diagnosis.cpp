@@ -630,17 +630,18 @@ void Diagnoser::computeRatios(Diagnosis &D) {
   // noise: held to the threshold times the inner call's R. Calls further
   // out (the decoder layer, the root) add a residual to it and keep the
   // threshold.
-  DenseMap<int64_t, size_t> Index;
+  // By call id, for this and for localize (which takes D.Curve as is).
+  CurveIndex.clear();
   for (size_t I = 0; I < D.Curve.size(); ++I)
-    Index[D.Curve[I].CallId] = I;
+    CurveIndex[D.Curve[I].CallId] = I;
   for (size_t I = 0; I < D.Curve.size(); ++I) {
     const ComponentRatio &Inner = D.Curve[I];
     if (!Inner.RuleNoise || !Inner.NoiseOwn || !Inner.Mapped || !Inner.Ratio)
       continue;
     const ModuleCallRecord *M = T.CallById.lookup(Inner.CallId);
     const ModuleCallRecord *Parent = M ? parentOf(T, *M) : nullptr;
-    auto It = Parent ? Index.find(Parent->Id) : Index.end();
-    if (It == Index.end() || !D.Curve[It->second].Mapped)
+    auto It = Parent ? CurveIndex.find(Parent->Id) : CurveIndex.end();
+    if (It == CurveIndex.end() || !D.Curve[It->second].Mapped)
       continue;
     ComponentRatio &Outer = D.Curve[It->second];
     double Noise = std::min(*Inner.RuleNoise, std::max(1.0, *Inner.Ratio));
