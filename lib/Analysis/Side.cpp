@@ -135,13 +135,16 @@ Error Side::append(TraceReader &R, int64_t Stage) {
     Shift(X.ModuleCallId);
   }
   // The rows are moved, not copied: a first stage's vectors become the
-  // side's, a later one's join them in room reserved once.
+  // side's, a later one's join them, in room that at least doubles when it
+  // grows (reserving just enough for each would move every row held so
+  // far again at each of many stages).
   auto Join = [](auto &Into, auto &&Rows) {
     if (Into.empty()) {
       Into = std::move(Rows);
       return;
     }
-    Into.reserve(Into.size() + Rows.size());
+    if (size_t Needed = Into.size() + Rows.size(); Into.capacity() < Needed)
+      Into.reserve(std::max(Needed, 2 * Into.capacity()));
     std::move(Rows.begin(), Rows.end(), std::back_inserter(Into));
     Rows = {};
   };
