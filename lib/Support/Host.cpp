@@ -38,7 +38,8 @@ StringRef field(StringRef Text, StringRef Key) {
 std::string describeCpu(StringRef CpuInfo, unsigned CPUs) {
   StringRef Model = field(CpuInfo, "model name");
   std::string Out = Model.empty() ? "unknown CPU" : Model.str();
-  Out += "; " + std::to_string(CPUs) + (CPUs == 1 ? " CPU" : " CPUs") + ";";
+  Out += CPUs == 0 ? std::string("; an unknown number of CPUs;")
+                   : "; " + std::to_string(CPUs) + (CPUs == 1 ? " CPU;" : " CPUs;");
   StringSet<> Has;
   SmallVector<StringRef, 64> Flags;
   for (StringRef Key : {"flags", "Features"}) {

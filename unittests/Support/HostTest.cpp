@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <thread>
+
 using namespace ekka;
 
 namespace {
@@ -35,8 +38,19 @@ TEST(Host, NothingReadableIsSaidAsUnknown) {
   EXPECT_EQ(describeCpu("", 4), "unknown CPU; 4 CPUs; no vector extensions known");
   EXPECT_EQ(describeCpu("model name : x\nflags : fpu sse\n", 1),
             "x; 1 CPU; no vector extensions known");
-  // The machine's own: a model and a count, whatever they are.
-  EXPECT_NE(describeHostCpu().find(" CPU"), std::string::npos);
+  EXPECT_EQ(describeCpu("model name : x\n", 0), "x; an unknown number of CPUs; no vector "
+                                                 "extensions known");
+}
+
+TEST(Host, TheMachinesOwnIsItsCpuinfoAndItsThreads) {
+  std::string Info;
+  if (std::FILE *F = std::fopen("/proc/cpuinfo", "r")) {
+    char Buffer[4096];
+    while (size_t N = std::fread(Buffer, 1, sizeof Buffer, F))
+      Info.append(Buffer, N);
+    std::fclose(F);
+  }
+  EXPECT_EQ(describeHostCpu(), describeCpu(Info, std::thread::hardware_concurrency()));
 }
 
 } // namespace
