@@ -334,7 +334,7 @@ int main(int argc, char **argv) {
   for (auto &R : ReferenceRanks)
     Reference.push_back(R.get());
   noteRanks("reference", Reference, true);
-  // Traces of two machines (meta host, from format 1.8's runtime): what
+  // Traces of two machines (meta host; older traces have none): what
   // the CPU chose (its vector extensions, torch's capability, its thread
   // count splitting reductions) may round otherwise on each.
   auto HostOf = [](TraceReader *R) {

@@ -18,9 +18,9 @@ namespace ekka {
 
 /// "AMD EPYC; 2 CPUs; avx avx2 fma f16c" from /proc/cpuinfo's text: the
 /// first processor's model name ("unknown CPU" without one), \p CPUs (0:
-/// "an unknown number of CPUs"), and
-/// the extensions kernels are chosen by that its flags (x86) or features
-/// (Arm) list, in a fixed order; "no vector extensions known" where none.
+/// "an unknown number of CPUs"), and the extensions kernels are chosen by
+/// that its flags (x86) or features (Arm) list, in a fixed order; "no
+/// vector extensions known" where none.
 std::string describeCpu(llvm::StringRef CpuInfo, unsigned CPUs);
 
 /// describeCpu of this machine's /proc/cpuinfo and its hardware threads;
