@@ -83,6 +83,31 @@ Error checkInsideTrace(StringRef Dir, StringRef Path) {
                    "' (a symlink): refused, not read");
 }
 
+// SQLite reads, and may write, files beside the database it opens, named
+// from its real path (RealDb): the write-ahead log, that log's index and a
+// rollback journal. Each is the trace's only if it is a regular file in
+// it. A symlink out of the trace, or to nothing (which SQLite would
+// create), or a FIFO is refused before SQLite opens anything.
+Error checkSidecars(StringRef Dir, StringRef RealDb) {
+  for (StringRef Suffix : {"-wal", "-shm", "-journal"}) {
+    std::string Path = (RealDb + Suffix).str();
+    sys::fs::file_status St;
+    if (sys::fs::status(Path, St, /*Follow=*/false) || !sys::fs::exists(St))
+      continue;
+    if (St.type() == sys::fs::file_type::symlink_file) {
+      SmallString<256> Target;
+      if (sys::fs::real_path(Path, Target))
+        return makeError("'" + Path + "' is a symlink to nothing (SQLite would create it): "
+                         "refused, not read");
+      if (Error E = checkInsideTrace(Dir, Path))
+        return E;
+    }
+    if (!sys::fs::is_regular_file(Path))
+      return makeError("'" + Path + "' is not a regular file: refused, not read");
+  }
+  return Error::success();
+}
+
 } // namespace
 
 Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
@@ -96,6 +121,11 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
     return makeError("'" + DbPath + "' is not a regular file");
   if (Error E = checkInsideTrace(Dir, DbPath))
     return E;
+  SmallString<256> RealDb;
+  if (sys::fs::real_path(DbPath, RealDb))
+    RealDb = DbPath;
+  if (Error E = checkSidecars(Dir, RealDb))
+    return E;
   // A trace not closed keeps its rows in trace.db-wal (WAL mode: byte 18
   // of the header is 2): copied without it, trace.db holds what was
   // checkpointed, possibly no table. Asked before the database is opened,
@@ -104,7 +134,7 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
   // which makes none.
   auto Header = MemoryBuffer::getFileSlice(DbPath, 20, 0);
   bool WalMissing = Header && (*Header)->getBufferSize() == 20 &&
-                    (*Header)->getBuffer()[18] == 2 && !sys::fs::exists(DbPath + "-wal");
+                    (*Header)->getBuffer()[18] == 2 && !sys::fs::exists(RealDb + "-wal");
   auto Db = SQLiteDatabase::open(DbPath, WalMissing ? SQLiteDatabase::Mode::Immutable
                                                     : SQLiteDatabase::Mode::ReadOnly);
   if (!Db)

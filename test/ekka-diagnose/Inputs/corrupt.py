@@ -74,6 +74,21 @@ elif kind == "db-symlink-out":  # trace.db a symlink to a database outside
     os.rename(db_path, trace + ".db")
     os.symlink(os.path.abspath(trace + ".db"), db_path)
     sys.exit(0)
+elif kind in ("wal-symlink-out", "shm-symlink-nowhere", "wal-fifo"):
+    # SQLite's files beside trace.db: its write-ahead log a symlink to a
+    # file outside, its index a symlink to a file outside that does not
+    # exist (SQLite would create it), the log a FIFO.
+    db.close()
+    db_path = os.path.join(trace, "trace.db")
+    if kind == "wal-symlink-out":
+        with open(trace + ".outside-wal", "wb") as f:
+            f.write(b"not the trace's" * 100)
+        os.symlink(os.path.abspath(trace + ".outside-wal"), db_path + "-wal")
+    elif kind == "shm-symlink-nowhere":
+        os.symlink(os.path.abspath(trace + ".outside-shm"), db_path + "-shm")
+    else:
+        os.mkfifo(db_path + "-wal")
+    sys.exit(0)
 elif kind == "offsets-past-end":  # an entry's bytes said to run past the file
     size, entries = header()
     key = next(k for k in entries if k != "__metadata__")
