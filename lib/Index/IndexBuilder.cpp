@@ -174,6 +174,7 @@ public:
     for (const auto &[Path, Why] : Walk.Skipped) {
       ++Summary.Skipped;
       ++Summary.SkipReasons[Why];
+      Summary.SkippedFiles.emplace_back(Path, Why);
       if (Options.Log)
         *Options.Log << "skipped " << Path << " (" << Why << ")\n";
     }
@@ -185,6 +186,7 @@ public:
       return E;
     Summary.Files = unsigned(llvm::count_if(
         *Files, [&](const SourceFile &F) { return wanted(F.Language); }));
+    llvm::sort(Summary.SkippedFiles);
     Summary.Seconds = std::chrono::duration<double>(
                           std::chrono::steady_clock::now() - Start).count();
     return Summary;
@@ -692,6 +694,7 @@ private:
         case FileWork::Outcome::Skipped: {
           ++Summary.Skipped;
           ++Summary.SkipReasons[W.Status];
+          Summary.SkippedFiles.emplace_back(F.Path, W.Status);
           if (Options.Log)
             *Options.Log << "skipped " << F.Path << " (" << W.Status << ")\n";
           auto It = Stored.find(F.Path);

@@ -221,6 +221,16 @@ int runBuild() {
     outs() << " (" << joined(Reasons) << ")";
   }
   outs() << format(", %.2f s\n", S.Seconds);
+  // What it skipped is warned of on stderr, whatever the options: the
+  // first files by name, then how many more (--verbose names each).
+  outs().flush();
+  constexpr size_t Named = 5;
+  for (size_t I = 0; I < S.SkippedFiles.size() && I < Named; ++I)
+    errs() << Tool << ": warning: skipped " << S.SkippedFiles[I].first << " ("
+           << S.SkippedFiles[I].second << ")\n";
+  if (S.SkippedFiles.size() > Named)
+    errs() << Tool << ": warning: skipped "
+           << countOf(S.SkippedFiles.size() - Named, "more file") << " (--verbose names each)\n";
   return ExitSuccess;
 }
 

@@ -31,6 +31,8 @@ struct IndexBuildSummary {
   unsigned Removed = 0;   ///< Files gone from the roots since the last run.
   unsigned Skipped = 0;   ///< Unreadable, binary, non-UTF-8, too large, loops.
   llvm::StringMap<unsigned> SkipReasons;
+  /// Each file skipped, with its reason (a key of SkipReasons), by path.
+  std::vector<std::pair<std::string, std::string>> SkippedFiles;
   uint64_t Definitions = 0; ///< Definitions in the index after the run.
   double Seconds = 0;
 };
