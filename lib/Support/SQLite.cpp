@@ -3,6 +3,7 @@
 #include "ekka/Support/Error.h"
 
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/Errno.h"
 #include "llvm/Support/FileSystem.h"
 
 #include <sqlite3.h>
@@ -168,12 +169,29 @@ Expected<std::unique_ptr<SQLiteDatabase>> SQLiteDatabase::open(StringRef Path,
 
 SQLiteDatabase::~SQLiteDatabase() { sqlite3_close(Handle); }
 
+namespace {
+/// What the system said, where a failure was the system's (a full disk, a
+/// file size limit, a file that could not be opened): SQLite's own message
+/// is only "disk I/O error". SQLite keeps errno only where no later call
+/// changed it; a failed write is named as one all the same.
+std::string systemCause(sqlite3 *Handle) {
+  int Code = sqlite3_extended_errcode(Handle);
+  if ((Code & 0xff) != SQLITE_IOERR && (Code & 0xff) != SQLITE_CANTOPEN)
+    return "";
+  if (int Errno = sqlite3_system_errno(Handle))
+    return " (" + sys::StrError(Errno) + ")";
+  if (Code == SQLITE_IOERR_WRITE)
+    return " (a write failed: the disk full, or a file size limit?)";
+  return "";
+}
+} // namespace
+
 Error SQLiteDatabase::exec(StringRef SQL) {
   char *Msg = nullptr;
   int RC = sqlite3_exec(Handle, SQL.str().c_str(), nullptr, nullptr, &Msg);
   if (RC == SQLITE_OK)
     return Error::success();
-  std::string Text = Msg ? Msg : sqlite3_errstr(RC);
+  std::string Text = (Msg ? Msg : sqlite3_errstr(RC)) + systemCause(Handle);
   sqlite3_free(Msg);
   return makeError("'" + Path + "': " + Text);
 }
@@ -191,10 +209,13 @@ Error SQLiteDatabase::lastError(StringRef What) const {
   int Code = sqlite3_errcode(Handle);
   if (Code == SQLITE_CORRUPT || Code == SQLITE_NOTADB)
     return makeError("'" + Path + "' is corrupt: " + sqlite3_errmsg(Handle));
-  return makeError("'" + Path + "': " + What + ": " + sqlite3_errmsg(Handle));
+  return makeError("'" + Path + "': " + What + ": " + sqlite3_errmsg(Handle) +
+                   systemCause(Handle));
 }
 
-std::string SQLiteDatabase::lastMessage() const { return sqlite3_errmsg(Handle); }
+std::string SQLiteDatabase::lastMessage() const {
+  return sqlite3_errmsg(Handle) + systemCause(Handle);
+}
 
 int64_t SQLiteDatabase::lastInsertId() const {
   return sqlite3_last_insert_rowid(Handle);

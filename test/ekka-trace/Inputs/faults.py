@@ -6,7 +6,9 @@
                              HOW in the middle of one more: kill (SIGKILL),
                              segv (a read of address 0), exit (os._exit(4)),
                              not at all (none), or after 8 MiB more of
-                             outputs, exiting 5 (big: for a full disk);
+                             outputs, exiting 5 (big: for a full disk), or
+                             after 3,000 passes more, exiting 5 (rows: for
+                             a full disk under a trace of no tensors);
   faults.py check DIR STEPS  reads DIR with sqlite3 and safetensors, not
                              Ekka: says whether steps 1..STEPS are whole
                              (every module call, each one's output captured
@@ -39,6 +41,11 @@ def run(how, steps):
         elif how == "exit":
             os._exit(4)
 
+    if how == "rows":
+        for _ in range(3000):
+            model(x)
+        print("ended", flush=True)
+        sys.exit(5)
     if how == "big":
         wide = torch.nn.Linear(512, 512)
         for _ in range(8):
