@@ -170,19 +170,28 @@ Expected<std::unique_ptr<SQLiteDatabase>> SQLiteDatabase::open(StringRef Path,
 SQLiteDatabase::~SQLiteDatabase() { sqlite3_close(Handle); }
 
 namespace {
-/// What the system said, where a failure was the system's (a full disk, a
-/// file size limit, a file that could not be opened): SQLite's own message
-/// is only "disk I/O error". SQLite keeps errno only where no later call
-/// changed it; a failed write is named as one all the same.
+/// What failed, where SQLite says only "disk I/O error" (a file size limit
+/// met, an I/O error) or "unable to open database file": the operation, or
+/// the system's error where it could not open. errno after a failed I/O
+/// may have been changed by SQLite's own calls since, so it is not given.
 std::string systemCause(sqlite3 *Handle) {
-  int Code = sqlite3_extended_errcode(Handle);
-  if ((Code & 0xff) != SQLITE_IOERR && (Code & 0xff) != SQLITE_CANTOPEN)
+  switch (int Code = sqlite3_extended_errcode(Handle)) {
+  case SQLITE_IOERR_WRITE:
+    return " (a write failed)";
+  case SQLITE_IOERR_READ:
+  case SQLITE_IOERR_SHORT_READ:
+    return " (a read failed)";
+  case SQLITE_IOERR_FSYNC:
+  case SQLITE_IOERR_DIR_FSYNC:
+    return " (an fsync failed)";
+  case SQLITE_IOERR_TRUNCATE:
+    return " (a truncate failed)";
+  default:
+    if ((Code & 0xff) == SQLITE_CANTOPEN)
+      if (int Errno = sqlite3_system_errno(Handle))
+        return " (" + sys::StrError(Errno) + ")";
     return "";
-  if (int Errno = sqlite3_system_errno(Handle))
-    return " (" + sys::StrError(Errno) + ")";
-  if (Code == SQLITE_IOERR_WRITE)
-    return " (a write failed: the disk full, or a file size limit?)";
-  return "";
+  }
 }
 } // namespace
 

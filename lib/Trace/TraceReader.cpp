@@ -86,24 +86,27 @@ Error checkInsideTrace(StringRef Dir, StringRef Path) {
 // SQLite reads, and may write, files beside the database it opens, named
 // from its real path (RealDb): the write-ahead log, that log's index and a
 // rollback journal. Each is the trace's only if it is a regular file in
-// it. A symlink out of the trace, or to nothing (which SQLite would
-// create), or a FIFO is refused before SQLite opens anything.
-Error checkSidecars(StringRef Dir, StringRef RealDb) {
+// it: a symlink out of the trace or one that leads nowhere, or anything
+// else (a FIFO would be read without end) is refused before SQLite opens
+// anything. Decided from what lstat found: a side file the writer removes
+// after it (a trace closing as it is read) is no error. Errors name it
+// beside DbPath, the trace.db given (one that leads out, by its real path).
+Error checkSidecars(StringRef Dir, StringRef DbPath, StringRef RealDb) {
   for (StringRef Suffix : {"-wal", "-shm", "-journal"}) {
-    std::string Path = (RealDb + Suffix).str();
+    std::string Path = (RealDb + Suffix).str(), Named = (DbPath + Suffix).str();
     sys::fs::file_status St;
-    if (sys::fs::status(Path, St, /*Follow=*/false) || !sys::fs::exists(St))
+    if (sys::fs::status(Path, St, /*Follow=*/false) || !sys::fs::exists(St) ||
+        St.type() == sys::fs::file_type::regular_file)
       continue;
-    if (St.type() == sys::fs::file_type::symlink_file) {
-      SmallString<256> Target;
-      if (sys::fs::real_path(Path, Target))
-        return makeError("'" + Path + "' is a symlink to nothing (SQLite would create it): "
-                         "refused, not read");
-      if (Error E = checkInsideTrace(Dir, Path))
-        return E;
-    }
-    if (!sys::fs::is_regular_file(Path))
-      return makeError("'" + Path + "' is not a regular file: refused, not read");
+    if (St.type() != sys::fs::file_type::symlink_file)
+      return makeError("'" + Named + "' is not a regular file: refused, not read");
+    SmallString<256> Target;
+    if (sys::fs::real_path(Path, Target))
+      return makeError("'" + Named + "' is a symlink that leads nowhere: refused, not read");
+    if (Error E = checkInsideTrace(Dir, Path))
+      return E;
+    if (!sys::fs::is_regular_file(Target))
+      return makeError("'" + Named + "' is not a regular file: refused, not read");
   }
   return Error::success();
 }
@@ -124,7 +127,7 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::open(StringRef Dir) {
   SmallString<256> RealDb;
   if (sys::fs::real_path(DbPath, RealDb))
     RealDb = DbPath;
-  if (Error E = checkSidecars(Dir, RealDb))
+  if (Error E = checkSidecars(Dir, DbPath, RealDb))
     return E;
   // A trace not closed keeps its rows in trace.db-wal (WAL mode: byte 18
   // of the header is 2): copied without it, trace.db holds what was

@@ -74,21 +74,31 @@ elif kind == "db-symlink-out":  # trace.db a symlink to a database outside
     os.rename(db_path, trace + ".db")
     os.symlink(os.path.abspath(trace + ".db"), db_path)
     sys.exit(0)
-elif kind in ("wal-symlink-out", "shm-symlink-nowhere", "wal-fifo"):
-    # SQLite's files beside trace.db: its write-ahead log a symlink to a
-    # file outside, its index a symlink to a file outside that does not
-    # exist (SQLite would create it), the log a FIFO.
+elif kind in ("wal-symlink-out", "wal-symlink-nowhere", "wal-fifo"):
+    # SQLite's write-ahead log beside trace.db, which it reads: a symlink
+    # to a file outside, a symlink to nothing, a FIFO.
     db.close()
-    db_path = os.path.join(trace, "trace.db")
+    wal = os.path.join(trace, "trace.db-wal")
     if kind == "wal-symlink-out":
         with open(trace + ".outside-wal", "wb") as f:
             f.write(b"not the trace's" * 100)
-        os.symlink(os.path.abspath(trace + ".outside-wal"), db_path + "-wal")
-    elif kind == "shm-symlink-nowhere":
-        os.symlink(os.path.abspath(trace + ".outside-shm"), db_path + "-shm")
+        os.symlink(os.path.abspath(trace + ".outside-wal"), wal)
+    elif kind == "wal-symlink-nowhere":
+        os.symlink(os.path.abspath(trace + ".outside-wal"), wal)
     else:
-        os.mkfifo(db_path + "-wal")
+        os.mkfifo(wal)
     sys.exit(0)
+elif kind == "shm-symlink-out":
+    # A trace left in WAL mode, its last rows in trace.db-wal, and the
+    # log's index, which SQLite opens to read and write it, a symlink to a
+    # file outside.
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("INSERT INTO meta(key, value) VALUES ('left_in_wal', 'yes')")
+    db.commit()
+    shm = os.path.join(trace, "trace.db-shm")
+    os.rename(shm, trace + ".outside-shm")
+    os.symlink(os.path.abspath(trace + ".outside-shm"), shm)
+    os._exit(0)             # no close: the log stays, as a killed writer leaves it
 elif kind == "offsets-past-end":  # an entry's bytes said to run past the file
     size, entries = header()
     key = next(k for k in entries if k != "__metadata__")
