@@ -13,6 +13,7 @@
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
 #include "ekka/Support/Plural.h"
+#include "ekka/Support/Printable.h"
 #include "ekka/Trace/Timeline.h"
 #include "ekka/Trace/TraceReader.h"
 
@@ -343,8 +344,8 @@ int main(int argc, char **argv) {
   };
   if (std::string TH = HostOf(Target[0]), RH = HostOf(Reference[0]);
       !TH.empty() && !RH.empty() && TH != RH)
-    errs() << Tool << ": note: the target was recorded on '" << TH << "', the reference on '"
-           << RH << "': kernels chosen by the CPU may round otherwise on each\n";
+    errs() << Tool << ": note: the target was recorded on '" << printable(TH) << "', the reference on '"
+           << printable(RH) << "': kernels chosen by the CPU may round otherwise on each\n";
   std::vector<std::unique_ptr<TraceReader>> FP32Ranks;
   if (!ReferenceFP32Dir.empty()) {
     FP32Ranks = openRanks("reference-fp32", ReferenceFP32Dir);
@@ -391,31 +392,35 @@ int main(int argc, char **argv) {
   Options.Greedy = Greedy;
   Options.KeepUncomparable = ShowMapping;
   Diagnosis D = unwrapOrExit(Tool, diagnose(Target, Reference, FP32, Options));
+  // The text holds the traces' names (module paths, classes, kernels) and
+  // the index's sources: escaped (Printable.h). JSON escapes its own.
+  PrintableStream Text(outs());
   // --show-mapping shows the mapping, above all where nothing could be
   // compared: it says why.
   if (!D.NothingCompared.empty()) {
-    printMapping(outs(), D);
-    outs().flush();
+    printMapping(Text, D);
+    Text.finish();
     exitWithError(Tool, makeError(D.NothingCompared));
   }
 
   if (!CalibrateFile.empty()) {
     if (ShowMapping)
-      printMapping(outs(), D);
+      printMapping(Text, D);
+    Text.finish();
     writeCalibration(D);
     return 0;
   }
 
   // The JSON's components say what the mapping says, in JSON.
   if (ShowMapping && !Json)
-    printMapping(outs(), D);
+    printMapping(Text, D);
   SourceLocator Sources(Idx);
   if (Json)
     outs() << formatv("{0:2}", toJSON(D, Sources)) << "\n";
   else
-    printText(outs(), D, Sources);
+    printText(Text, D, Sources);
   // The report first, whole: a warning never lands inside it.
-  outs().flush();
+  Text.finish();
   if (D.Uncompared && D.Result != Diagnosis::Verdict::InputsDiffer)
     errs() << Tool << ": warning: " << D.Uncompared << " of " << D.Curve.size()
            << " target module calls could not be compared (unmapped, not captured, or in "

@@ -12,6 +12,7 @@
 #include "ekka/Support/Error.h"
 #include "ekka/Support/Progress.h"
 #include "ekka/Support/Plural.h"
+#include "ekka/Support/Printable.h"
 
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/CommandLine.h"
@@ -140,9 +141,11 @@ std::string joined(const std::vector<std::string> &Items) {
 
 void printHeader(raw_ostream &OS, const IndexedDefinition &R) {
   const Definition &D = R.Def;
-  OS << D.QualifiedName << "  " << R.Language << ' ' << (D.IsAsync ? "async " : "")
+  // One line, whatever the names hold: a newline in a file's name
+  // would start another.
+  OS << printable(D.QualifiedName) << "  " << R.Language << ' ' << (D.IsAsync ? "async " : "")
      << (D.IsTemplate ? "template " : "") << kindName(D.Kind)
-     << (D.IsDeclaration ? " declaration" : "") << "  " << R.File
+     << (D.IsDeclaration ? " declaration" : "") << "  " << printable(R.File)
      << ':' << D.LineStart << '-' << D.LineEnd;
 }
 
@@ -202,8 +205,11 @@ int runBuild() {
     exitWithError(Tool, makeError("--languages: nothing to index (expected python, cxx or both)"));
   // The log's lines go to stdout as they come: a progress line on the
   // terminal would be written into them.
+  // The log names the repository's files: their names are escaped
+  // (Printable.h), as are the warnings' below.
+  PrintableStream Log(outs());
   if (Verbose) {
-    Options.Log = &outs();
+    Options.Log = &Log;
     ProgressBar::disable();
   }
   IndexBuildSummary S = unwrapOrExit(Tool, buildIndex(Options));
@@ -226,7 +232,7 @@ int runBuild() {
   outs().flush();
   constexpr size_t Named = 5;
   for (size_t I = 0; I < S.SkippedFiles.size() && I < Named; ++I)
-    errs() << Tool << ": warning: skipped " << S.SkippedFiles[I].first << " ("
+    errs() << Tool << ": warning: skipped " << printable(S.SkippedFiles[I].first) << " ("
            << S.SkippedFiles[I].second << ")\n";
   if (S.SkippedFiles.size() > Named)
     errs() << Tool << ": warning: skipped "
@@ -256,6 +262,8 @@ int runQuery() {
                              "find_kernel, find_op or search)");
           })();
   std::vector<IndexedDefinition> Defs = unwrapOrExit(Tool, std::move(Results));
+  // Text holds the repository's names and code: escaped (Printable.h).
+  PrintableStream Out(outs());
   if (Json) {
     json::Array A;
     for (const IndexedDefinition &R : Defs)
@@ -264,17 +272,18 @@ int runQuery() {
   } else if (Query == "get_class_definition" || Query == "find_kernel" || Query == "find_op") {
     for (const IndexedDefinition &R : Defs) {
       if (Query == "find_op" && !R.Relation.empty())
-        outs() << "(" << R.Relation << ")\n";
-      printWithSource(outs(), R);
+        Out << "(" << R.Relation << ")\n";
+      printWithSource(Out, R);
     }
   } else {
     for (const IndexedDefinition &R : Defs) {
-      printHeader(outs(), R);
+      printHeader(Out, R);
       if (Query == "subclasses")
-        outs() << "  derives from " << R.Relation;
-      outs() << '\n';
+        Out << "  derives from " << R.Relation;
+      Out << '\n';
     }
   }
+  Out.finish();
   if (Defs.empty()) {
     errs() << Tool << ": no match for " << Query << " '" << Arg << "'\n";
     return ExitFinding;

@@ -14,6 +14,7 @@
 #include "ekka/Support/Error.h"
 #include "ekka/Support/Executables.h"
 #include "ekka/Support/Plural.h"
+#include "ekka/Support/Printable.h"
 #include "ekka/Trace/Timeline.h"
 #include "ekka/Trace/TraceReader.h"
 #include "ekka/Trace/TraceWriter.h"
@@ -749,10 +750,12 @@ int runShow() {
     exitWithError(Tool, makeError("show takes one trace DIR"));
   std::vector<std::unique_ptr<TraceReader>> Ranks = openTraces(ShowArgs[0]);
   std::string Missing; // the first missing shard, said after the rest
+  // What the trace holds is someone's program's: its names and values are
+  // escaped (Printable.h), one line each.
   for (auto &R : Ranks) {
     outs() << "trace " << R->directory() << "\n";
     for (const auto &[K, V] : R->meta())
-      outs() << "  " << K << ": " << V << "\n";
+      outs() << "  " << printable(K) << ": " << printable(V) << "\n";
     auto Calls = unwrapOrExit(Tool, R->moduleCalls());
     uint64_t Ops = unwrapOrExit(Tool, R->rowCount("ops"));
     uint64_t Tensors = unwrapOrExit(Tool, R->rowCount("tensors"));
@@ -770,17 +773,19 @@ int runShow() {
       }
       const CallTally &Own = Tally[C.Id];
       outs() << format("  %5lld step %lld  ", (long long)C.Seq, (long long)C.Step);
-      outs().indent(2 * D) << (C.Path.empty() ? "(root)" : C.Path) << "  " << C.ClassName
+      outs().indent(2 * D) << (C.Path.empty() ? "(root)" : printable(C.Path)) << "  "
+                           << printable(C.ClassName)
                            << "  " << countOf(Own.Ops, "op");
       if (uint64_t N = Own.Captured)
         outs() << ", " << N << " captured";
       if (!C.SourceFile.empty())
-        outs() << "  " << C.SourceFile << ":" << C.SourceLine;
+        outs() << "  " << printable(C.SourceFile) << ":" << C.SourceLine;
       outs() << "\n";
     }
     auto Shards = unwrapOrExit(Tool, R->missingShards());
     if (!Shards.empty() && Missing.empty())
-      Missing = "'" + R->directory().str() + "/" + Shards.begin()->first + "' is missing: " +
+      Missing = "'" + R->directory().str() + "/" + printable(Shards.begin()->first) +
+                "' is missing: " +
                 countOf(Shards.begin()->second, "captured tensor's", "captured tensors'") +
                 " bytes cannot be read" +
                 (Shards.size() > 1 ? " (and " + countOf(Shards.size() - 1, "more shard") +

@@ -3,6 +3,7 @@
 #include "ekka/Model/ModelTree.h"
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/Printable.h"
 #include "ekka/Trace/TraceReader.h"
 
 #include "llvm/Support/CommandLine.h"
@@ -27,13 +28,14 @@ cl::opt<int> Rank("rank", cl::init(-1), cl::cat(Category),
 cl::opt<bool> NoSource("no-source", cl::desc("Leave out class source file:line"),
                        cl::cat(Category));
 
+/// One line a module: the trace's names escaped (Printable.h).
 void print(raw_ostream &OS, const ModelTreeNode &N, unsigned Depth) {
-  OS.indent(2 * Depth) << N.Name;
+  OS.indent(2 * Depth) << printable(N.Name);
   if (N.Count > 1)
     OS << " \u00d7" << N.Count;
-  OS << "  " << N.ClassName;
+  OS << "  " << printable(N.ClassName);
   if (!NoSource && !N.SourceFile.empty())
-    OS << "  " << N.SourceFile << ":" << N.SourceLine;
+    OS << "  " << printable(N.SourceFile) << ":" << N.SourceLine;
   OS << "\n";
   for (const ModelTreeNode &C : N.Children)
     print(OS, C, Depth + 1);

@@ -100,6 +100,13 @@ def make(root):
     write(j("names", "latin1.py"), "class Latin1:\n    name = 'caf\xe9'\n".encode("latin-1"))
     write(j("names", "latin1.cpp"), "// caf\xe9\nint latin1() { return 0; }\n".encode("latin-1"))
 
+    # Names with control characters, which valid UTF-8 allows: ESC starting
+    # a terminal's control sequence (colour, clear the screen), BEL, a
+    # newline. Indexed, and printed escaped.
+    write(os.path.join(os.fsencode(root), b"controls", b"a\x1b[31mred.py"), b"class Red:\n    pass\n")
+    write(os.path.join(os.fsencode(root), b"controls", b"new\nline.py"), b"class NewLine:\n    pass\n")
+    write(os.path.join(os.fsencode(root), b"controls", b"bin\x07\x1b[2J.py"), blob)
+
     # 200 directories deep, and deeper than PATH_MAX.
     deep = j("deep", *(["d"] * 200))
     write(os.path.join(deep, "bottom.py"), b"class Bottom:\n    pass\n")
