@@ -4,6 +4,7 @@
 #include "ekka/Index/CxxIndexer.h"
 #include "ekka/Index/PythonIndexer.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/Printable.h"
 #include "ekka/Support/Progress.h"
 #include "ekka/Support/SourceFiles.h"
 
@@ -176,7 +177,7 @@ public:
       ++Summary.SkipReasons[Why];
       Summary.SkippedFiles.emplace_back(Path, Why);
       if (Options.Log)
-        *Options.Log << "skipped " << Path << " (" << Why << ")\n";
+        *Options.Log << "skipped " << printable(Path) << " (" << Why << ")\n";
     }
     auto Counts = (*Index)->counts();
     if (!Counts)
@@ -451,7 +452,7 @@ private:
       Target->Claimed = true;
     }
     if (Options.Log)
-      *Options.Log << "parsed " << W.File->Path << format(" in %.2f s", TUSeconds)
+      *Options.Log << "parsed " << printable(W.File->Path) << format(" in %.2f s", TUSeconds)
                    << " (" << TU.Files.size() << " files recorded, " << TU.ParseErrors
                    << " errors)\n";
   }
@@ -696,7 +697,7 @@ private:
           ++Summary.SkipReasons[W.Status];
           Summary.SkippedFiles.emplace_back(F.Path, W.Status);
           if (Options.Log)
-            *Options.Log << "skipped " << F.Path << " (" << W.Status << ")\n";
+            *Options.Log << "skipped " << printable(F.Path) << " (" << W.Status << ")\n";
           auto It = Stored.find(F.Path);
           if (It != Stored.end() && It->second.Status == W.Status &&
               It->second.Size == F.Size && It->second.MTimeNs == F.MTimeNs)

@@ -2,6 +2,7 @@
 #include "ekka/Report/Report.h"
 #include "ekka/Config.h"
 #include "ekka/Support/Plural.h"
+#include "ekka/Support/Printable.h"
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -32,7 +33,7 @@ static std::string departureText(const SamplingDeparture &S) {
   std::string Out;
   raw_string_ostream OS(Out);
   OS << "step " << S.Step << " consumed token " << S.Consumed << " where the argmax of "
-     << S.Logits << "'s logits of step " << S.Step - 1 << " is " << S.Argmax;
+     << printable(S.Logits) << "'s logits of step " << S.Step - 1 << " is " << S.Argmax;
   if (S.Row >= 0)
     OS << " (" << S.Consumed << " is the argmax of their row " << S.Row << " of " << S.Rows
        << (S.Row == S.Rows - 2 ? ": one position early" : "") << ")";
@@ -120,23 +121,23 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
   }
   switch (D.Result) {
   case Diagnosis::Verdict::InputsDiffer:
-    OS << "inputs-differ: the two programs were not fed the same inputs: " << D.InputsDifference
-       << "\n";
+    OS << "inputs-differ: the two programs were not fed the same inputs: "
+       << printable(D.InputsDifference) << "\n";
     return;
   case Diagnosis::Verdict::NoDivergence:
     OS << "no-divergence: no component departs beyond numerical noise (largest R = "
        << format("%.3g", D.MaxRatio) << ", threshold " << format("%g", D.Threshold) << ")\n";
     OS << "  noise model: " << D.NoiseModel << "\n";
     for (const auto &[Label, Note] : diagnosisNotes(D))
-      OS << "  " << Label << ": " << Note << "\n";
+      OS << "  " << Label << ": " << printable(Note) << "\n";
     printSampling(OS, D, /*Verdict=*/false);
     return;
   case Diagnosis::Verdict::Divergence:
     break;
   }
   const Suspect &First = D.Suspects.front();
-  OS << "divergence: " << componentName(First.Component) << " (" << First.Component.ClassName
-     << ") "
+  OS << "divergence: " << printable(componentName(First.Component)) << " ("
+     << printable(First.Component.ClassName) << ") "
      << (D.MergedSteps > 1 ? "over steps 1-" + std::to_string(D.MergedSteps)
                            : "at step " + std::to_string(First.Component.Step))
      << ", R = " << ratioText(First.Component.Ratio)
@@ -151,7 +152,7 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
      << departingSteps(First, thresholdOf(First.Component, D)) << "\n";
   OS << "  noise model: " << D.NoiseModel << "\n";
   for (const auto &[Label, Note] : diagnosisNotes(D))
-    OS << "  " << Label << ": " << Note << "\n";
+    OS << "  " << Label << ": " << printable(Note) << "\n";
   // Suspects of several steps (the same module may be one in each) say
   // which step each is.
   bool Steps = llvm::any_of(D.Suspects, [&](const Suspect &S) {
@@ -159,10 +160,10 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
   });
   unsigned Rank = 0;
   for (const Suspect &S : D.Suspects) {
-    OS << "\nsuspect " << ++Rank << ": " << componentName(S.Component) << "  "
-       << S.Component.ClassQualname
+    OS << "\nsuspect " << ++Rank << ": " << printable(componentName(S.Component)) << "  "
+       << printable(S.Component.ClassQualname)
        << (Steps ? "  at step " + std::to_string(S.Component.Step) : std::string()) << "\n";
-    OS << "  " << S.Reason << "\n";
+    OS << "  " << printable(S.Reason) << "\n";
     if (!S.StepRatios.empty()) {
       // The joined steps alone: a departure in decode steps only (a slot
       // mapping off by one) or in the prefill only shows here.
@@ -191,26 +192,26 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
       constexpr size_t MostNames = 4;
       OS << "  in its counterpart, no target call matches:";
       for (size_t I = 0; I < S.UnmatchedReference.size() && I < MostNames; ++I)
-        OS << (I ? ", " : " ") << S.UnmatchedReference[I];
+        OS << (I ? ", " : " ") << printable(S.UnmatchedReference[I]);
       if (S.UnmatchedReference.size() > MostNames)
         OS << ", ... (" << S.UnmatchedReference.size() - MostNames << " more)";
       OS << "\n";
     }
     if (!S.Relation.empty())
-      OS << "  its output: " << S.Relation << "\n";
+      OS << "  its output: " << printable(S.Relation) << "\n";
     // The first call inside it given what departs, where its own inputs
     // do not: what the block fed it (a router given the residual) is the
     // lead, when no op that wrote it was found.
     if (const ComponentRatio *Given = firstDepartingInputInside(D, S);
         Given && !(S.Op && !S.Op->ReadBy.empty()))
-      OS << "  inside it, " << componentName(*Given)
+      OS << "  inside it, " << printable(componentName(*Given))
          << " was given what departs from what its counterpart was given (R = "
          << ratioText(Given->InputRatio) << ")\n";
     // Calls inside it whose steps tell (a decode path that skips one).
     std::vector<std::string> Skipped;
     for (const ComponentRatio &C : D.Curve)
       if (!C.UncomparedReason.empty() && insidePath(S.Component, C))
-        Skipped.push_back(C.Path + " (" + C.UncomparedReason + ")");
+        Skipped.push_back(printable(C.Path + " (" + C.UncomparedReason + ")"));
     constexpr size_t MostSkipped = 4;
     for (size_t I = 0; I < Skipped.size() && I < MostSkipped; ++I)
       OS << "  not compared inside it: " << Skipped[I] << "\n";
@@ -219,8 +220,9 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
     OS << "  evidence (R of the calls around it, in execution order):\n";
     auto Line = [&](const ComponentRatio &C, bool Mark) {
       OS << (Mark ? "  > " : "    ") << format("%-12s", ratioText(C.Ratio).c_str()) << " "
-         << componentName(C)
-         << (C.UncomparedReason.empty() ? "" : "  (" + C.UncomparedReason + ")") << "\n";
+         << printable(componentName(C))
+         << (C.UncomparedReason.empty() ? "" : "  (" + printable(C.UncomparedReason) + ")")
+         << "\n";
     };
     for (const ComponentRatio &C : S.Before)
       Line(C, false);
@@ -229,23 +231,23 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
       Line(C, false);
     SourceLocator::Link L = Sources.classSource(S.Component);
     if (!L.Location.empty())
-      OS << "  source: " << L.Location << "\n";
+      OS << "  source: " << printable(L.Location) << "\n";
     if (S.Op) {
-      OS << "  op: " << S.Op->Name;
+      OS << "  op: " << printable(S.Op->Name);
       if (S.Op->Ratio)
         OS << ", R = " << ratioText(S.Op->Ratio);
-      OS << " (" << S.Op->Reason << ")\n";
+      OS << " (" << printable(S.Op->Reason) << ")\n";
       if (std::string Where = Sources.op(S.Op->Name); !Where.empty())
-        OS << "  op source: " << Where << "\n";
+        OS << "  op source: " << printable(Where) << "\n";
       for (size_t I = 0; I < S.Op->Kernels.size(); ++I) {
         const std::string &K = S.Op->Kernels[I];
         SourceLocator::KernelSite Site = Sources.kernel(K);
-        OS << "  kernel: " << Site.Display;
+        OS << "  kernel: " << printable(Site.Display);
         if (!Site.Where.empty())
-          OS << "  " << Site.Where;
+          OS << "  " << printable(Site.Where);
         OS << "\n";
         if (int(I) == S.Op->KernelIndex)
-          OS << "    ^ " << S.Op->KernelReason
+          OS << "    ^ " << printable(S.Op->KernelReason)
              << (S.Op->KernelRatio ? ", R = " + ratioText(S.Op->KernelRatio) : std::string())
              << "\n";
       }
@@ -254,7 +256,8 @@ void printText(raw_ostream &OS, const Diagnosis &D, const SourceLocator &Sources
   if (!Sources.empty()) {
     SourceLocator::Link L = Sources.classSource(First.Component);
     if (!L.Excerpt.empty()) {
-      OS << "\n" << First.Component.ClassQualname << " (" << L.Location << "):\n";
+      OS << "\n" << printable(First.Component.ClassQualname) << " (" << printable(L.Location)
+         << "):\n";
       StringRef Ex(L.Excerpt);
       unsigned N = 0;
       while (!Ex.empty() && N++ < 25) {
@@ -409,10 +412,12 @@ void printMapping(raw_ostream &OS, const Diagnosis &D) {
     for (const std::string &P : C.ReferencePaths)
       Refs += (Refs.empty() ? "" : ", ") + (P.empty() ? std::string("(root)") : P);
     std::string How = mappingHow(C);
-    OS << (C.Mapped ? "mapped    " : "unmapped  ") << "step " << C.Step << "  " << componentName(C)
-       << (C.Mapped ? "  <->  " + Refs + (How.empty() ? "" : "  [" + How + "]")
-                    : "  (" + C.UnmappedReason + ")")
-       << (C.UncomparedReason.empty() ? "" : "  (not compared: " + C.UncomparedReason + ")")
+    OS << (C.Mapped ? "mapped    " : "unmapped  ") << "step " << C.Step << "  "
+       << printable(componentName(C))
+       << printable(C.Mapped ? "  <->  " + Refs + (How.empty() ? "" : "  [" + How + "]")
+                             : "  (" + C.UnmappedReason + ")")
+       << printable(C.UncomparedReason.empty() ? ""
+                                               : "  (not compared: " + C.UncomparedReason + ")")
        << "\n";
   }
 }

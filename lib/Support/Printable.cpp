@@ -1,8 +1,10 @@
 //===- Printable.cpp ------------------------------------------------------===//
 #include "ekka/Support/Printable.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/ConvertUTF.h"
-#include "llvm/Support/Format.h"
+
+#include <cstdio>
 
 using namespace llvm;
 
@@ -38,8 +40,12 @@ size_t appendEscaped(std::string &Out, StringRef In, bool KeepLayout, bool Final
     }
     unsigned Length = getNumBytesForUTF8(B);
     const auto *P = reinterpret_cast<const UTF8 *>(In.data() + I);
-    if (Length >= 2 && Length <= 4 && I + Length > In.size() && !Final)
-      return I; // The rest of this character may come with the next write.
+    // What may be the start of a character whose rest comes with the next
+    // write: a lead byte that can start one, and continuation bytes only.
+    if (!Final && B >= 0xc2 && B <= 0xf4 && I + Length > In.size() &&
+        llvm::all_of(In.drop_front(I + 1),
+                     [](char C) { return (static_cast<unsigned char>(C) & 0xc0) == 0x80; }))
+      return I;
     if (Length < 2 || Length > 4 || I + Length > In.size() ||
         !isLegalUTF8Sequence(P, P + Length)) {
       Escape("\\x%02x", B);

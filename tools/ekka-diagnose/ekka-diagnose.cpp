@@ -165,7 +165,7 @@ std::vector<std::unique_ptr<TraceReader>> openRanks(StringRef Flag, StringRef Di
                 "what it recorded after its last written batch is missing\n";
     else if (Lost->second != "0")
       errs() << Tool << ": warning: --" << Flag << ": '" << R->directory()
-             << "' lacks records: " << Lost->second << "\n";
+             << "' lacks records: " << printable(Lost->second) << "\n";
   }
   return std::move(*Ranks);
 }

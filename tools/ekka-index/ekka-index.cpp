@@ -213,6 +213,7 @@ int runBuild() {
     ProgressBar::disable();
   }
   IndexBuildSummary S = unwrapOrExit(Tool, buildIndex(Options));
+  Log.finish();
   outs() << "indexed " << countOf(S.Files, "file") << " (" << S.Parsed << " parsed, "
          << S.Unchanged << " unchanged, " << S.Removed << " removed), "
          << countOf(S.Definitions, "definition") << ", " << S.Skipped << " skipped";
@@ -272,14 +273,14 @@ int runQuery() {
   } else if (Query == "get_class_definition" || Query == "find_kernel" || Query == "find_op") {
     for (const IndexedDefinition &R : Defs) {
       if (Query == "find_op" && !R.Relation.empty())
-        Out << "(" << R.Relation << ")\n";
+        Out << "(" << printable(R.Relation) << ")\n";
       printWithSource(Out, R);
     }
   } else {
     for (const IndexedDefinition &R : Defs) {
       printHeader(Out, R);
       if (Query == "subclasses")
-        Out << "  derives from " << R.Relation;
+        Out << "  derives from " << printable(R.Relation);
       Out << '\n';
     }
   }

@@ -425,7 +425,7 @@ struct Totals {
     if (Lost == R.meta().end() || StringRef(Lost->second).starts_with("pending"))
       ++Unclosed;
     else if (Lost->second != "0")
-      Losses.push_back(R.directory().str() + ": " + Lost->second);
+      Losses.push_back(R.directory().str() + ": " + printable(Lost->second));
     if (auto Budget = R.meta().find("capture_budget");
         Budget != R.meta().end() && Budget->second.find(": reached") != std::string::npos)
       ++OverBudget;

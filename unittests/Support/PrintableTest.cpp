@@ -70,11 +70,19 @@ TEST(Printable, StreamJoinsACharacterSplitBetweenWrites) {
   OS << "end\xe4\xb8";
   OS.finish();
   EXPECT_EQ(Out, "caf\xc3\xa9 \xe4\xb8\xad \\u009bend\\xe4\\xb8");
-  // A start that the next write shows was not a character's.
+  // A start that the next write shows was not a character's: written at
+  // once, not held back until the stream is finished.
   OS << "\xe4";
-  OS << "x";
+  OS << "x\n";
+  EXPECT_EQ(Out, "caf\xc3\xa9 \xe4\xb8\xad \\u009bend\\xe4\\xb8\\xe4x\n");
+  // Nor is a byte that no character starts with (F5 to FF), or a lead
+  // followed by what cannot continue it.
+  OS << "\xf5";
+  EXPECT_EQ(Out, "caf\xc3\xa9 \xe4\xb8\xad \\u009bend\\xe4\\xb8\\xe4x\n\\xf5");
+  OS << "\xe4" "a\xe4\xb8";
+  EXPECT_EQ(Out, "caf\xc3\xa9 \xe4\xb8\xad \\u009bend\\xe4\\xb8\\xe4x\n\\xf5\\xe4a");
   OS.finish();
-  EXPECT_EQ(Out, "caf\xc3\xa9 \xe4\xb8\xad \\u009bend\\xe4\\xb8\\xe4x");
+  EXPECT_EQ(Out, "caf\xc3\xa9 \xe4\xb8\xad \\u009bend\\xe4\\xb8\\xe4x\n\\xf5\\xe4a\\xe4\\xb8");
 }
 
 } // namespace

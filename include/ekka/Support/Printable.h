@@ -9,7 +9,8 @@
 // control character (C0, DEL, or C1 encoded as UTF-8) becomes \xNN or
 // \u00NN, and a byte that is not part of well-formed UTF-8 becomes \xNN.
 // Everything else, backslashes included, is printed as it is. JSON output
-// needs none of this: its writer escapes control characters itself.
+// is left to its writer, which escapes C0 controls (DEL and C1 pass as the
+// names hold them): it is for programs to read.
 //
 //===----------------------------------------------------------------------===//
 #ifndef EKKA_SUPPORT_PRINTABLE_H
