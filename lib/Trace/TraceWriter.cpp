@@ -489,7 +489,17 @@ void TraceWriter::addTensor(TensorRecord R, Completion Complete, uint64_t Bytes,
 
 // The writer thread holds CountsMutex across each batch's SQLite and file
 // work.
-void TraceWriter::pauseForFork() { CountsMutex.lock(); }
+void TraceWriter::pauseForFork() {
+  // Under GCC's ASan, whose allocator takes no lock around fork, a child
+  // forked while the thread was still starting waited for ever on the
+  // allocator's lock (TraceTest.AForkedChildLeavesTheParentsChunkAlone,
+  // once in the sanitized suite).
+  {
+    std::unique_lock<std::mutex> Lock(Mutex);
+    Started.wait(Lock, [&] { return WriterStarted; });
+  }
+  CountsMutex.lock();
+}
 void TraceWriter::resumeAfterFork() { CountsMutex.unlock(); }
 
 TraceCounts TraceWriter::counts() const {

@@ -543,6 +543,11 @@ TraceWriter::~TraceWriter() {
 }
 
 void TraceWriter::run() {
+  {
+    std::lock_guard<std::mutex> Lock(Mutex);
+    WriterStarted = true;
+  }
+  Started.notify_all();
   std::vector<Item> Batch;
   bool Failed = false;
   // The first error is the one to report; the trace keeps what was

@@ -188,11 +188,12 @@ public:
   /// may fail and go on. The first write error is returned.
   llvm::Error flush();
   TraceCounts counts() const;
-  /// Around fork(): waits until the writer thread is between batches (and
-  /// not taking threads' chunks) and keeps it there, so that no SQLite,
-  /// queue or allocator lock is held by it when the process forks (a child
-  /// that opens its own trace would wait on it forever); then lets it go
-  /// on, in the parent and in the child.
+  /// Around fork(): waits until the writer thread has started (a thread
+  /// still starting is inside the C library's, or ASan's, set-up of it)
+  /// and is between batches (and not taking threads' chunks), and keeps it
+  /// there, so that no SQLite, queue or allocator lock is held by it when
+  /// the process forks (a child that opens its own trace would wait on it
+  /// forever); then lets it go on, in the parent and in the child.
   void pauseForFork();
   void resumeAfterFork();
   /// Registers the writer's own fork handler (once per process; every
@@ -283,6 +284,10 @@ private:
   uint64_t FlushesAsked = 0, FlushesDone = 0;
   std::condition_variable Flushed;
   bool WriterExited = false; ///< The writer's thread has left its loop.
+  /// The writer's thread runs its loop: it has left the C library's (and a
+  /// sanitizer's) set-up of a new thread, which holds their locks.
+  bool WriterStarted = false;
+  std::condition_variable Started;
   /// The process whose thread writes: a forked child has a copy of this
   /// writer, without the thread.
   const pid_t OwnerProcess = ::getpid();
