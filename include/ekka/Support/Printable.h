@@ -29,9 +29,10 @@ std::string printable(llvm::StringRef S);
 
 /// A stream that passes text on to another with the same escapes, except
 /// that newlines, tabs and the carriage return of a CRLF pass as they are:
-/// a whole report, whose layout is its own, with the names in it made safe. A multi-byte character split
-/// between two writes is joined; what is left unfinished at the end is
-/// escaped when the stream is flushed or destroyed.
+/// a whole report, whose layout is its own (its names go through
+/// printable() as well, each kept to its line). A multi-byte character
+/// split between two writes is joined; what is left unfinished at the end
+/// is escaped by finish() or the destructor.
 class PrintableStream : public llvm::raw_ostream {
 public:
   explicit PrintableStream(llvm::raw_ostream &Out);
