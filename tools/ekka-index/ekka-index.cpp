@@ -205,15 +205,13 @@ int runBuild() {
     exitWithError(Tool, makeError("--languages: nothing to index (expected python, cxx or both)"));
   // The log's lines go to stdout as they come: a progress line on the
   // terminal would be written into them.
-  // The log names the repository's files: their names are escaped
-  // (Printable.h), as are the warnings' below.
-  PrintableStream Log(outs());
+  // The log names the repository's files, escaped where it writes them
+  // (buildIndex, Printable.h), as the warnings below are.
   if (Verbose) {
-    Options.Log = &Log;
+    Options.Log = &outs();
     ProgressBar::disable();
   }
   IndexBuildSummary S = unwrapOrExit(Tool, buildIndex(Options));
-  Log.finish();
   outs() << "indexed " << countOf(S.Files, "file") << " (" << S.Parsed << " parsed, "
          << S.Unchanged << " unchanged, " << S.Removed << " removed), "
          << countOf(S.Definitions, "definition") << ", " << S.Skipped << " skipped";
