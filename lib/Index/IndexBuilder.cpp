@@ -264,8 +264,14 @@ private:
     case ContentProblem::None:
       break;
     }
-    if (F.Language == SourceLanguage::Python)
-      W.Defs = indexPythonSource(W.Text, W.Module, W.IsPackageInit);
+    if (F.Language == SourceLanguage::Python) {
+      Expected<FileDefinitions> Defs = indexPythonSource(W.Text, W.Module, W.IsPackageInit);
+      if (!Defs) {
+        consumeError(Defs.takeError());
+        return Skip("too-costly");
+      }
+      W.Defs = std::move(*Defs);
+    }
   }
 
   void readAndParsePython(DefaultThreadPool &Pool,

@@ -1,13 +1,17 @@
 //===- PythonIndexer.cpp - Python definitions via tree-sitter ------------===//
 #include "ekka/Index/PythonIndexer.h"
 #include "PythonIndexerInternal.h"
+#include "ekka/Support/Error.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
+#include "llvm/Support/ErrorHandling.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <malloc.h>
 #include <memory>
 
 extern "C" const TSLanguage *tree_sitter_python(void);
@@ -86,6 +90,57 @@ const PythonGrammar &grammar() {
   return G;
 }
 
+/// What tree-sitter holds while this thread parses a file, and the most
+/// it may. Its error recovery can cost far more than the file: a broken
+/// line indented by 55 tabs after a broken `def …:` holds 1.6 MB each, so
+/// 4.5 KB of them held 65 MB, and 362 KB of a fuzzer's such text held
+/// 1.4 GB and took 7 s. A parse that passes its limit is cancelled
+/// (tree-sitter polls Cancel every 100 of its actions) and the file is
+/// refused. Counted by allocations, not by time, so a file is refused or
+/// not alike on every machine and under any load.
+struct ParseMemory {
+  int64_t Held = 0;  ///< Bytes allocated since the parse began, less those freed.
+  int64_t Limit = 0; ///< 0 while no parse runs on this thread.
+  size_t Cancel = 0;
+};
+thread_local ParseMemory Memory;
+
+void account(int64_t Bytes) {
+  Memory.Held += Bytes;
+  if (Memory.Limit && Memory.Held > Memory.Limit)
+    Memory.Cancel = 1;
+}
+
+void *allocated(void *P) {
+  if (!P)
+    report_bad_alloc_error("tree-sitter: out of memory");
+  account(int64_t(malloc_usable_size(P)));
+  return P;
+}
+void *countedMalloc(size_t N) { return allocated(std::malloc(N)); }
+void *countedCalloc(size_t N, size_t Size) { return allocated(std::calloc(N, Size)); }
+void *countedRealloc(void *Old, size_t N) {
+  int64_t Before = Old ? int64_t(malloc_usable_size(Old)) : 0;
+  void *P = std::realloc(Old, N);
+  if (!P && N)
+    report_bad_alloc_error("tree-sitter: out of memory");
+  account((P ? int64_t(malloc_usable_size(P)) : 0) - Before);
+  return P;
+}
+void countedFree(void *P) {
+  if (P)
+    account(-int64_t(malloc_usable_size(P)));
+  std::free(P);
+}
+
+/// The most a parse of \p SourceSize bytes may hold: twice what real
+/// Python files need (tree-sitter's tree and stacks: 12 to 60 bytes a
+/// byte for 0.4 to 1.4 MB files of torch and huggingface_hub), with 32 MiB
+/// for a small file's own.
+int64_t parseMemoryLimit(size_t SourceSize) {
+  return (int64_t(32) << 20) + 128 * int64_t(SourceSize);
+}
+
 struct ParserDeleter {
   void operator()(TSParser *P) const { ts_parser_delete(P); }
 };
@@ -96,8 +151,13 @@ struct TreeDeleter {
 TSParser *threadParser() {
   thread_local std::unique_ptr<TSParser, ParserDeleter> Parser;
   if (!Parser) {
+    static const bool Counted = (ts_set_allocator(countedMalloc, countedCalloc,
+                                                  countedRealloc, countedFree),
+                                 true);
+    (void)Counted;
     Parser.reset(ts_parser_new());
     ts_parser_set_language(Parser.get(), grammar().Lang);
+    ts_parser_set_cancellation_flag(Parser.get(), &Memory.Cancel);
   }
   return Parser.get();
 }
@@ -114,11 +174,21 @@ public:
       : Source(Source), G(grammar()), ModuleName(ModuleName),
         IsPackageInit(IsPackageInit) {}
 
-  FileDefinitions run() {
-    std::unique_ptr<TSTree, TreeDeleter> Tree(ts_parser_parse_string(
-        threadParser(), nullptr, Source.data(), uint32_t(Source.size())));
-    if (!Tree)
-      return std::move(Out);
+  Expected<FileDefinitions> run() {
+    TSParser *Parser = threadParser();
+    int64_t Limit = parseMemoryLimit(Source.size());
+    Memory = {0, Limit, 0};
+    std::unique_ptr<TSTree, TreeDeleter> Tree(
+        ts_parser_parse_string(Parser, nullptr, Source.data(), uint32_t(Source.size())));
+    Memory.Limit = 0;
+    if (!Tree) {
+      // Cancelled: what the parse held is let go (a parser keeps it to
+      // resume).
+      ts_parser_reset(Parser);
+      return makeError("its parse would hold more than " + Twine(Limit >> 20) +
+                       " MiB of memory (tree-sitter's recovery from its syntax "
+                       "errors)");
+    }
     Scope Top;
     Top.Prefix = ModuleName.str();
     TSNode Root = ts_tree_root_node(Tree.get());
@@ -302,8 +372,8 @@ private:
 
 } // namespace
 
-FileDefinitions indexPythonSource(StringRef Source, StringRef ModuleName,
-                                  bool IsPackageInit) {
+Expected<FileDefinitions> indexPythonSource(StringRef Source, StringRef ModuleName,
+                                            bool IsPackageInit) {
   return PythonFileIndexer(Source, ModuleName, IsPackageInit).run();
 }
 

@@ -8,6 +8,13 @@ using namespace llvm;
 
 namespace {
 
+/// A file that must parse within its memory limit.
+FileDefinitions indexed(StringRef Source, StringRef ModuleName, bool IsPackageInit) {
+  Expected<FileDefinitions> F = indexPythonSource(Source, ModuleName, IsPackageInit);
+  EXPECT_TRUE(bool(F)) << toString(F.takeError());
+  return F ? std::move(*F) : FileDefinitions();
+}
+
 const Definition *find(const FileDefinitions &F, StringRef Qualified) {
   for (const Definition &D : F.Definitions)
     if (D.QualifiedName == Qualified)
@@ -16,7 +23,7 @@ const Definition *find(const FileDefinitions &F, StringRef Qualified) {
 }
 
 TEST(PythonIndexer, QualifiedNamesFollowQualname) {
-  FileDefinitions F = indexPythonSource(R"(
+  FileDefinitions F = indexed(R"(
 class Outer:
     class Inner:
         def m(self): pass
@@ -38,7 +45,7 @@ def factory():
 
 TEST(PythonIndexer, DecoratedSpanStartsAtFirstDecorator) {
   StringRef Src = "x = 1\n@a\n@b.c(2)\nclass K:\n    pass\n";
-  FileDefinitions F = indexPythonSource(Src, "m", false);
+  FileDefinitions F = indexed(Src, "m", false);
   const Definition *K = find(F, "m.K");
   ASSERT_TRUE(K);
   EXPECT_EQ(K->LineStart, 2u);
@@ -48,14 +55,14 @@ TEST(PythonIndexer, DecoratedSpanStartsAtFirstDecorator) {
 }
 
 TEST(PythonIndexer, BasesExcludeMetaclassAndKeywords) {
-  FileDefinitions F = indexPythonSource(
+  FileDefinitions F = indexed(
       "class K(A, mod.B[int], metaclass=M, total=False):\n    pass\n", "m", false);
   ASSERT_EQ(F.Definitions.size(), 1u);
   EXPECT_EQ(F.Definitions[0].Bases, (std::vector<std::string>{"A", "mod.B[int]"}));
 }
 
 TEST(PythonIndexer, AsyncAndMethodsList) {
-  FileDefinitions F = indexPythonSource(R"(
+  FileDefinitions F = indexed(R"(
 class S:
     async def run(self): pass
     @staticmethod
@@ -71,7 +78,7 @@ class S:
 }
 
 TEST(PythonIndexer, SyntaxErrorCostsOnlyTheBrokenPart) {
-  FileDefinitions F = indexPythonSource(R"(
+  FileDefinitions F = indexed(R"(
 class Before:
     pass
 def broken(:
@@ -86,7 +93,7 @@ class After(Before):
 }
 
 TEST(PythonIndexer, ImportsResolveRelativeToThePackage) {
-  FileDefinitions F = indexPythonSource(R"(
+  FileDefinitions F = indexed(R"(
 import torch.nn as nn
 import os.path
 from . import sibling
@@ -109,7 +116,7 @@ def f():
 }
 
 TEST(PythonIndexer, PackageInitResolvesDotToItself) {
-  FileDefinitions F = indexPythonSource("from .base import Model\n", "pkg.models", true);
+  FileDefinitions F = indexed("from .base import Model\n", "pkg.models", true);
   ASSERT_EQ(F.Imports.size(), 1u);
   EXPECT_EQ(F.Imports[0].Target, "pkg.models.base.Model");
 }
@@ -125,7 +132,7 @@ std::vector<std::string> ops(const FileDefinitions &F) {
 }
 
 TEST(PythonIndexer, OpRegistrationsThroughImportsAndOpObjects) {
-  FileDefinitions F = indexPythonSource(R"(
+  FileDefinitions F = indexed(R"(
 from torch.library import custom_op, register_fake
 from torch import library as tl
 import kernels
@@ -156,7 +163,7 @@ unrelated.impl("mylib::nothing", fn)
 // The pass skips what names no registering method and no Library: a
 // Library imported under another name still counts, in any nesting.
 TEST(PythonIndexer, OpRegistrationsThroughAnAliasedLibrary) {
-  FileDefinitions F = indexPythonSource(R"(
+  FileDefinitions F = indexed(R"(
 from torch.library import Library as L
 import torch
 
@@ -171,7 +178,7 @@ def make():
 
 // A dispatch key that is not a literal is kept as written; None is no key.
 TEST(PythonIndexer, OpDispatchKeysAsWritten) {
-  FileDefinitions F = indexPythonSource(R"(
+  FileDefinitions F = indexed(R"(
 from torch.library import Library
 from vllm.utils import direct_register_custom_op
 
@@ -202,6 +209,31 @@ torch.library.register_kernel(
                         "keys::g <- fg [(\"cpu\", DEVICE)]",
                         "keys::h <- fh [cpu,cuda]",
                     }));
+}
+
+TEST(PythonIndexer, RefusesAParseThatWouldHoldFarMoreThanTheFile) {
+  // Each broken line, 55 tabs deep after a broken `def`, costs tree-sitter's
+  // error recovery about 1.6 MB: 200 of them (22 KB) would hold 320 MB.
+  std::string Costly;
+  for (int I = 0; I < 200; ++I)
+    Costly += "$ef f(a, b):\n  " + std::string(55, '\t') + "  torch.ops._C.rms_norm(out, s x,\n";
+  Expected<FileDefinitions> F = indexPythonSource(Costly, "m", false);
+  ASSERT_FALSE(bool(F));
+  EXPECT_EQ(toString(F.takeError()),
+            "its parse would hold more than 34 MiB of memory (tree-sitter's "
+            "recovery from its syntax errors)");
+
+  // The same thread's parser, let go of what the cancelled parse held,
+  // parses the next file whole; and a large file of ordinary code (4 MB,
+  // the default --max-file-size) is well within its limit.
+  std::string Large;
+  for (int I = 0; Large.size() < (4u << 20); ++I)
+    Large += "class C" + std::to_string(I) + "(Base):\n    def forward(self, x):\n"
+             "        return self.proj(x) * 2 + torch.ops._C.rms_norm(x, self.w, 1e-6)\n";
+  FileDefinitions L = indexed(Large, "m", false);
+  EXPECT_EQ(L.ParseErrors, 0u);
+  ASSERT_NE(find(L, "m.C0.forward"), nullptr);
+  EXPECT_GT(L.Definitions.size(), 50000u);
 }
 
 } // namespace

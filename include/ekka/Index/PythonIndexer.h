@@ -6,6 +6,7 @@
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
 
 #include <string>
 
@@ -23,9 +24,14 @@ namespace ekka {
 /// \p ModuleName is the dotted module (`pkg.mod`); \p IsPackageInit says the
 /// file is a package's `__init__.py`, which changes what `from . import x`
 /// means. Thread-safe: each thread uses a parser of its own.
-FileDefinitions indexPythonSource(llvm::StringRef Source,
-                                  llvm::StringRef ModuleName,
-                                  bool IsPackageInit);
+///
+/// Fails, with no definitions, when tree-sitter's parse would hold more
+/// memory than 32 MiB and 128 bytes for each byte of \p Source: its error
+/// recovery on some malformed text costs thousands of bytes a byte
+/// (ekka-index then skips the file as `too-costly`).
+llvm::Expected<FileDefinitions> indexPythonSource(llvm::StringRef Source,
+                                                  llvm::StringRef ModuleName,
+                                                  bool IsPackageInit);
 
 /// Names Python modules by their files: a file's module path runs up through
 /// every enclosing directory that is a package (has `__init__.py`), so

@@ -84,6 +84,11 @@ def make(root):
     big_file(j("generated", "big.cpp"), b"static const int table_entry[] = {1, 2, 3, 4, 5, 6};\n")
     # A unity build's source, including the big one.
     write(j("generated", "unity.cpp"), b'#include "big.cpp"\nint after_big() { return 3; }\n')
+    # 22 KB whose parse would hold 320 MB: a broken `def …:` and a broken
+    # line indented by 55 tabs, 200 times, cost tree-sitter's error
+    # recovery 1.6 MB each (a fuzzer's find).
+    write(j("generated", "recovery.py"),
+          (b"$ef f(a, b):\n  " + b"\t" * 55 + b"  torch.ops._C.rms_norm(out, s x, weight,\n") * 200)
 
     # Symlink loops: a file link to itself, two links to each other, a
     # directory link to its parent and one to the root.
