@@ -94,7 +94,8 @@ const PythonGrammar &grammar() {
 /// it may. Its error recovery can cost far more than the file: a broken
 /// line indented by 55 tabs after a broken `def …:` holds 1.6 MB each, so
 /// 4.5 KB of them held 65 MB, and 362 KB of a fuzzer's such text held
-/// 1.4 GB and took 7 s. A parse that passes its limit is cancelled
+/// 1.4 GB and took 7 s (a 4 MiB file, the default --max-file-size, would
+/// hold some 16 GB). A parse that passes its limit is cancelled
 /// (tree-sitter polls Cancel every 100 of its actions) and the file is
 /// refused. Counted by allocations, not by time, so a file is refused or
 /// not alike on every machine and under any load.
@@ -133,12 +134,14 @@ void countedFree(void *P) {
   std::free(P);
 }
 
-/// The most a parse of \p SourceSize bytes may hold: twice what real
-/// Python files need (tree-sitter's tree and stacks: 12 to 60 bytes a
-/// byte for 0.4 to 1.4 MB files of torch and huggingface_hub), with 32 MiB
-/// for a small file's own.
+/// The most a parse of \p SourceSize bytes may hold, with 32 MiB for a
+/// small file's own: tree-sitter's tree and stacks take 12 to 60 bytes a
+/// byte for torch's and huggingface_hub's largest files (0.4 to 1.4 MB),
+/// and up to 280 for the densest code (a statement `a` on every line; a
+/// list of two million numbers, 193), where the recovery above takes
+/// about 4,000.
 int64_t parseMemoryLimit(size_t SourceSize) {
-  return (int64_t(32) << 20) + 128 * int64_t(SourceSize);
+  return (int64_t(32) << 20) + 512 * int64_t(SourceSize);
 }
 
 struct ParserDeleter {

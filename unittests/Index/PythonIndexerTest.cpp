@@ -220,7 +220,7 @@ TEST(PythonIndexer, RefusesAParseThatWouldHoldFarMoreThanTheFile) {
   Expected<FileDefinitions> F = indexPythonSource(Costly, "m", false);
   ASSERT_FALSE(bool(F));
   EXPECT_EQ(toString(F.takeError()),
-            "its parse would hold more than 34 MiB of memory (tree-sitter's "
+            "its parse would hold more than 42 MiB of memory (tree-sitter's "
             "recovery from its syntax errors)");
 
   // The same thread's parser, let go of what the cancelled parse held,

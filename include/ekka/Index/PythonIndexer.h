@@ -26,7 +26,7 @@ namespace ekka {
 /// means. Thread-safe: each thread uses a parser of its own.
 ///
 /// Fails, with no definitions, when tree-sitter's parse would hold more
-/// memory than 32 MiB and 128 bytes for each byte of \p Source: its error
+/// memory than 32 MiB and 512 bytes for each byte of \p Source: its error
 /// recovery on some malformed text costs thousands of bytes a byte
 /// (ekka-index then skips the file as `too-costly`).
 llvm::Expected<FileDefinitions> indexPythonSource(llvm::StringRef Source,
