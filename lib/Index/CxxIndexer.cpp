@@ -24,6 +24,8 @@
 #include "clang/Lex/Lexer.h"
 #include "clang/Lex/PPCallbacks.h"
 #include "clang/Lex/Preprocessor.h"
+#include "clang/Sema/Sema.h"
+#include "clang/Sema/TemplateInstCallback.h"
 #include "clang/Tooling/Tooling.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringSet.h"
@@ -469,11 +471,40 @@ private:
   StringSet<> Seen;
 };
 
+/// Stops a unit's template instantiations once its AST passes a limit.
+/// Sema instantiates nothing after a fatal error (with an error that stops
+/// compilation, which a fatal one of Clang's own is), and the rest of the
+/// file is still parsed: definitions after the limit are still found.
+/// Counted by the AST's bytes, so the same on any machine and under any
+/// load.
+class InstantiationLimit : public TemplateInstantiationCallback {
+public:
+  InstantiationLimit(uint64_t Limit, bool &Stopped) : Limit(Limit), Stopped(Stopped) {}
+
+  void initialize(const Sema &) override {}
+  void finalize(const Sema &) override {}
+  void atTemplateEnd(const Sema &, const Sema::CodeSynthesisContext &) override {}
+  void atTemplateBegin(const Sema &S, const Sema::CodeSynthesisContext &Inst) override {
+    // The AST's size is the sum of its allocator's slabs: looked at every
+    // 64 instantiations, not each.
+    if (Stopped || ++Count % 64 != 0 ||
+        S.getASTContext().getASTAllocatedMemory() <= Limit)
+      return;
+    Stopped = true;
+    S.getDiagnostics().Report(Inst.PointOfInstantiation, diag::fatal_too_many_errors);
+  }
+
+private:
+  uint64_t Limit;
+  bool &Stopped;
+  uint64_t Count = 0;
+};
+
 class IndexAction : public ASTFrontendAction {
 public:
-  IndexAction(function_ref<bool(StringRef)> Claim,
+  IndexAction(function_ref<bool(StringRef)> Claim, uint64_t MaxASTMemory,
               CxxTranslationUnit &Out)
-      : Claim(Claim), Out(Out) {}
+      : Claim(Claim), MaxASTMemory(MaxASTMemory), Out(Out) {}
 
   std::unique_ptr<ASTConsumer> CreateASTConsumer(CompilerInstance &,
                                                  StringRef) override {
@@ -493,20 +524,31 @@ public:
     return true;
   }
 
+  void ExecuteAction() override {
+    // Sema is made here, not by the action, to carry the limit.
+    CompilerInstance &CI = getCompilerInstance();
+    if (!CI.hasSema())
+      CI.createSema(getTranslationUnitKind(), nullptr);
+    CI.getSema().TemplateInstCallbacks.push_back(
+        std::make_unique<InstantiationLimit>(MaxASTMemory, Out.StoppedInstantiating));
+    ASTFrontendAction::ExecuteAction();
+  }
+
 private:
   function_ref<bool(StringRef)> Claim;
+  uint64_t MaxASTMemory;
   CxxTranslationUnit &Out;
 };
 
 /// Runs IndexAction with the lenient frontend settings an index wants.
 class IndexActionFactory : public tooling::FrontendActionFactory {
 public:
-  IndexActionFactory(function_ref<bool(StringRef)> Claim,
+  IndexActionFactory(function_ref<bool(StringRef)> Claim, uint64_t MaxASTMemory,
                      CxxTranslationUnit &Out)
-      : Claim(Claim), Out(Out) {}
+      : Claim(Claim), MaxASTMemory(MaxASTMemory), Out(Out) {}
 
   std::unique_ptr<FrontendAction> create() override {
-    return std::make_unique<IndexAction>(Claim, Out);
+    return std::make_unique<IndexAction>(Claim, MaxASTMemory, Out);
   }
 
   bool runInvocation(std::shared_ptr<CompilerInvocation> Invocation,
@@ -525,6 +567,7 @@ public:
 
 private:
   function_ref<bool(StringRef)> Claim;
+  uint64_t MaxASTMemory;
   CxxTranslationUnit &Out;
 };
 
@@ -663,7 +706,7 @@ CxxTranslationUnit
 CxxIndexer::indexTranslationUnit(StringRef MainFile, SourceLanguage Language,
                                  function_ref<bool(StringRef)> Claim) {
   CxxTranslationUnit Out;
-  IndexActionFactory Factory(Claim, Out);
+  IndexActionFactory Factory(Claim, Options.MaxASTMemory, Out);
   CountingDiagConsumer Diags;
   tooling::ToolInvocation Invocation(commandLine(MainFile, Language), &Factory,
                                      &threadFileManager(),

@@ -370,6 +370,7 @@ private:
     CxxOptions.IncludeDirs = includeDirs();
     CxxOptions.ExtraArgs = Options.ExtraArgs;
     CxxOptions.MaxSourceSize = Options.MaxFileSize;
+    CxxOptions.MaxASTMemory = Options.MaxUnitMemory;
     CxxIndexer Indexer(std::move(CxxOptions));
     SmallString<128> TempDir;
     if (!sys::fs::createUniqueDirectory("ekka-index", TempDir)) {
@@ -460,7 +461,11 @@ private:
     if (Options.Log)
       *Options.Log << "parsed " << printable(W.File->Path) << format(" in %.2f s", TUSeconds)
                    << " (" << TU.Files.size() << " files recorded, " << TU.ParseErrors
-                   << " errors)\n";
+                   << " errors"
+                   << (TU.StoppedInstantiating
+                           ? "; no template instantiated past --max-unit-memory"
+                           : "")
+                   << ")\n";
   }
 
   /// A header that a parsed unit includes and whose record counts after

@@ -81,6 +81,12 @@ cl::opt<unsigned> MaxFileSizeKiB(
     cl::desc("Skip larger files (usually generated code), #included ones too "
              "(default 4096 KiB)"),
     cl::cat(BuildCategory));
+cl::opt<unsigned> MaxUnitMemoryMiB(
+    "max-unit-memory", cl::sub(BuildCmd), cl::init(1024), cl::value_desc("MiB"),
+    cl::desc("Instantiate no more templates in a C++/CUDA unit whose AST has grown "
+             "past this: a few lines of templates can ask for millions of classes "
+             "(default 1024 MiB; torch/torch.h's unit takes about 300)"),
+    cl::cat(BuildCategory));
 cl::opt<bool> Verbose("verbose", cl::sub(BuildCmd),
                       cl::desc("Print a line per parsed or skipped file"),
                       cl::cat(BuildCategory));
@@ -185,6 +191,9 @@ int runBuild() {
   Options.IndexPath = OutputIndex;
   Options.Jobs = Jobs;
   Options.MaxFileSize = uint64_t(MaxFileSizeKiB) * 1024;
+  if (MaxUnitMemoryMiB == 0)
+    exitWithError(Tool, makeError("--max-unit-memory must be at least 1 (MiB)"));
+  Options.MaxUnitMemory = uint64_t(MaxUnitMemoryMiB) << 20;
   Options.IncludeDirs.assign(IncludeDirs.begin(), IncludeDirs.end());
   Options.ExtraArgs.assign(ExtraArgs.begin(), ExtraArgs.end());
   Options.IndexPython = Options.IndexCxx = false;

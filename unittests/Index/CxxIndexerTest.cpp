@@ -129,6 +129,37 @@ TEST_F(CxxIndexerTest, UnclosedRecordAtTheFileStartEndsAtItsHead) {
   EXPECT_LE(P->ByteEnd, 10u);
 }
 
+TEST_F(CxxIndexerTest, TemplatesAskingForMillionsOfClassesStopAtTheLimit) {
+  // Each F instantiates two more: 2^40 classes, days and terabytes of
+  // Clang's time and memory, unless instantiation stops.
+  std::string Bomb = write("bomb.cpp", R"(template <int N, int M> struct F {
+  F<N - 1, 2 * M> a;
+  F<N - 1, 2 * M + 1> b;
+};
+template <int M> struct F<0, M> { int v; };
+F<40, 0> x;
+struct After { int after() const; };
+)");
+  CxxIndexerOptions Opts;
+  Opts.MaxASTMemory = 16 << 20;
+  CxxIndexer Indexer(Opts);
+  auto All = [](StringRef) { return true; };
+  CxxTranslationUnit TU = Indexer.indexTranslationUnit(Bomb, SourceLanguage::Cxx, All);
+  EXPECT_TRUE(TU.StoppedInstantiating);
+  ASSERT_FALSE(TU.Files.empty());
+  ASSERT_EQ(TU.Files[0].RealPath, Bomb); // the main file first
+  const Definition *After = find(TU.Files[0].Definitions, "After", DefinitionKind::Struct);
+  ASSERT_TRUE(After);
+  EXPECT_EQ(After->Methods, (std::vector<std::string>{"after"}));
+
+  // A unit within the limit instantiates every template it uses.
+  std::string Plain = write("plain.cpp", "template <int N> struct G { G<N - 1> g; };\n"
+                                         "template <> struct G<0> {};\nG<200> y;\n");
+  CxxTranslationUnit PlainTU = Indexer.indexTranslationUnit(Plain, SourceLanguage::Cxx, All);
+  EXPECT_FALSE(PlainTU.StoppedInstantiating);
+  EXPECT_EQ(PlainTU.ParseErrors, 0u);
+}
+
 TEST_F(CxxIndexerTest, OnlyWantedFilesAreRecordedAndIncludesListed) {
   std::string Header = write("h.cuh", "struct InHeader {};\n");
   std::string Main = write("s.cu", "#include \"h.cuh\"\nstruct InSource {};\n");

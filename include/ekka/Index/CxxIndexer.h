@@ -33,6 +33,11 @@ struct CxxIndexerOptions {
   /// Larger C, C++ and CUDA files are not opened, #included or not (the
   /// builder's --max-file-size).
   uint64_t MaxSourceSize = UINT64_MAX;
+  /// A unit whose AST grows past this many bytes instantiates no more
+  /// templates (the rest of it is still parsed): seven lines of templates
+  /// that instantiate two of themselves a level can ask for millions of
+  /// classes and take minutes and gigabytes.
+  uint64_t MaxASTMemory = uint64_t(1) << 30;
 };
 
 /// The definitions one translation unit contributed to one file.
@@ -55,6 +60,9 @@ struct CxxTranslationUnit {
   /// changes what the unit includes.
   std::vector<std::string> IncludeMisses;
   unsigned ParseErrors = 0; ///< Errors Clang recovered from.
+  /// Template instantiation stopped at MaxASTMemory; what came after it
+  /// lost the members and bases that instantiation would have given.
+  bool StoppedInstantiating = false;
 };
 
 /// Indexes C, C++ and CUDA with Clang, without a compilation database.

@@ -16,6 +16,9 @@ struct IndexBuildOptions {
   std::string IndexPath;          ///< The SQLite index, created if absent.
   unsigned Jobs = 0;              ///< Worker threads; 0 means one per core.
   uint64_t MaxFileSize = 4u << 20; ///< Larger files are skipped (generated code).
+  /// A C, C++ or CUDA unit instantiates no more templates past this much
+  /// AST (CxxIndexerOptions::MaxASTMemory).
+  uint64_t MaxUnitMemory = uint64_t(1) << 30;
   bool IndexPython = true;
   bool IndexCxx = true;
   std::vector<std::string> IncludeDirs; ///< Added to the guessed ones.

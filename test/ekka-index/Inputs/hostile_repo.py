@@ -84,6 +84,12 @@ def make(root):
     big_file(j("generated", "big.cpp"), b"static const int table_entry[] = {1, 2, 3, 4, 5, 6};\n")
     # A unity build's source, including the big one.
     write(j("generated", "unity.cpp"), b'#include "big.cpp"\nint after_big() { return 3; }\n')
+    # Seven lines of templates that instantiate two of themselves a level:
+    # 2^40 classes asked for, which would take Clang days and terabytes.
+    write(j("generated", "bomb.cpp"),
+          b"template <int N, int M> struct F {\n  F<N - 1, 2 * M> a;\n"
+          b"  F<N - 1, 2 * M + 1> b;\n};\ntemplate <int M> struct F<0, M> { int v; };\n"
+          b"F<40, 0> x;\nint after_bomb() { return 1; }\n")
     # 22 KB whose parse would hold 320 MB: a broken `def …:` and a broken
     # line indented by 55 tabs, 200 times, cost tree-sitter's error
     # recovery 1.6 MB each (a fuzzer's find).
