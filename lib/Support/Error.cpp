@@ -1,5 +1,6 @@
 //===- Error.cpp ----------------------------------------------------------===//
 #include "ekka/Support/Error.h"
+#include "ekka/Support/Printable.h"
 
 #include "llvm/Support/raw_ostream.h"
 
@@ -16,7 +17,10 @@ Error makeError(const Twine &Message) {
 void exitWithError(StringRef Tool, Error E) {
   errs().flush();
   handleAllErrors(std::move(E), [&](const ErrorInfoBase &Info) {
-    errs() << Tool << ": error: " << Info.message() << "\n";
+    // A message names what the user gave, and what a trace or a repository
+    // holds (a shard's name): escaped, so that it acts on no terminal and
+    // stays one line.
+    errs() << Tool << ": error: " << printable(Info.message()) << "\n";
   });
   errs().flush();
   outs().flush();

@@ -25,8 +25,9 @@ enum ExitCode : int {
 /// An error carrying \p Message, for the library boundary.
 llvm::Error makeError(const llvm::Twine &Message);
 
-/// Prints "TOOL: error: MESSAGE" for each error in \p E and exits with
-/// ExitInputError. For tools only; libraries return errors.
+/// Prints "TOOL: error: MESSAGE" for each error in \p E, the message
+/// escaped as printable() does, and exits with ExitInputError. For tools
+/// only; libraries return errors.
 [[noreturn]] void exitWithError(llvm::StringRef Tool, llvm::Error E);
 
 /// Unwraps \p V or exits as exitWithError does.

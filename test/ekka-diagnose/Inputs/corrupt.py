@@ -59,6 +59,9 @@ elif kind == "device":        # a shard that is a FIFO, read without end
     os.mkfifo(shard)
 elif kind == "outside":       # a shard named outside the trace
     db.execute("UPDATE tensors SET shard = '../' || shard WHERE shard IS NOT NULL")
+elif kind == "control-shard":  # a shard name that would retitle a terminal
+    db.execute("UPDATE tensors SET shard = 'evil' || char(27) || ']0;pwned' || char(7) || "
+               "'.safetensors' WHERE shard IS NOT NULL")
 elif kind == "absolute":      # a shard named by an absolute path
     db.execute("UPDATE tensors SET shard = ? || '/' || shard WHERE shard IS NOT NULL",
                (os.path.abspath(trace),))
