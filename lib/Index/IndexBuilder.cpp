@@ -65,6 +65,7 @@ struct FileWork {
   std::string Text;
   std::string Hash;
   std::string Status = "indexed";
+  std::string Why; ///< Skipped: what the reason's word stands for, if more.
   /// Touched: same content, new time stamp. Files whose stat is unchanged
   /// never become work.
   enum class Outcome { Touched, Skipped, Parse } Result = Outcome::Parse;
@@ -128,11 +129,11 @@ public:
         Entry.second.MTimeNs = -1;
         Entry.second.Hash.clear();
       }
-    // Where C++ includes are searched, and Clang's extra arguments: a
-    // search directory that appeared (an include/ created since), or other
-    // -I options, can change what any unit includes, so every C++ file is
-    // taken as changed. The units' include misses cover the directories
-    // that existed.
+    // Where C++ includes are searched, Clang's extra arguments and the
+    // unit memory limit: a search directory that appeared (an include/
+    // created since), other -I options or another --max-unit-memory can
+    // change what any unit holds, so every C++ file is taken as changed.
+    // The units' include misses cover the directories that existed.
     auto Search = (*Index)->meta("cxx_search");
     if (!Search)
       return Search.takeError();
@@ -267,7 +268,7 @@ private:
     if (F.Language == SourceLanguage::Python) {
       Expected<FileDefinitions> Defs = indexPythonSource(W.Text, W.Module, W.IsPackageInit);
       if (!Defs) {
-        consumeError(Defs.takeError());
+        W.Why = toString(Defs.takeError());
         return Skip("too-costly");
       }
       W.Defs = std::move(*Defs);
@@ -323,14 +324,17 @@ private:
     return Dirs;
   }
 
-  /// What decides where C++ includes are found, as one text (meta
-  /// cxx_search): the search directories and Clang's extra arguments.
+  /// What decides what a C++ unit holds, as one text (meta cxx_search):
+  /// the search directories, Clang's extra arguments, and the AST memory
+  /// past which instantiation stops (a unit cut short under one limit is
+  /// recorded in full, or cut elsewhere, under another).
   std::string cxxSearch() const {
     std::string Text;
     for (const std::string &Dir : includeDirs())
       Text += "-I" + Dir + "\n";
     for (const std::string &Arg : Options.ExtraArgs)
       Text += Arg + "\n";
+    Text += "--max-unit-memory=" + std::to_string(Options.MaxUnitMemory) + "\n";
     return Text;
   }
 
@@ -708,7 +712,8 @@ private:
           ++Summary.SkipReasons[W.Status];
           Summary.SkippedFiles.emplace_back(F.Path, W.Status);
           if (Options.Log)
-            *Options.Log << "skipped " << printable(F.Path) << " (" << W.Status << ")\n";
+            *Options.Log << "skipped " << printable(F.Path) << " (" << W.Status
+                         << (W.Why.empty() ? "" : ": ") << W.Why << ")\n";
           auto It = Stored.find(F.Path);
           if (It != Stored.end() && It->second.Status == W.Status &&
               It->second.Size == F.Size && It->second.MTimeNs == F.MTimeNs)

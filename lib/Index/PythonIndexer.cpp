@@ -188,9 +188,8 @@ public:
       // Cancelled: what the parse held is let go (a parser keeps it to
       // resume).
       ts_parser_reset(Parser);
-      return makeError("its parse would hold more than " + Twine(Limit >> 20) +
-                       " MiB of memory (tree-sitter's recovery from its syntax "
-                       "errors)");
+      return makeError("recovering from its syntax errors would take more than " +
+                       Twine(Limit >> 20) + " MiB of memory");
     }
     Scope Top;
     Top.Prefix = ModuleName.str();

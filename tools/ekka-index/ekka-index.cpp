@@ -82,7 +82,8 @@ cl::opt<unsigned> MaxFileSizeKiB(
              "(default 4096 KiB)"),
     cl::cat(BuildCategory));
 cl::opt<unsigned> MaxUnitMemoryMiB(
-    "max-unit-memory", cl::sub(BuildCmd), cl::init(1024), cl::value_desc("MiB"),
+    "max-unit-memory", cl::sub(BuildCmd),
+    cl::init(unsigned(IndexBuildOptions().MaxUnitMemory >> 20)), cl::value_desc("MiB"),
     cl::desc("Instantiate no more templates in a C++/CUDA unit whose AST has grown "
              "past this: a few lines of templates can ask for millions of classes "
              "(default 1024 MiB; torch/torch.h's unit takes about 300)"),

@@ -220,8 +220,8 @@ TEST(PythonIndexer, RefusesAParseThatWouldHoldFarMoreThanTheFile) {
   Expected<FileDefinitions> F = indexPythonSource(Costly, "m", false);
   ASSERT_FALSE(bool(F));
   EXPECT_EQ(toString(F.takeError()),
-            "its parse would hold more than 42 MiB of memory (tree-sitter's "
-            "recovery from its syntax errors)");
+            "recovering from its syntax errors would take more than 42 MiB of "
+            "memory");
 
   // The same thread's parser, let go of what the cancelled parse held,
   // parses the next file whole; and a large file of ordinary code (4 MB,

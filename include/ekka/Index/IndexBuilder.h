@@ -2,6 +2,8 @@
 #ifndef EKKA_INDEX_INDEXBUILDER_H
 #define EKKA_INDEX_INDEXBUILDER_H
 
+#include "ekka/Index/CxxIndexer.h"
+
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
@@ -18,7 +20,7 @@ struct IndexBuildOptions {
   uint64_t MaxFileSize = 4u << 20; ///< Larger files are skipped (generated code).
   /// A C, C++ or CUDA unit instantiates no more templates past this much
   /// AST (CxxIndexerOptions::MaxASTMemory).
-  uint64_t MaxUnitMemory = uint64_t(1) << 30;
+  uint64_t MaxUnitMemory = CxxIndexerOptions().MaxASTMemory;
   bool IndexPython = true;
   bool IndexCxx = true;
   std::vector<std::string> IncludeDirs; ///< Added to the guessed ones.
