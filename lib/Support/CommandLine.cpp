@@ -1,6 +1,7 @@
 //===- CommandLine.cpp ----------------------------------------------------===//
 #include "ekka/Support/CommandLine.h"
 #include "ekka/Support/Error.h"
+#include "ekka/Support/Printable.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
@@ -97,7 +98,8 @@ void parseCommandLineOrExit(int Argc, const char *const *Argv, StringRef Overvie
     Message.insert(Try == std::string::npos ? Message.size() : Try, Guess);
     break;
   }
-  errs() << Tool << ": error: " << Message << "\n";
+  // Escaped, as every error line: LLVM quotes the argument as given.
+  errs() << printable(Tool) << ": error: " << printable(Message) << "\n";
   std::exit(ExitInputError);
 }
 

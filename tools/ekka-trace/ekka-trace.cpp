@@ -347,13 +347,17 @@ int runProgram(const std::vector<std::string> &Command,
   ChildSignal.sa_handler = SIG_DFL;
   sigemptyset(&ChildSignal.sa_mask);
   sigaction(SIGCHLD, &ChildSignal, &InheritedChildSignal);
+  // Made before the fork: the child only write()s it (escaped, as every
+  // error line: the name is the user's).
+  std::string CannotRun =
+      std::string(Tool) + ": error: cannot run '" + printable(Command[0]) + "'\n";
   pid_t Pid = fork();
   if (Pid < 0)
     exitWithError(Tool, makeError("cannot start '" + Command[0] + "'"));
   if (Pid == 0) {
     sigaction(SIGCHLD, &InheritedChildSignal, nullptr);
     execve(Program.c_str(), Argv.data(), Envp.data());
-    errs() << Tool << ": error: cannot run '" << Command[0] << "'\n";
+    (void)!write(STDERR_FILENO, CannotRun.data(), CannotRun.size());
     _exit(127);
   }
   // Set after the fork: the program starts with ekka-trace's own
