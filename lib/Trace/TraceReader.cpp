@@ -98,15 +98,16 @@ Error checkSidecars(StringRef Dir, StringRef DbPath, StringRef RealDb) {
     if (sys::fs::status(Path, St, /*Follow=*/false) || !sys::fs::exists(St) ||
         St.type() == sys::fs::file_type::regular_file)
       continue;
-    if (St.type() != sys::fs::file_type::symlink_file)
-      return makeError("'" + Named + "' is not a regular file: refused, not read");
-    SmallString<256> Target;
-    if (sys::fs::real_path(Path, Target))
-      return makeError("'" + Named + "' is a symlink that leads nowhere: refused, not read");
-    if (Error E = checkInsideTrace(Dir, Path))
-      return E;
-    if (!sys::fs::is_regular_file(Target))
-      return makeError("'" + Named + "' is not a regular file: refused, not read");
+    if (St.type() == sys::fs::file_type::symlink_file) {
+      SmallString<256> Target;
+      if (sys::fs::real_path(Path, Target))
+        return makeError("'" + Named + "' is a symlink that leads nowhere: refused, not read");
+      if (Error E = checkInsideTrace(Dir, Path))
+        return E;
+      if (sys::fs::is_regular_file(Target))
+        continue;
+    }
+    return makeError("'" + Named + "' is not a regular file: refused, not read");
   }
   return Error::success();
 }
