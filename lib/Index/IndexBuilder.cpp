@@ -334,7 +334,7 @@ private:
       Text += "-I" + Dir + "\n";
     for (const std::string &Arg : Options.ExtraArgs)
       Text += Arg + "\n";
-    Text += "--max-unit-memory=" + std::to_string(Options.MaxUnitMemory) + "\n";
+    Text += "max-unit-memory-bytes=" + std::to_string(Options.MaxUnitMemory) + "\n";
     return Text;
   }
 
@@ -713,7 +713,7 @@ private:
           Summary.SkippedFiles.emplace_back(F.Path, W.Status);
           if (Options.Log)
             *Options.Log << "skipped " << printable(F.Path) << " (" << W.Status
-                         << (W.Why.empty() ? "" : ": ") << W.Why << ")\n";
+                         << (W.Why.empty() ? "" : ": ") << printable(W.Why) << ")\n";
           auto It = Stored.find(F.Path);
           if (It != Stored.end() && It->second.Status == W.Status &&
               It->second.Size == F.Size && It->second.MTimeNs == F.MTimeNs)
