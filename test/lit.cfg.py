@@ -78,6 +78,12 @@ config.substitutions.append(
 config.substitutions.append(("%zoo-dir", os.path.join(config.ekka_src_root, "utils", "zoo")))
 config.substitutions.append(
     ("%expect-exit", os.path.join(config.ekka_src_root, "utils", "lit", "expect-exit")))
+# No raw ESC or BEL in the files named: what came from hostile input left
+# Ekka escaped.
+config.substitutions.append(
+    ("%no-control-bytes", "{0} {1}".format(
+        config.python_executable,
+        os.path.join(config.ekka_src_root, "utils", "lit", "no-control-bytes.py"))))
 
 # Chrome trace-event JSON checked against the format's rules and its trace.
 config.substitutions.append(
