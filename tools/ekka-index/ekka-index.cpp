@@ -76,18 +76,22 @@ cl::list<std::string> IncludeDirs(
 cl::list<std::string> ExtraArgs("extra-arg", cl::sub(BuildCmd), cl::value_desc("ARG"),
                                 cl::desc("Extra Clang argument, e.g. --extra-arg=-DUSE_FP8"),
                                 cl::cat(BuildCategory));
-cl::opt<unsigned> MaxFileSizeKiB(
-    "max-file-size", cl::sub(BuildCmd), cl::init(4096), cl::value_desc("KiB"),
-    cl::desc("Skip larger files (usually generated code), #included ones too "
-             "(default 4096 KiB)"),
-    cl::cat(BuildCategory));
-cl::opt<unsigned> MaxUnitMemoryMiB(
-    "max-unit-memory", cl::sub(BuildCmd),
-    cl::init(unsigned(IndexBuildOptions().MaxUnitMemory >> 20)), cl::value_desc("MiB"),
-    cl::desc("Instantiate no more templates in a C++/CUDA unit whose AST has grown "
-             "past this: a few lines of templates can ask for millions of classes "
-             "(default 1024 MiB; torch/torch.h's unit takes about 300)"),
-    cl::cat(BuildCategory));
+// The defaults are IndexBuildOptions'; the help text says them from there.
+const unsigned DefaultMaxFileSizeKiB = unsigned(IndexBuildOptions().MaxFileSize >> 10);
+const unsigned DefaultMaxUnitMemoryMiB = unsigned(IndexBuildOptions().MaxUnitMemory >> 20);
+const std::string MaxFileSizeDesc =
+    "Skip larger files (usually generated code), #included ones too (default " +
+    std::to_string(DefaultMaxFileSizeKiB) + " KiB)";
+const std::string MaxUnitMemoryDesc =
+    "Instantiate no more templates in a C++/CUDA unit whose AST has grown past "
+    "this: a few lines of templates can ask for millions of classes (default " +
+    std::to_string(DefaultMaxUnitMemoryMiB) + " MiB; torch/torch.h's unit takes about 300)";
+cl::opt<unsigned> MaxFileSizeKiB("max-file-size", cl::sub(BuildCmd),
+                                 cl::init(DefaultMaxFileSizeKiB), cl::value_desc("KiB"),
+                                 cl::desc(MaxFileSizeDesc), cl::cat(BuildCategory));
+cl::opt<unsigned> MaxUnitMemoryMiB("max-unit-memory", cl::sub(BuildCmd),
+                                   cl::init(DefaultMaxUnitMemoryMiB), cl::value_desc("MiB"),
+                                   cl::desc(MaxUnitMemoryDesc), cl::cat(BuildCategory));
 cl::opt<bool> Verbose("verbose", cl::sub(BuildCmd),
                       cl::desc("Print a line per parsed or skipped file"),
                       cl::cat(BuildCategory));
