@@ -69,8 +69,13 @@ cl::opt<std::string> ReferencePython(
 cl::list<std::string> Indexes("index", cl::value_desc("INDEX"), cl::cat(Category),
                               cl::desc("Code index (ekka-index build) to name the suspects' "
                                        "source; repeatable"));
-cl::opt<double> Threshold("threshold", cl::init(1.5), cl::cat(Category),
-                          cl::desc("Error ratio above which a component diverges (default 1.5)"));
+// The defaults are DiagnoseOptions'; the help text says them from there.
+const DiagnoseOptions Defaults;
+const std::string ThresholdDesc =
+    formatv("Error ratio above which a component diverges (default {0})",
+            format("%g", Defaults.Threshold));
+cl::opt<double> Threshold("threshold", cl::init(Defaults.Threshold), cl::cat(Category),
+                          cl::desc(ThresholdDesc));
 cl::opt<bool> Json("json", cl::cat(Category), cl::desc("Print the diagnosis as JSON"));
 cl::opt<bool> Greedy(
     "greedy", cl::cat(Category),
@@ -96,13 +101,14 @@ cl::opt<bool> NoRecipes(
     cl::desc("Do not use the built-in recipes that map serving engines' naming (vLLM, SGLang: "
              "qkv_proj, gate_up_proj, logits_processor, the attention backend) onto "
              "HuggingFace's"));
-cl::opt<std::string> CalibrateFile(
-    "calibrate", cl::value_desc("FILE"), cl::cat(Category),
-    cl::desc("On a known-good pair: save the mappings this run validated (ratio below the "
-             "threshold) and each component's noise (its largest R) as a knowledge base, a "
-             "mapping file that later runs reuse with --mapping FILE; there a component "
-             "departs above 1.25 times its own noise (at least 1.2) instead of the threshold. "
-             "A pair that diverges is refused (exit code 2)"));
+const std::string CalibrateDesc = formatv(
+    "On a known-good pair: save the mappings this run validated (ratio below the threshold) "
+    "and each component's noise (its largest R) as a knowledge base, a mapping file that later "
+    "runs reuse with --mapping FILE; there a component departs above {0} times its own noise "
+    "(at least {1}) instead of the threshold. A pair that diverges is refused (exit code 2)",
+    format("%g", Defaults.CalibratedMargin), format("%g", Defaults.CalibratedFloor));
+cl::opt<std::string> CalibrateFile("calibrate", cl::value_desc("FILE"), cl::cat(Category),
+                                   cl::desc(CalibrateDesc));
 cl::opt<bool> ShowMapping("show-mapping", cl::cat(Category),
                           cl::desc("Print how target components map to reference components "
                                    "(by path, rule, tensor evidence or structure), and why "
