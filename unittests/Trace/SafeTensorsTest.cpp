@@ -127,15 +127,23 @@ TEST_F(SafeTensorsTest, TruncatedFileIsAClearError) {
   EXPECT_NE(Msg.find("truncated"), std::string::npos) << Msg;
 }
 
+// A header of the right length that is not JSON: the error says where,
+// counting from the header's first byte (the file's ninth).
 TEST_F(SafeTensorsTest, GarbageIsAClearError) {
   {
     std::error_code EC;
     raw_fd_ostream OS(path("bad.safetensors"), EC);
-    OS << "\x10\0\0\0\0\0\0\0{not json at all";
+    // Written with its length: a C string would stop at the first NUL.
+    static const char Bytes[] = "\x10\0\0\0\0\0\0\0{not json at all";
+    OS.write(Bytes, sizeof(Bytes) - 1);
   }
   auto F = SafeTensorsFile::open(path("bad.safetensors"));
   ASSERT_FALSE(bool(F));
-  EXPECT_NE(toString(F.takeError()).find("is not a valid safetensors file"), std::string::npos);
+  std::string Msg = toString(F.takeError());
+  EXPECT_NE(Msg.find("is not a valid safetensors file: header is not a valid JSON object "
+                     "(expected a member's name at byte 1)"),
+            std::string::npos)
+      << Msg;
 }
 
 // Each entry's bytes are its own: entries that share bytes are refused,
